@@ -1,0 +1,3 @@
+from ddops.cli.app import main
+
+main()

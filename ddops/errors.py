@@ -1,0 +1,56 @@
+"""The few errors ddops raises on purpose; each knows its exit code."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_HOST_FAILED = 1
+EXIT_USAGE = 2
+
+
+class DdopsError(Exception):
+    """A fault ddops reports as one line and an exit code, never as a traceback."""
+
+    exit_code = EXIT_HOST_FAILED
+
+
+class UsageError(DdopsError):
+    """Bad command line, bad selection, or anything the user must fix before we start."""
+
+    exit_code = EXIT_USAGE
+
+
+class InventoryError(UsageError):
+    """The inventory file is malformed; the message starts with `file:line:`."""
+
+
+class PlaybookError(UsageError):
+    """A playbook or bench plan is malformed; the message starts with `file:line:`."""
+
+
+class TestbedError(DdopsError):
+    """The local testbed could not be brought up or down."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+class TransportError(DdopsError):
+    """A host could not be reached or stopped answering."""
+
+
+class HostKeyError(TransportError):
+    """A host presented an unknown or changed host key."""
+
+
+class CommandTimeout(TransportError):
+    """A remote command ran past its timeout and was cut off."""
+
+
+class AgentError(DdopsError):
+    """The remote agent failed or answered something that is not its protocol."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The process exit code for an error that reached the top of the CLI."""
+    if isinstance(error, DdopsError):
+        return error.exit_code
+    return EXIT_HOST_FAILED
