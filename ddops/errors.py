@@ -48,6 +48,10 @@ class CommandTimeout(TransportError):
 class AgentError(DdopsError):
     """The remote agent failed or answered something that is not its protocol."""
 
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
 
 def exit_code_for(error: BaseException) -> int:
     """The process exit code for an error that reached the top of the CLI."""

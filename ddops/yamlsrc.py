@@ -57,7 +57,7 @@ def load_yaml_text(text: str, path: str, error: Callable[[str], Exception]) -> Y
     if node is None:
         doc.data = None
         return doc
-    constructor = yaml.SafeConstructor()
+    constructor = yaml.constructor.SafeConstructor()
     doc.data = _build(node, (), doc, constructor, error)
     return doc
 
@@ -79,7 +79,7 @@ def load_yaml_file(path: Path | str, error: Callable[[str], Exception]) -> YamlD
     return load_yaml_text(text, str(p), error)
 
 
-def _build(node: yaml.Node, keypath: KeyPath, doc: YamlDoc, constructor: yaml.SafeConstructor,
+def _build(node: yaml.Node, keypath: KeyPath, doc: YamlDoc, constructor: yaml.constructor.SafeConstructor,
            error: Callable[[str], Exception]) -> Any:
     doc.lines[keypath] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):

@@ -1,0 +1,145 @@
+"""Run one per-host function across many hosts, in parallel, never letting one host stop the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from ddops.errors import DdopsError, TransportError
+from ddops.inventory import Host
+
+OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = "ok", "changed", "failed", "unreachable", "drifted", "skipped"
+STATUSES = (OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED)
+FAILING = frozenset({FAILED, UNREACHABLE, DRIFTED})
+DEFAULT_FORKS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """What a per-host task reports back."""
+
+    status: str
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HostResult:
+    """One host's result of one ddops command."""
+
+    host: str
+    address: str
+    status: str
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    elapsed: float = 0.0
+    connect_time: float | None = None
+    round_trips: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILING
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
+                "elapsed_s": round(self.elapsed, 4),
+                "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
+                "round_trips": self.round_trips, "data": self.data}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """Progress: a host entered a phase ("connecting", "running", "done"); `result` set when done."""
+
+    host: str
+    phase: str
+    result: HostResult | None = None
+
+
+class SessionLike(Protocol):
+    connect_time: float
+    round_trips: int
+
+    def close(self) -> None: ...
+
+
+Task = Callable[[Host, Any], TaskOutcome]
+Connect = Callable[[Host], Any]
+
+
+def run_fleet(hosts: Sequence[Host], task: Task, connect: Connect, *, forks: int = DEFAULT_FORKS,
+              on_event: Callable[[FleetEvent], None] | None = None) -> list[HostResult]:
+    """Run task(host, session) on every host with at most `forks` at once; results in host order."""
+    if forks < 1:
+        raise ValueError("forks must be at least 1")
+    emit = _serialised(on_event)
+
+    def one(host: Host) -> HostResult:
+        return run_one(host, task, connect, emit)
+
+    if len(hosts) == 1:
+        return [one(hosts[0])]
+    with ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="ddops-host") as pool:
+        return list(pool.map(one, hosts))
+
+
+def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent], None]) -> HostResult:
+    started = time.monotonic()
+    emit(FleetEvent(host.name, "connecting"))
+    try:
+        session = connect(host)
+    except DdopsError as exc:
+        result = HostResult(host.name, host.address, UNREACHABLE, str(exc), elapsed=time.monotonic() - started)
+        emit(FleetEvent(host.name, "done", result))
+        return result
+    except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet
+        result = HostResult(host.name, host.address, UNREACHABLE, f"{host.name}: {type(exc).__name__}: {exc}",
+                            elapsed=time.monotonic() - started)
+        emit(FleetEvent(host.name, "done", result))
+        return result
+    emit(FleetEvent(host.name, "running"))
+    try:
+        outcome = task(host, session)
+    except TransportError as exc:
+        outcome = TaskOutcome(UNREACHABLE if "connection lost" in str(exc) else FAILED, str(exc))
+    except DdopsError as exc:
+        outcome = TaskOutcome(FAILED, str(exc))
+    except Exception as exc:  # noqa: BLE001
+        outcome = TaskOutcome(FAILED, f"{host.name}: internal error: {type(exc).__name__}: {exc}")
+    finally:
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands
+            pass
+    result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
+                        elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
+                        round_trips=getattr(session, "round_trips", 0))
+    emit(FleetEvent(host.name, "done", result))
+    return result
+
+
+def _serialised(on_event: Callable[[FleetEvent], None] | None) -> Callable[[FleetEvent], None]:
+    if on_event is None:
+        return lambda event: None
+    lock = threading.Lock()
+
+    def emit(event: FleetEvent) -> None:
+        with lock:
+            on_event(event)
+
+    return emit
+
+
+def worst_exit_code(results: Iterable[HostResult]) -> int:
+    """0 when every host is fine, 1 when at least one failed."""
+    return 1 if any(r.failed for r in results) else 0
+
+
+def counts(results: Iterable[HostResult]) -> dict[str, int]:
+    out = {s: 0 for s in STATUSES}
+    for r in results:
+        out[r.status] = out.get(r.status, 0) + 1
+    return {k: v for k, v in out.items() if v}

@@ -1,0 +1,339 @@
+"""One SSH connection per host, reused for every command of a ddops run."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import paramiko
+
+from ddops.errors import AgentError, CommandTimeout, HostKeyError, TransportError
+from ddops.inventory import Host
+
+READ_CHUNK = 1 << 16
+_known_hosts_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What a remote command did."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def _known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or with --accept-new record them; never a silent auto-add."""
+
+    def __init__(self, host: Host, known_hosts: Path, accept_new: bool) -> None:
+        self.host, self.known_hosts, self.accept_new = host, known_hosts, accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:16]
+        if not self.accept_new:
+            raise HostKeyError(
+                f"{self.host.name}: unknown host key {key.get_name()} {fingerprint} for {hostname} "
+                f"(not in {self.known_hosts}); check it, then re-run with --accept-new to record it"
+            )
+        _append_known_host(self.known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _append_known_host(path: Path, hostname: str, key: paramiko.PKey) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+    with _known_hosts_lock, open(path, "a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # other ddops processes may record keys at the same time
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class Session:
+    """An open SSH connection to one host: run commands, move bytes, call the remote agent."""
+
+    def __init__(self, host: Host, client: paramiko.SSHClient, connect_time: float) -> None:
+        self.host = host
+        self.connect_time = connect_time
+        self.round_trips = 0
+        self._client = client
+        self._sftp: paramiko.SFTPClient | None = None
+
+    # -- commands ---------------------------------------------------------------------------------------------
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        """Run a command through the login shell; stdin bytes are sent then closed. Raises CommandTimeout."""
+        timeout = self.host.command_timeout if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        self.round_trips += 1
+        channel = None
+        try:
+            channel = self._client.get_transport().open_session(timeout=timeout)
+            channel.exec_command(command)
+            if stdin:
+                self._send_all(channel, stdin, deadline)
+            channel.shutdown_write()
+            out, err = self._drain(channel, deadline, timeout)
+            code = channel.recv_exit_status()
+        except CommandTimeout:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.host.name}: connection lost: {exc or type(exc).__name__}") from None
+        finally:
+            if channel is not None:
+                channel.close()
+        return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                             time.monotonic() - started)
+
+    def _send_all(self, channel: paramiko.Channel, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            if time.monotonic() > deadline:
+                raise CommandTimeout(f"{self.host.name}: timed out sending input")
+            if channel.send_ready():
+                sent = channel.send(view[:READ_CHUNK])
+                view = view[sent:]
+            else:
+                select.select([], [], [], 0.01)
+
+    def _drain(self, channel: paramiko.Channel, deadline: float, timeout: float) -> tuple[bytes, bytes]:
+        out, err = bytearray(), bytearray()
+        while True:
+            progressed = False
+            while channel.recv_ready():
+                out += channel.recv(READ_CHUNK)
+                progressed = True
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(READ_CHUNK)
+                progressed = True
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                # exit status can arrive before the last data frames are read: drain until EOF
+                if channel.eof_received:
+                    break
+            if channel.closed and not progressed:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off")
+            if not progressed:
+                select.select([channel], [], [], min(remaining, 0.2))
+        return bytes(out), bytes(err)
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self.round_trips += 1
+            self._sftp = self._client.open_sftp()
+        return self._sftp
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int | None = None) -> None:
+        """Write a remote file atomically (temp name, then rename)."""
+        sftp = self._sftp_client()
+        temp = f"{remote_path}.ddops-tmp-{os.getpid()}-{threading.get_ident()}"
+        self.round_trips += 1
+        try:
+            with sftp.open(temp, "wb") as fh:
+                fh.set_pipelined(True)
+                fh.write(data)
+            if mode is not None:
+                sftp.chmod(temp, mode)
+            sftp.posix_rename(temp, remote_path)
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"{self.host.name}: cannot write {remote_path}: {exc}") from None
+
+    def put_file(self, local_path: str | os.PathLike[str], remote_path: str,
+                 callback: Callable[[int, int], None] | None = None) -> None:
+        """Stream a local file to the host (never held in memory whole)."""
+        sftp = self._sftp_client()
+        self.round_trips += 1
+        try:
+            sftp.put(str(local_path), remote_path, callback=callback)
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
+
+    def get_bytes(self, remote_path: str) -> bytes:
+        sftp = self._sftp_client()
+        self.round_trips += 1
+        try:
+            with sftp.open(remote_path, "rb") as fh:
+                fh.prefetch()
+                return fh.read()
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"{self.host.name}: cannot read {remote_path}: {exc}") from None
+
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        sftp = self._sftp_client()
+        self.round_trips += 1
+        try:
+            sftp.get(remote_path, str(local_path))
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
+
+    # -- agent ------------------------------------------------------------------------------------------------
+    def call_agent(self, verb: str, payload: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Run one agent verb on the host (source shipped on stdin) and return its result."""
+        from ddops.transport.agent import agent_source, bootstrap_command
+
+        source = agent_source()
+        request = json.dumps({"verb": verb, "payload": payload}).encode()
+        result = self.run(bootstrap_command(self.host.python, len(source)), stdin=source + request, timeout=timeout)
+        return parse_agent_reply(self.host.name, verb, result)
+
+    def close(self) -> None:
+        try:
+            if self._sftp is not None:
+                self._sftp.close()
+        finally:
+            self._client.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
+    """The agent's `result`, or an AgentError saying what went wrong on which host."""
+    try:
+        reply = json.loads(result.stdout)
+    except ValueError:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        if result.exit_code == 127 or "not found" in tail[0]:
+            raise AgentError(f"{host}: agent could not start (is the host's python installed?): {tail[0]}") from None
+        raise AgentError(f"{host}: agent {verb} failed (exit {result.exit_code}): {tail[0]}") from None
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise AgentError(f"{host}: agent {verb} answered something that is not its protocol")
+    if not reply["ok"]:
+        error = reply.get("error") or {}
+        raise AgentError(f"{host}: {error.get('message', 'agent error')}", kind=error.get("kind", "error"))
+    return reply.get("result") or {}
+
+
+class Connector:
+    """Opens Sessions: verifies host keys, honours ProxyJump through inventory hosts, sets TCP_NODELAY."""
+
+    def __init__(self, known_hosts: str | os.PathLike[str], *, accept_new: bool = False,
+                 jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None) -> None:
+        self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
+        self.accept_new = accept_new
+        self.connect_timeout = connect_timeout
+        self._jump_hosts = {h.name: h for h in jump_hosts}
+        self._jumps: dict[str, Session] = {}
+        self._jump_lock = threading.Lock()
+
+    def connect(self, host: Host) -> Session:
+        started = time.monotonic()
+        timeout = self.connect_timeout or host.connect_timeout
+        sock = self._open_socket(host, timeout)
+        client = paramiko.SSHClient()
+        if self.known_hosts.exists():
+            try:
+                client.load_host_keys(str(self.known_hosts))
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostKeyError(f"{host.name}: cannot read known_hosts {self.known_hosts}: {exc}") from None
+        client.set_missing_host_key_policy(_HostKeyPolicy(host, self.known_hosts, self.accept_new))
+        key_file = os.path.expanduser(host.identity_file) if host.identity_file else None
+        if key_file and not os.path.exists(key_file):
+            sock.close()
+            raise TransportError(f"{host.name}: identity_file {host.identity_file} does not exist")
+        try:
+            client.connect(
+                _known_hosts_target(host), port=host.port, username=host.user, key_filename=key_file,
+                look_for_keys=key_file is None, allow_agent=True, sock=sock, timeout=timeout,
+                banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+            )
+        except paramiko.BadHostKeyException as exc:
+            sock.close()
+            raise HostKeyError(
+                f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
+                f"If the host was reinstalled, remove the old key with: ssh-keygen -f {self.known_hosts} "
+                f"-R '{_known_hosts_name(host.address, host.port)}'"
+            ) from None
+        except HostKeyError:
+            sock.close()
+            raise
+        except paramiko.AuthenticationException as exc:
+            sock.close()
+            raise TransportError(f"{host.name}: authentication failed for {host.user}@{host.address}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            sock.close()
+            raise TransportError(f"{host.name}: SSH handshake with {host.address}:{host.port} failed: "
+                                 f"{exc or type(exc).__name__}") from None
+        transport = client.get_transport()
+        transport.set_keepalive(15)
+        return Session(host, client, time.monotonic() - started)
+
+    def _open_socket(self, host: Host, timeout: float) -> Any:
+        if host.proxy_jump:
+            return self._jump_channel(host, timeout)
+        try:
+            sock = socket.create_connection((host.address, host.port), timeout=timeout)
+        except socket.timeout:
+            raise TransportError(f"{host.name}: connect to {host.address}:{host.port} timed out after {timeout:g}s") from None
+        except OSError as exc:
+            raise TransportError(f"{host.name}: cannot connect to {host.address}:{host.port}: "
+                                 f"{exc.strerror or exc}") from None
+        # paramiko's small writes otherwise wait on Nagle's algorithm: ~50 ms per command round trip.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _jump_channel(self, host: Host, timeout: float) -> paramiko.Channel:
+        hops = [h.strip() for h in host.proxy_jump.split(",") if h.strip()]
+        if len(hops) != 1:
+            raise TransportError(f"{host.name}: only one ProxyJump hop is supported, got {host.proxy_jump!r}")
+        jump = self._jump_session(hops[0], host)
+        try:
+            return jump._client.get_transport().open_channel(
+                "direct-tcpip", (host.address, host.port), ("127.0.0.1", 0), timeout=timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            raise TransportError(f"{host.name}: jump host {jump.host.name} cannot reach "
+                                 f"{host.address}:{host.port}: {exc}") from None
+
+    def _jump_session(self, spec: str, for_host: Host) -> Session:
+        with self._jump_lock:
+            if spec in self._jumps:
+                return self._jumps[spec]
+            jump_host = self._jump_hosts.get(spec) or _host_from_spec(spec, for_host)
+            session = self.connect(jump_host)
+            self._jumps[spec] = session
+            return session
+
+    def close(self) -> None:
+        with self._jump_lock:
+            for session in self._jumps.values():
+                session.close()
+            self._jumps.clear()
+
+
+def _known_hosts_target(host: Host) -> str:
+    return host.address
+
+
+def _host_from_spec(spec: str, template: Host) -> Host:
+    """A jump host given as [user@]host[:port] rather than an inventory name."""
+    user, _, rest = spec.rpartition("@")
+    address, port = rest, 22
+    if rest.count(":") == 1:
+        address, port_text = rest.split(":")
+        port = int(port_text)
+    return Host(name=spec, address=address, port=port, user=user or template.user,
+                identity_file=template.identity_file, connect_timeout=template.connect_timeout)
