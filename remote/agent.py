@@ -1,0 +1,1091 @@
+"""ddops host agent: one JSON request on stdin, one JSON answer on stdout (stdlib only, Python >= 3.8)."""
+
+import base64
+import collections
+import datetime
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import posixpath
+import pwd
+import re
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+# The bootstrap puts the shipped source here before running us (so a verb can write itself to disk);
+# run directly as a script it stays None. Reading globals() keeps the bootstrap's value.
+AGENT_SOURCE = globals().get("AGENT_SOURCE")
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+CHECK_OUTPUT_BYTES = 4096
+DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_CHECK_TIMEOUT = 60.0
+LOCK_POLL_SECONDS = 0.05
+STATE_DIR = ".ddops"
+EXCLUDE_LINE = "/.ddops/"
+PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+
+VERBS = {}
+
+Change = collections.namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
+Restore = collections.namedtuple("Restore", "path target patch_ids expected restore force")
+Original = collections.namedtuple("Original", "data stat")
+
+
+class AgentFault(Exception):
+    """A failure the agent answers as {"kind", "message"} instead of a traceback."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def verb(name):
+    """Register the decorated `function(payload) -> dict` as the handler of verb `name`."""
+
+    def register(function):
+        if name in VERBS:
+            raise ValueError("agent verb %r is registered twice" % name)
+        VERBS[name] = function
+        return function
+
+    return register
+
+
+# -- payload fields -------------------------------------------------------------------------------------------
+
+
+def bad_request(message):
+    """The fault for a payload the controller should never have sent."""
+    return AgentFault("bad_request", message)
+
+
+def require_str(payload, key, where="payload"):
+    """payload[key] as a non-empty string."""
+    value = payload.get(key)
+    if not isinstance(value, str) or not value:
+        raise bad_request("%s.%s must be a non-empty string" % (where, key))
+    return value
+
+
+def optional_str(payload, key, default=None):
+    """payload[key] as a string, or `default` when it is absent or null."""
+    value = payload.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise bad_request("payload.%s must be a string" % key)
+    return value
+
+
+def optional_number(payload, key, default, where="payload"):
+    """payload[key] as a non-negative float, or `default` when it is absent or null."""
+    value = payload.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise bad_request("%s.%s must be a non-negative number" % (where, key))
+    return float(value)
+
+
+def require_sha(payload, key, where="payload"):
+    """payload[key] as a lowercase hex sha256."""
+    value = payload.get(key)
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise bad_request("%s.%s must be a lowercase hex sha256" % (where, key))
+    return value
+
+
+def require_list(payload, key, where="payload"):
+    """payload[key] as a list (absent means empty)."""
+    value = payload.get(key, [])
+    if not isinstance(value, list):
+        raise bad_request("%s.%s must be a list" % (where, key))
+    return value
+
+
+def require_patch_ids(payload, where):
+    """payload["patch_ids"] as a list of strings."""
+    ids = require_list(payload, "patch_ids", where)
+    if not all(isinstance(item, str) and item for item in ids):
+        raise bad_request("%s.patch_ids must hold non-empty strings" % where)
+    return ids
+
+
+def require_object(value, where):
+    """`value` itself, checked to be a JSON object."""
+    if not isinstance(value, dict):
+        raise bad_request("%s must be an object" % where)
+    return value
+
+
+def decode_b64(payload, key, where):
+    """The bytes of base64 field payload[key]."""
+    value = payload.get(key)
+    if not isinstance(value, str):
+        raise bad_request("%s.%s must be a base64 string" % (where, key))
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise bad_request("%s.%s is not valid base64" % (where, key)) from None
+
+
+def identity(payload):
+    """Who is acting, as recorded in journal entries and lock.info."""
+    return {"actor": optional_str(payload, "actor", "unknown"), "ddops_version": optional_str(payload, "ddops_version")}
+
+
+# -- paths ------------------------------------------------------------------------------------------------------
+
+
+def open_repo(payload):
+    """The real path of payload["repo"]; fault `no_repo` when it is not an existing directory."""
+    raw = require_str(payload, "repo")
+    path = os.path.expanduser(raw)
+    if not os.path.isabs(path):
+        raise bad_request("repo must be an absolute path, got %r" % raw)
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise AgentFault("no_repo", "repo %s does not exist or is not a directory" % raw)
+    return real
+
+
+def unsafe_path(rel, why):
+    """The fault for a repo-relative path we refuse to touch."""
+    return AgentFault("unsafe_path", "refusing path %r: %s" % (rel, why))
+
+
+def check_relpath(rel):
+    """Refuse anything but a plain, normalized path below the repo, outside ddops' and git's state."""
+    if not isinstance(rel, str) or not rel:
+        raise bad_request("file paths must be non-empty strings")
+    if "\0" in rel:
+        raise unsafe_path(rel, "it contains a NUL byte")
+    if rel.startswith("/"):
+        raise unsafe_path(rel, "it is absolute")
+    parts = rel.split("/")
+    if ".." in parts:
+        raise unsafe_path(rel, "it contains '..'")
+    if "" in parts or "." in parts or posixpath.normpath(rel) != rel:
+        raise unsafe_path(rel, "it is not a normalized relative path")
+    if parts[0] in PROTECTED_TOP_DIRS:
+        raise unsafe_path(rel, "it is inside %s/" % parts[0])
+
+
+def is_inside(path, root):
+    """Whether real path `path` is `root` or below it."""
+    return os.path.commonpath([path, root]) == root
+
+
+def resolve_target(repo, rel):
+    """The absolute path of repo-relative `rel`, refused if it could reach outside the repo."""
+    check_relpath(rel)
+    joined = os.path.join(repo, rel)
+    parent = os.path.realpath(os.path.dirname(joined))
+    if not is_inside(parent, repo):
+        raise unsafe_path(rel, "it resolves outside the repo (through a symlinked directory)")
+    target = os.path.join(parent, os.path.basename(joined))
+    if os.path.islink(target):
+        raise AgentFault("symlink", "refusing %s: it is a symlink (ddops never writes through symlinks)" % rel)
+    return target
+
+
+# -- reading --------------------------------------------------------------------------------------------------
+
+
+def sha256_hex(data):
+    """The hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_regular(path, rel):
+    """The file's bytes and stat as an Original, or None when it does not exist; faults for other kinds."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise AgentFault("symlink", "refusing %s: it is a symlink (ddops never writes through symlinks)" % rel)
+    if not stat.S_ISREG(st.st_mode):
+        raise AgentFault("not_file", "%s is not a regular file" % rel)
+    if st.st_size > MAX_FILE_BYTES:
+        raise AgentFault("too_large", "%s is %d bytes, over the %d byte limit" % (rel, st.st_size, MAX_FILE_BYTES))
+    # O_NOFOLLOW: the file could have been swapped for a symlink since the lstat above.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+        st = os.fstat(handle.fileno())
+    if len(data) > MAX_FILE_BYTES:
+        raise AgentFault("too_large", "%s grew over the %d byte limit while being read" % (rel, MAX_FILE_BYTES))
+    return Original(data, st)
+
+
+def current_sha(original):
+    """The sha256 of an Original, or None for a missing file."""
+    return None if original is None else sha256_hex(original.data)
+
+
+# -- writing --------------------------------------------------------------------------------------------------
+
+
+def write_all(fd, data):
+    """Write every byte of `data` to `fd` (os.write may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(directory):
+    """Make a rename in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        # Some filesystems cannot fsync a directory; the rename itself has still happened.
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def chown_quietly(fd, uid, gid):
+    """Give the file the original's owner and group when we are allowed to; keep ours otherwise."""
+    for wanted_uid in (uid, -1):
+        try:
+            os.fchown(fd, wanted_uid, gid)
+            return
+        except PermissionError:
+            continue
+
+
+def atomic_write(path, data, mode, owner=None):
+    """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix."""
+    directory, name = os.path.split(path)
+    fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=".ddops-tmp", dir=directory)
+    try:
+        try:
+            write_all(fd, data)
+            if owner is not None:
+                chown_quietly(fd, owner[0], owner[1])
+            # After fchown, which clears set-id bits.
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def default_file_mode():
+    """The mode a new file gets under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_like(path, data, original):
+    """atomic_write keeping the mode bits and owner of `original` (an Original or None)."""
+    if original is None:
+        atomic_write(path, data, default_file_mode())
+    else:
+        mode = stat.S_IMODE(original.stat.st_mode)
+        atomic_write(path, data, mode, (original.stat.st_uid, original.stat.st_gid))
+
+
+def verify_written(path, rel, expected_sha):
+    """Re-read what we wrote and fault `verify_failed` if it is not what we meant to write."""
+    found = current_sha(read_regular(path, rel))
+    if found != expected_sha:
+        raise AgentFault("verify_failed", "%s reads back as %s after writing %s" % (rel, found, expected_sha))
+
+
+# -- state directory, backups, journal --------------------------------------------------------------------------
+
+
+def state_dir(repo):
+    """The path of the repo's `.ddops/` directory (which may not exist yet)."""
+    return os.path.join(repo, STATE_DIR)
+
+
+def make_private_dir(path):
+    """Create `path` with mode 0700 unless it exists; refuse a symlink or non-directory there."""
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # the umask may have removed bits we want
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise AgentFault("unsafe_path", "%s exists and is not a directory (or is a symlink)" % path)
+
+
+def ensure_state_dir(repo):
+    """Create `.ddops/` and `.ddops/backups/` (mode 0700) and return the state directory."""
+    state = state_dir(repo)
+    make_private_dir(state)
+    make_private_dir(os.path.join(state, "backups"))
+    ensure_git_exclude(repo)
+    return state
+
+
+def git_exclude_path(repo):
+    """The repo's info/exclude file, or None when the repo is not a git checkout."""
+    dot_git = os.path.join(repo, ".git")
+    if os.path.isdir(dot_git):
+        return os.path.join(dot_git, "info", "exclude")
+    if os.path.isfile(dot_git):
+        # A worktree or submodule: only git knows where its common directory is.
+        out = run_quiet(["git", "rev-parse", "--git-path", "info/exclude"], cwd=repo)
+        return os.path.join(repo, out) if out else None
+    return None
+
+
+def ensure_git_exclude(repo):
+    """Add `/.ddops/` to the checkout's info/exclude, once."""
+    path = git_exclude_path(repo)
+    if path is None:
+        return
+    try:
+        with open(path, "rb") as handle:
+            existing = handle.read()
+    except FileNotFoundError:
+        existing = b""
+    if EXCLUDE_LINE.encode() in existing.splitlines():
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    separator = b"\n" if existing and not existing.endswith(b"\n") else b""
+    with open(path, "ab") as handle:
+        handle.write(separator + EXCLUDE_LINE.encode() + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def backup_path(state, sha):
+    """Where the backup of content `sha` lives."""
+    return os.path.join(state, "backups", sha)
+
+
+def read_backup_bytes(state, sha):
+    """The bytes of backup `sha`, checked against their name."""
+    try:
+        with open(backup_path(state, sha), "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise AgentFault("no_backup", "backup %s is missing from .ddops/backups" % sha) from None
+    if sha256_hex(data) != sha:
+        raise AgentFault("corrupt_backup", "backup %s in .ddops/backups does not match its hash" % sha)
+    return data
+
+
+def store_backup(state, data, sha):
+    """Keep `data` as backup `sha`: written once, rewritten only if the stored copy is damaged."""
+    try:
+        read_backup_bytes(state, sha)
+        return
+    except AgentFault:
+        pass
+    atomic_write(backup_path(state, sha), data, 0o600)
+
+
+def journal_path(state):
+    """Where the append-only journal lives."""
+    return os.path.join(state, "journal.jsonl")
+
+
+def now_iso():
+    """The current UTC time, ISO 8601 with milliseconds."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def journal_entries(event, who, rel, patch_ids, **fields):
+    """One journal entry per patch id (one with patch null when there is none)."""
+    entries = []
+    for patch in patch_ids or [None]:
+        entry = {"event": event, "patch": patch, "file": rel, "time": now_iso(), "id": uuid.uuid4().hex}
+        entry.update(who)
+        entry.update(fields)
+        entries.append(entry)
+    return entries
+
+
+def ends_without_newline(path):
+    """Whether the file's last byte is not a newline (a torn earlier append)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return False
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
+def append_journal(state, entries):
+    """Append `entries` as JSON lines in one write, then fsync."""
+    if not entries:
+        return
+    path = journal_path(state)
+    blob = b"".join(json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n" for entry in entries)
+    if ends_without_newline(path):
+        blob = b"\n" + blob  # keep our entries parseable after a torn line
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        write_all(fd, blob)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_journal(state):
+    """(entries, corrupt): parsed journal objects, and {line, error} for lines that do not parse."""
+    entries, corrupt = [], []
+    try:
+        handle = open(journal_path(state), "rb")
+    except FileNotFoundError:
+        return entries, corrupt
+    with handle:
+        for number, line in enumerate(handle, 1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                entry = json.loads(text.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                corrupt.append({"line": number, "error": str(error)})
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+            else:
+                corrupt.append({"line": number, "error": "not a JSON object"})
+    return entries, corrupt
+
+
+# -- the repo lock --------------------------------------------------------------------------------------------
+
+
+def lock_info_path(state):
+    """Where the lock holder describes itself."""
+    return os.path.join(state, "lock.info")
+
+
+def read_lock_info(state):
+    """The holder description in lock.info, or None when absent or unreadable."""
+    try:
+        with open(lock_info_path(state), "rb") as handle:
+            info = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def describe_holder(info):
+    """`<user>@<host> since <time> (pid N)` plus the actor, for the `locked` message."""
+    if not info:
+        return "an unknown holder (no readable .ddops/lock.info)"
+    text = "%s@%s since %s (pid %s)" % (info.get("user"), info.get("host"), info.get("since"), info.get("pid"))
+    if info.get("actor"):
+        text += " for %s" % info["actor"]
+    if info.get("verb"):
+        text += " running %s" % info["verb"]
+    return text
+
+
+def lock_holder(state):
+    """lock.info of whoever holds the repo lock right now, or None when it is free."""
+    try:
+        fd = os.open(os.path.join(state, "lock"), os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        # A shared probe fails exactly when someone holds the exclusive lock.
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_lock_info(state) or {}
+    finally:
+        os.close(fd)
+    return None
+
+
+class RepoLock:
+    """The exclusive flock on `.ddops/lock`, with lock.info saying who holds it."""
+
+    def __init__(self, state, timeout, who, verb_name):
+        self.state = state
+        self.timeout = timeout
+        self.info = {
+            "user": current_user(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "actor": who.get("actor"),
+            "verb": verb_name,
+        }
+        self.fd = None
+
+    def __enter__(self):
+        fd = os.open(os.path.join(self.state, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    holder = describe_holder(read_lock_info(self.state))
+                    raise AgentFault("locked", "locked by %s; gave up after %gs" % (holder, self.timeout)) from None
+                time.sleep(LOCK_POLL_SECONDS)
+        self.fd = fd
+        self.info["since"] = now_iso()
+        try:
+            atomic_write(lock_info_path(self.state), json.dumps(self.info).encode("utf-8"), 0o600)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def release(self):
+        """Forget lock.info and drop the lock."""
+        try:
+            # Removed while still holding the lock, so nobody reads a stale holder.
+            os.unlink(lock_info_path(self.state))
+        except FileNotFoundError:
+            pass
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+def lock_timeout(payload):
+    """payload["lock_timeout"] in seconds (default 10)."""
+    return optional_number(payload, "lock_timeout", DEFAULT_LOCK_TIMEOUT)
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+def run_quiet(argv, cwd=None, timeout=15):
+    """stdout of `argv` stripped, or None when it cannot run or fails (no shell involved)."""
+    try:
+        done = subprocess.run(
+            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.decode("utf-8", "replace").strip()
+
+
+def kill_group(process):
+    """Kill the check's whole process group, so its children do not outlive the timeout."""
+    try:
+        os.killpg(process.pid, 9)
+    except OSError:
+        pass
+
+
+def output_tail(data):
+    """The last CHECK_OUTPUT_BYTES of `data`, decoded leniently."""
+    return data[-CHECK_OUTPUT_BYTES:].decode("utf-8", "replace")
+
+
+def run_check(repo, check):
+    """Run one post check with /bin/sh in the repo: {name, ok, exit_code, output, timed_out, seconds}."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", check["command"]], cwd=repo, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    timed_out = False
+    try:
+        output, _ = process.communicate(timeout=check["timeout"])
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(process)
+        output = collect_after_kill(process)
+    exit_code = None if timed_out else process.returncode
+    text = output_tail(output)
+    if timed_out:
+        text += "\n[ddops: timed out after %gs]" % check["timeout"]
+    return {
+        "name": check["name"], "ok": exit_code == 0, "exit_code": exit_code, "output": text,
+        "timed_out": timed_out, "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def collect_after_kill(process):
+    """Whatever output a killed check left, without waiting on a grandchild that escaped its group."""
+    try:
+        output, _ = process.communicate(timeout=5)
+        return output or b""
+    except subprocess.TimeoutExpired:
+        process.stdout.close()
+        process.wait()
+        return b""
+
+
+def parse_post_checks(payload):
+    """payload["post_checks"] as [{name, command, timeout}]."""
+    checks = []
+    for index, raw in enumerate(require_list(payload, "post_checks")):
+        where = "post_checks[%d]" % index
+        require_object(raw, where)
+        checks.append({
+            "name": optional_str(raw, "name") or "check %d" % (index + 1),
+            "command": require_str(raw, "command", where),
+            "timeout": optional_number(raw, "timeout", DEFAULT_CHECK_TIMEOUT, where),
+        })
+    return checks
+
+
+# -- facts ----------------------------------------------------------------------------------------------------
+
+
+def current_user():
+    """The name of the user the agent runs as (its uid when it has no passwd entry)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return os.environ.get("USER") or str(os.geteuid())
+
+
+def os_pretty_name():
+    """PRETTY_NAME from os-release, or None."""
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("PRETTY_NAME="):
+                value = line.split("=", 1)[1]
+                try:
+                    return " ".join(shlex.split(value))
+                except ValueError:
+                    return value.strip("\"'")
+    return None
+
+
+def parse_gpu_line(line):
+    """One nvidia-smi CSV line as {name, memory_total_mib, driver_version}."""
+    name, memory, driver = (part.strip() for part in line.rsplit(",", 2))
+    digits = memory.split()[0] if memory else ""
+    return {"name": name, "memory_total_mib": int(digits) if digits.isdigit() else None, "driver_version": driver}
+
+
+def query_gpus():
+    """(gpus, error): the GPUs nvidia-smi lists, [] without nvidia-smi; error says why a listing failed."""
+    if shutil.which("nvidia-smi") is None:
+        return [], None
+    argv = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=20)
+    except (OSError, subprocess.SubprocessError) as error:
+        return [], "nvidia-smi: %s" % error
+    text = done.stdout.decode("utf-8", "replace").strip()
+    if done.returncode != 0:
+        return [], "nvidia-smi exit %d: %s" % (done.returncode, text.splitlines()[-1] if text else "")
+    try:
+        return [parse_gpu_line(line) for line in text.splitlines() if line.strip()], None
+    except ValueError:
+        return [], "nvidia-smi printed something unexpected: %s" % text[:200]
+
+
+def nearest_existing(path):
+    """`path` or its closest existing parent."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def disk_free_bytes(path):
+    """Bytes available to us on the filesystem holding `path` (or its nearest existing parent)."""
+    try:
+        st = os.statvfs(nearest_existing(path))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def distribution_version(name):
+    """The installed version of distribution `name` without importing it, or None."""
+    try:
+        from importlib import metadata
+    except ImportError:
+        return None
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_head(repo):
+    """HEAD of `repo` when it is a git checkout, else None."""
+    if not os.path.exists(os.path.join(repo, ".git")):
+        return None
+    return run_quiet(["git", "rev-parse", "HEAD"], cwd=repo)
+
+
+def collect_facts(raw_repo):
+    """What the controller wants to know about this host before planning."""
+    repo = os.path.realpath(os.path.expanduser(raw_repo)) if raw_repo else None
+    repo_exists = bool(repo) and os.path.isdir(repo)
+    gpus, gpu_error = query_gpus()
+    return {
+        "hostname": socket.gethostname(),
+        "os": os_pretty_name(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "user": current_user(),
+        "gpus": gpus,
+        "gpu_error": gpu_error,
+        "disk_free_bytes": disk_free_bytes(repo or os.path.expanduser("~")),
+        "repo_exists": repo_exists,
+        "git_commit": git_head(repo) if repo_exists else None,
+        "versions": {"torch": distribution_version("torch"), "transformers": distribution_version("transformers")},
+        "verbs": sorted(VERBS),
+    }
+
+
+@verb("facts")
+def facts_verb(payload):
+    """Host facts; `repo` is optional and need not exist."""
+    return collect_facts(optional_str(payload, "repo"))
+
+
+# -- snapshot -------------------------------------------------------------------------------------------------
+
+
+def file_record(original, error=None):
+    """One snapshot entry: {exists, sha256, mode, size, content_b64, error}."""
+    if original is None:
+        return {"exists": False, "sha256": None, "mode": None, "size": None, "content_b64": None, "error": error}
+    return {
+        "exists": True,
+        "sha256": sha256_hex(original.data),
+        "mode": stat.S_IMODE(original.stat.st_mode),
+        "size": len(original.data),
+        "content_b64": base64.b64encode(original.data).decode("ascii"),
+        "error": error,
+    }
+
+
+def snapshot_file(repo, rel):
+    """The snapshot entry of one file; refusals and read errors become its `error`."""
+    try:
+        return file_record(read_regular(resolve_target(repo, rel), rel))
+    except AgentFault as fault:
+        exists = fault.kind in ("symlink", "not_file", "too_large")
+        record = file_record(None, {"kind": fault.kind, "message": fault.message})
+        record["exists"] = exists
+        return record
+    except OSError as error:
+        return file_record(None, {"kind": "io", "message": "%s: %s" % (rel, error.strerror or error)})
+
+
+@verb("snapshot")
+def snapshot_verb(payload):
+    """Files with hashes and contents, the journal and the lock holder, in one call."""
+    repo = open_repo(payload)
+    files = require_list(payload, "files")
+    if not all(isinstance(rel, str) for rel in files):
+        raise bad_request("payload.files must be a list of strings")
+    state = state_dir(repo)
+    entries, corrupt = read_journal(state)
+    return {
+        "repo": repo,
+        "files": {rel: snapshot_file(repo, rel) for rel in files},
+        "journal": entries,
+        "journal_corrupt": corrupt,
+        "lock": lock_holder(state),
+        "facts": collect_facts(repo) if payload.get("facts") else None,
+    }
+
+
+# -- commit ---------------------------------------------------------------------------------------------------
+
+
+def parse_change(repo, raw, index):
+    """One validated `changes[i]` as a Change."""
+    where = "changes[%d]" % index
+    require_object(raw, where)
+    rel = require_str(raw, "path", where)
+    new_bytes = decode_b64(raw, "new_content_b64", where)
+    new_sha = require_sha(raw, "new_sha256", where)
+    if sha256_hex(new_bytes) != new_sha:
+        raise bad_request("%s (%s): new_content_b64 does not hash to new_sha256" % (where, rel))
+    if len(new_bytes) > MAX_FILE_BYTES:
+        raise AgentFault("too_large", "new content of %s is over the %d byte limit" % (rel, MAX_FILE_BYTES))
+    target = resolve_target(repo, rel)
+    return Change(rel, target, require_patch_ids(raw, where), require_sha(raw, "expected_sha256", where),
+                  new_bytes, new_sha)
+
+
+def parse_changes(repo, payload):
+    """payload["changes"] as Changes, every path validated before anything is touched."""
+    changes = [parse_change(repo, raw, index) for index, raw in enumerate(require_list(payload, "changes"))]
+    paths = [change.path for change in changes]
+    if len(set(paths)) != len(paths):
+        raise bad_request("payload.changes names the same file twice")
+    return changes
+
+
+def read_originals(changes):
+    """The current bytes of every file, faulting `conflict` when one is not what the plan was made from."""
+    originals = {}
+    for change in changes:
+        original = read_regular(change.target, change.path)
+        found = current_sha(original)
+        if found != change.expected:
+            state = "is missing" if found is None else "has sha256 %s" % found
+            raise AgentFault("conflict", "%s changed since it was read: expected sha256 %s, it now %s"
+                             % (change.path, change.expected, state))
+        originals[change.path] = original
+    return originals
+
+
+def apply_change(state, change, original):
+    """Back the original up, write the new bytes in its place, check them, journal it."""
+    store_backup(state, original.data, change.expected)
+    write_like(change.target, change.new_bytes, original)
+    verify_written(change.target, change.path, change.new_sha)
+
+
+def restore_original(state, change, original, who):
+    """Put the backed-up original bytes back after a failed check or write, and journal the revert."""
+    data = read_backup_bytes(state, change.expected)
+    before = current_sha(read_regular(change.target, change.path))
+    write_like(change.target, data, original)
+    verify_written(change.target, change.path, change.expected)
+    append_journal(state, journal_entries("revert", who, change.path, change.patch_ids,
+                                          before=before, after=change.expected))
+
+
+def revert_all(state, written, originals, who):
+    """Restore every written file, newest first."""
+    for change in reversed(written):
+        restore_original(state, change, originals[change.path], who)
+
+
+def write_changes(state, changes, originals, who):
+    """Apply every change; if one fails, put the ones already written back before reporting it."""
+    written = []
+    try:
+        for change in changes:
+            apply_change(state, change, originals[change.path])
+            written.append(change)
+            append_journal(state, journal_entries("apply", who, change.path, change.patch_ids,
+                                                  before=change.expected, after=change.new_sha))
+    except BaseException as error:
+        try:
+            revert_all(state, written, originals, who)
+        except Exception as revert_error:
+            raise AgentFault("io", "%s; restoring the files already written also failed: %s"
+                             % (describe_error(error), describe_error(revert_error))) from error
+        raise
+    return written
+
+
+@verb("commit")
+def commit_verb(payload):
+    """Compare-and-swap write with backups and journal, then post checks; revert all if one fails."""
+    repo = open_repo(payload)
+    who = identity(payload)
+    changes = parse_changes(repo, payload)
+    checks = parse_post_checks(payload)
+    timeout = lock_timeout(payload)
+    state = ensure_state_dir(repo)
+    with RepoLock(state, timeout, who, "commit"):
+        originals = read_originals(changes)
+        written = write_changes(state, changes, originals, who)
+        results = [run_check(repo, check) for check in checks]
+        reverted = not all(result["ok"] for result in results)
+        if reverted and written:
+            revert_all(state, written, originals, who)
+    return {"written": [change.path for change in written], "checks": results, "reverted": reverted and bool(written)}
+
+
+# -- rollback -------------------------------------------------------------------------------------------------
+
+
+def parse_restore(repo, raw, index):
+    """One validated `restores[i]` as a Restore."""
+    where = "restores[%d]" % index
+    require_object(raw, where)
+    rel = require_str(raw, "path", where)
+    expected = raw.get("expected_sha256")
+    if expected is not None:
+        expected = require_sha(raw, "expected_sha256", where)
+    return Restore(rel, resolve_target(repo, rel), require_patch_ids(raw, where), expected,
+                   require_sha(raw, "restore_sha256", where), bool(raw.get("force", False)))
+
+
+def rollback_one(state, restore, who, result):
+    """Restore one file from its backup, or record why not; the result lists are filled in place."""
+    original = read_regular(restore.target, restore.path)
+    found = current_sha(original)
+    if found == restore.restore:
+        result["unchanged"].append(restore.path)
+        return
+    if found != restore.expected and not restore.force:
+        reason = "missing" if found is None else "modified"
+        result["refused"].append({"path": restore.path, "reason": reason, "current_sha256": found})
+        return
+    data = read_backup_bytes(state, restore.restore)
+    if found != restore.expected and original is not None:
+        store_backup(state, original.data, found)
+        append_journal(state, journal_entries("save-foreign", who, restore.path, [], sha256=found,
+                                              expected=restore.expected))
+        result["saved"].append({"path": restore.path, "sha256": found})
+    write_like(restore.target, data, original)
+    verify_written(restore.target, restore.path, restore.restore)
+    append_journal(state, journal_entries("rollback", who, restore.path, restore.patch_ids,
+                                          before=found, after=restore.restore))
+    result["restored"].append(restore.path)
+
+
+@verb("rollback")
+def rollback_verb(payload):
+    """Restore files from backups; edited files are refused unless forced (then the edit is saved first)."""
+    repo = open_repo(payload)
+    who = identity(payload)
+    restores = [parse_restore(repo, raw, index) for index, raw in enumerate(require_list(payload, "restores"))]
+    timeout = lock_timeout(payload)
+    state = ensure_state_dir(repo)
+    result = {"restored": [], "refused": [], "saved": [], "unchanged": [], "failed": []}
+    with RepoLock(state, timeout, who, "rollback"):
+        for restore in restores:
+            try:
+                rollback_one(state, restore, who, result)
+            except AgentFault as fault:
+                result["failed"].append({"path": restore.path, "kind": fault.kind, "message": fault.message})
+            except OSError as error:
+                result["failed"].append({"path": restore.path, "kind": "io", "message": describe_error(error)})
+    return result
+
+
+# -- backups and journal on their own ---------------------------------------------------------------------------
+
+
+@verb("read_backup")
+def read_backup_verb(payload):
+    """The bytes of one backup, by its sha256."""
+    repo = open_repo(payload)
+    sha = require_sha(payload, "sha256")
+    data = read_backup_bytes(state_dir(repo), sha)
+    return {"sha256": sha, "size": len(data), "content_b64": base64.b64encode(data).decode("ascii")}
+
+
+@verb("journal")
+def journal_verb(payload):
+    """The parsed journal; lines that do not parse are listed, not fatal."""
+    entries, corrupt = read_journal(state_dir(open_repo(payload)))
+    return {"entries": entries, "corrupt": corrupt}
+
+
+# -- protocol -------------------------------------------------------------------------------------------------
+
+
+def describe_error(error):
+    """One line for an exception, naming the file for OS errors."""
+    if isinstance(error, AgentFault):
+        return error.message
+    if isinstance(error, OSError) and error.filename:
+        return "%s: %s" % (error.strerror or error, error.filename)
+    return "%s: %s" % (type(error).__name__, error)
+
+
+def failure(kind, message):
+    """An error response."""
+    return {"ok": False, "error": {"kind": kind, "message": message}}
+
+
+def parse_request(raw):
+    """(verb name, payload) from the request bytes."""
+    try:
+        request = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request("request is not JSON: %s" % error) from None
+    if not isinstance(request, dict) or not isinstance(request.get("verb"), str):
+        raise bad_request('request must be {"verb": str, "payload": {...}}')
+    payload = request.get("payload")
+    payload = {} if payload is None else payload
+    return request["verb"], require_object(payload, "payload")
+
+
+def call_with_stdout_on_stderr(function, payload):
+    """Run a verb with fd 1 pointing at stderr, so stray output cannot corrupt the one JSON answer."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return function(payload)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def answer(raw):
+    """The response document for request bytes `raw`; never raises for a verb's failure."""
+    try:
+        name, payload = parse_request(raw)
+        if name not in VERBS:
+            raise AgentFault("unknown_verb", "unknown verb %r (this agent knows %s)" % (name, ", ".join(sorted(VERBS))))
+        return {"ok": True, "result": call_with_stdout_on_stderr(VERBS[name], payload)}
+    except AgentFault as fault:
+        return failure(fault.kind, fault.message)
+    except OSError as error:
+        return failure("io", describe_error(error))
+    except Exception as error:
+        return failure("internal", describe_error(error))
+
+
+def encode_response(response):
+    """The response as one JSON line; a result that cannot be encoded becomes an `internal` error."""
+    try:
+        return json.dumps(response) + "\n"
+    except (TypeError, ValueError) as error:
+        return json.dumps(failure("internal", "result is not JSON: %s" % error)) + "\n"
+
+
+def main():
+    """Read one request from stdin, print one JSON answer on stdout, exit 0."""
+    response = answer(sys.stdin.buffer.read())
+    sys.stdout.write(encode_response(response))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
