@@ -243,9 +243,11 @@ def _start(host: TestbedHost, repo_path: str, user_home: str, sshd: str | None =
     # Paths go in as positional arguments, never spliced into the script text.
     script = 'mount --bind "$1" "$2" || exit 1; ' \
              'if [ -e "$4" ]; then mount --bind "$3" "$4" || exit 1; fi; ' \
-             'exec "$5" -f "$6"'
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "ddops-testbed",
-            str(host.repo_dir), repo_path, str(Path(host.dir) / "bashrc"), str(bashrc_target), sshd, str(host.config)]
+             'hostname "$7" 2>/dev/null; exec "$5" -f "$6"'
+    # A private UTS namespace too, so that each host reports its own hostname.
+    argv = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script, "ddops-testbed",
+            str(host.repo_dir), repo_path, str(Path(host.dir) / "bashrc"), str(bashrc_target), sshd, str(host.config),
+            host.name]
     try:
         host.pid_file.unlink()
     except FileNotFoundError:
@@ -265,17 +267,22 @@ def _stop(host: TestbedHost) -> bool:
     pid = host.pid()
     if pid is None:
         return False
+    # Sessions forked by this sshd ("sshd: root@notty" and what they run) outlive the listener: end them too.
+    sessions = _descendants(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    for child in sessions:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.02)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
-    # Sessions forked by this sshd would keep the old namespace alive: end them too.
-    _kill_children_of_config(host.config)
     try:
         host.pid_file.unlink()
     except FileNotFoundError:
@@ -283,24 +290,21 @@ def _stop(host: TestbedHost) -> bool:
     return True
 
 
-def _kill_children_of_config(config: Path) -> None:
-    for pid in _pids_with_cmdline_containing(str(config)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _pids_with_cmdline_containing(text: str) -> list[int]:
-    found = []
+def _descendants(pid: int) -> list[int]:
+    """Every live process below pid, found through /proc's parent links."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            if text in cmdline and "sshd" in cmdline:
-                found.append(int(entry.name))
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
     return found
 
 

@@ -1,0 +1,1 @@
+"""The typer CLI: the only place that imports typer and rich."""

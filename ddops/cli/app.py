@@ -1,0 +1,78 @@
+"""`ddops`: the typer application, global options, and the single error table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from ddops import __version__
+from ddops.cli import hosts as hosts_cmds
+from ddops.cli import testbed as testbed_cmds
+from ddops.cli.common import AppState, err_console, escape
+from ddops.errors import EXIT_USAGE, DdopsError
+
+app = typer.Typer(
+    name="ddops",
+    help="Keep a fleet of GPU hosts patched, synced and benchmarked over SSH.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ddops {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    ctx: typer.Context,
+    inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="DDOPS_INVENTORY",
+                                                     help="Inventory file (default: ./inventory.yaml).",
+                                                     show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")] = 0,
+    forks: Annotated[int, typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.")] = 32,
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are "
+                                                                  "always refused).")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, forks=forks, accept_new=accept_new)
+
+
+hosts_cmds.register(app)
+testbed_cmds.register(app)
+for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench"):
+    try:
+        module = __import__(module_name, fromlist=["register"])
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        continue
+    module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
+    import click
+
+    try:
+        rv = app(args=argv, prog_name="ddops", standalone_mode=False)
+    except DdopsError as exc:
+        err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+    except click.exceptions.Abort:
+        err_console.print("ddops: aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err_console.print("ddops: interrupted")
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,178 @@
+"""Shared CLI options, state and rendering used by every command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, Sequence
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ddops.fleet import DEFAULT_FORKS, FleetEvent, HostResult, counts, worst_exit_code
+
+if TYPE_CHECKING:
+    from ddops.inventory import Host, Inventory
+    from ddops.transport import Connector
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold magenta",
+                "drifted": "bold red", "skipped": "dim"}
+
+def _width(stream: Any) -> int | None:
+    """Terminals report their width; pipes and CI logs get a wide one rather than rich's 80 columns."""
+    import shutil
+
+    return None if stream.isatty() else shutil.get_terminal_size((200, 24)).columns
+
+
+console = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+
+
+@dataclass(slots=True)
+class AppState:
+    """Global options, set once by the top-level callback."""
+
+    inventory: str | None = None
+    json: bool = False
+    verbose: int = 0
+    forks: int = DEFAULT_FORKS
+    accept_new: bool = False
+    _inventory_cache: Any = field(default=None, repr=False)
+
+    def load_inventory(self) -> "Inventory":
+        from ddops.inventory import inventory_path, load_inventory
+
+        if self._inventory_cache is None:
+            self._inventory_cache = load_inventory(inventory_path(self.inventory))
+        return self._inventory_cache
+
+    def connector(self, inventory: "Inventory") -> "Connector":
+        from ddops.transport import Connector
+
+        return Connector(inventory.known_hosts, accept_new=self.accept_new, jump_hosts=inventory.hosts)
+
+
+# Options shared by the host-selecting commands, declared once.
+HostOpt = Annotated[Optional[list[str]], typer.Option("--host", "-H", help="Host name or address (repeatable).",
+                                                       show_default=False)]
+GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Every host of a group (repeatable).",
+                                                        show_default=False)]
+AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Every host in the inventory.")]
+LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
+                                                 "comma-separated; !glob excludes.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there.")]
+CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change; write nothing.")]
+ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.",
+                                                 show_default=False)]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def state(ctx: typer.Context) -> AppState:
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = AppState()
+    return root.obj
+
+
+def selected_hosts(st: AppState, host: Sequence[str] | None, group: Sequence[str] | None, all_: bool,
+                   limit: str | None) -> tuple["Inventory", list["Host"]]:
+    from ddops.inventory import Selection, select
+
+    inventory = st.load_inventory()
+    selection = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_, limit=limit)
+    return inventory, select(inventory, selection)
+
+
+def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: Callable, *, title: str,
+              forks: int | None = None) -> list[HostResult]:
+    """Run a task over hosts with a progress view (rich on a TTY, plain lines otherwise, silent for --json)."""
+    from ddops.fleet import run_fleet
+
+    connector = st.connector(inventory)
+    progress = FleetProgress(title, [h.name for h in hosts], enabled=not st.json)
+    try:
+        with progress:
+            return run_fleet(hosts, task, connector.connect, forks=forks or st.forks, on_event=progress.event)
+    finally:
+        connector.close()
+
+
+class FleetProgress:
+    """Live per-host progress: a rich status line on a terminal, one plain line per host otherwise."""
+
+    def __init__(self, title: str, names: Iterable[str], enabled: bool = True) -> None:
+        self.title, self.names, self.enabled = title, list(names), enabled
+        self.done = 0
+        self._live = None
+        self._tty = err_console.is_terminal
+
+    def __enter__(self) -> "FleetProgress":
+        if self.enabled and self._tty:
+            from rich.status import Status
+
+            self._live = Status(self._text(), console=err_console)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def _text(self) -> str:
+        return f"{self.title}: {self.done}/{len(self.names)} hosts done"
+
+    def event(self, event: FleetEvent) -> None:
+        if not self.enabled or event.phase != "done" or event.result is None:
+            return
+        self.done += 1
+        r = event.result
+        line = f"{r.host}: {r.status} ({r.elapsed:.2f}s)" + (f" {r.message}" if r.failed and r.message else "")
+        if self._live is not None:
+            style = STATUS_STYLE.get(r.status, "")
+            err_console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+            self._live.update(self._text())
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any] | None = None) -> None:
+    doc = {"command": command, "exit_code": worst_exit_code(results), "summary": counts(results),
+           "hosts": [r.to_json() for r in results]}
+    if extra:
+        doc.update(extra)
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),
+          title: str | None = None) -> None:
+    """The final per-host table and a one-line summary."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    table.add_column("host", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for name, _ in columns:
+        table.add_column(name)
+    table.add_column("time", justify="right")
+    table.add_column("message", overflow="fold")
+    for r in results:
+        style = STATUS_STYLE.get(r.status, "")
+        cells = [escape(fn(r)) for _, fn in columns]
+        table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells, f"{r.elapsed:.2f}s",
+                      escape(r.message if r.status != "ok" or not columns else r.message))
+    console.print(table)
+    summary = ", ".join(f"{n} {s}" for s, n in counts(results).items())
+    console.print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}")
+
+
+def finish(results: Sequence[HostResult]) -> None:
+    code = worst_exit_code(results)
+    if code:
+        raise typer.Exit(code)

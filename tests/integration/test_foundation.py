@@ -1,0 +1,210 @@
+"""Foundation on real sshd hosts: ping, host-key policy, timeouts, unreachable hosts, JSON output, the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddops.errors import CommandTimeout, HostKeyError
+from ddops.fleet import TaskOutcome, run_fleet
+from ddops.inventory import Selection, load_inventory, select
+from ddops.transport import Connector
+from tests.conftest import requires_sshd, run_ddops
+
+pytestmark = [pytest.mark.sshd, requires_sshd]
+
+
+def hosts_of(bed):
+    return list(load_inventory(bed.inventory_path).hosts)
+
+
+def test_ping_all_reports_each_host_over_real_ssh(make_testbed):
+    bed = make_testbed(3)
+    proc = run_ddops("--json", "ping", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [h["host"] for h in doc["hosts"]] == ["host1", "host2", "host3"]
+    for entry in doc["hosts"]:
+        assert entry["status"] == "ok"
+        assert entry["data"]["hostname"] == entry["host"]  # each host has its own UTS namespace
+        assert entry["data"]["gpus"] == []
+        assert entry["data"]["disk_free_bytes"] > 0
+        assert entry["data"]["rtt_s"] > 0
+
+
+def test_ping_table_on_a_pipe_lists_every_host(make_testbed):
+    bed = make_testbed(2)
+    proc = run_ddops("ping", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "host1" in proc.stdout and "host2" in proc.stdout and "no GPU" in proc.stdout
+    assert "2 hosts: 2 ok" in proc.stdout
+
+
+def test_hosts_have_separate_filesystems_at_the_same_path(make_testbed):
+    bed = make_testbed(2)
+    (bed.hosts[0].repo_dir / "only-on-host1").write_text("x")
+    inv = load_inventory(bed.inventory_path)
+    connector = Connector(inv.known_hosts)
+    results = run_fleet(list(inv.hosts), lambda h, s: TaskOutcome("ok", s.run(f"ls {h.repo}").stdout.strip()),
+                        connector.connect)
+    assert [r.message for r in results] == ["only-on-host1", ""]
+
+
+def test_stopped_host_is_unreachable_and_the_others_ok(make_testbed):
+    bed = make_testbed(3)
+    bed.stop_host("host2")
+    proc = run_ddops("--json", "ping", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 1
+    statuses = {h["host"]: h["status"] for h in json.loads(proc.stdout)["hosts"]}
+    assert statuses == {"host1": "ok", "host2": "unreachable", "host3": "ok"}
+
+
+def test_host_stopping_mid_run_is_reported_and_others_finish(make_testbed):
+    bed = make_testbed(3)
+    inv = load_inventory(bed.inventory_path)
+    connector = Connector(inv.known_hosts)
+
+    def task(host, session):
+        if host.name == "host2":
+            bed.stop_host("host2")  # kills its sshd and the session processes under it
+        return TaskOutcome("ok", session.run("echo still-here", timeout=5).stdout.strip())
+
+    results = {r.host: r for r in run_fleet(list(inv.hosts), task, connector.connect)}
+    assert results["host1"].status == results["host3"].status == "ok"
+    assert results["host2"].status == "unreachable"
+    assert "connection lost" in results["host2"].message
+
+
+def test_unknown_host_key_is_refused_with_hint_and_nothing_runs(make_testbed, tmp_path):
+    bed = make_testbed(1)
+    bed.known_hosts.write_text("")
+    marker = bed.hosts[0].repo_dir / "ran"
+    proc = run_ddops("ping", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 1
+    assert "unknown host key" in proc.stderr + proc.stdout and "--accept-new" in proc.stderr + proc.stdout
+    assert not marker.exists()
+    inv = load_inventory(bed.inventory_path)
+    with pytest.raises(HostKeyError, match="--accept-new"):
+        Connector(inv.known_hosts).connect(inv.hosts[0])
+
+
+def test_accept_new_records_the_key_then_plain_runs_work(make_testbed):
+    bed = make_testbed(2)
+    bed.known_hosts.write_text("")
+    assert run_ddops("--accept-new", "ping", "--all", inventory=bed.inventory_path).returncode == 0
+    recorded = bed.known_hosts.read_text()
+    assert all(f"[{h.address}]:{h.port} ssh-ed25519" in recorded for h in bed.hosts)
+    assert run_ddops("ping", "--all", inventory=bed.inventory_path).returncode == 0
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(make_testbed, tmp_path):
+    bed = make_testbed(1)
+    other = make_testbed(1)
+    host = bed.hosts[0]
+    wrong_key = other.known_hosts.read_text().split()[1:]
+    bed.known_hosts.write_text(f"[{host.address}]:{host.port} {' '.join(wrong_key)}\n")
+    proc = run_ddops("--accept-new", "ping", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 1
+    assert "host key CHANGED" in proc.stdout + proc.stderr
+    assert len(bed.known_hosts.read_text().splitlines()) == 1  # nothing recorded
+
+
+def test_hanging_command_is_cut_off_while_others_finish(make_testbed):
+    bed = make_testbed(3)
+    inv = load_inventory(bed.inventory_path)
+    connector = Connector(inv.known_hosts)
+
+    def task(host, session):
+        command = "sleep 30" if host.name == "host2" else "echo done"
+        return TaskOutcome("ok", session.run(command, timeout=1.5).stdout.strip())
+
+    started = time.monotonic()
+    results = {r.host: r for r in run_fleet(list(inv.hosts), task, connector.connect)}
+    assert time.monotonic() - started < 10
+    assert results["host1"].message == results["host3"].message == "done"
+    assert results["host2"].status == "failed" and "timed out after 1.5s" in results["host2"].message
+
+
+def test_silent_listener_is_unreachable_within_the_connect_timeout(make_testbed):
+    bed = make_testbed(1)
+    listener = socket.socket()
+    listener.bind((bed.hosts[0].address, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    inv_path = Path(bed.root) / "silent.yaml"
+    text = bed.inventory_path.read_text().replace("connect_timeout: 5", "connect_timeout: 1")
+    text += f"  silent: {{address: {bed.hosts[0].address}, port: {port}}}\n"
+    inv_path.write_text(text)
+    try:
+        started = time.monotonic()
+        proc = run_ddops("--json", "ping", "--all", inventory=inv_path)
+        elapsed = time.monotonic() - started
+    finally:
+        listener.close()
+    statuses = {h["host"]: h["status"] for h in json.loads(proc.stdout)["hosts"]}
+    assert statuses == {"host1": "ok", "silent": "unreachable"}
+    assert elapsed < 8
+
+
+def test_agent_round_trip_returns_structured_data(make_testbed):
+    bed = make_testbed(1)
+    inv = load_inventory(bed.inventory_path)
+    with Connector(inv.known_hosts).connect(inv.hosts[0]) as session:
+        facts = session.call_agent("facts", {"repo": inv.hosts[0].repo})
+        assert facts["hostname"] == "host1"
+        assert facts["repo_exists"] is True
+        assert session.round_trips == 1
+
+
+def test_shell_metacharacters_in_repo_path_never_reach_a_shell(make_testbed, tmp_path):
+    bed = make_testbed(1)
+    marker = Path("/tmp") / f"ddops-pwned-{os.getpid()}"
+    hostile = f"/root/ddtree/x;touch {marker};$(touch {marker})`touch {marker}`"
+    inv = load_inventory(bed.inventory_path)
+    host = inv.hosts[0]
+    from dataclasses import replace
+
+    with Connector(inv.known_hosts).connect(replace(host, repo=hostile)) as session:
+        facts = session.call_agent("facts", {"repo": hostile})
+        assert facts["repo_exists"] is False
+        session.put_bytes(b"data", "/root/ddtree/" + "a'b;$(x)")
+        assert session.run(f"cat {shlex.quote('/root/ddtree/' + chr(39).join(['a', 'b;$(x)']))}").stdout == "data"
+    assert not marker.exists()
+
+
+def test_json_output_is_one_document_even_with_failures(make_testbed):
+    bed = make_testbed(2)
+    bed.stop_host("host1")
+    proc = run_ddops("ping", "--all", "--json", inventory=bed.inventory_path)
+    doc = json.loads(proc.stdout)
+    assert doc["exit_code"] == 1 and doc["summary"] == {"ok": 1, "unreachable": 1}
+    assert len(doc["hosts"]) == 2
+
+
+def test_inventory_check_and_hosts_commands(make_testbed, tmp_path):
+    bed = make_testbed(2)
+    assert run_ddops("inventory", "check", inventory=bed.inventory_path).returncode == 0
+    listed = run_ddops("hosts", "--json", inventory=bed.inventory_path)
+    assert [h["name"] for h in json.loads(listed.stdout)] == ["host1", "host2"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  a: {prot: 1}\n")
+    proc = run_ddops("inventory", "check", inventory=bad)
+    assert proc.returncode == 2
+    assert f"{bad}:2: hosts.a.prot: unknown key (did you mean 'port'?)" in proc.stderr
+
+
+def test_testbed_refuses_clearly_without_sshd(monkeypatch):
+    from ddops import testbed
+    from ddops.errors import TestbedError
+
+    monkeypatch.setattr(testbed, "SSHD_CANDIDATES", ())
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(TestbedError, match="apt-get install -y openssh-server"):
+        testbed.preflight()

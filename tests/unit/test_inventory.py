@@ -1,0 +1,225 @@
+"""The inventory format: what it accepts, and the file:line error for each thing it refuses."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddops.errors import EXIT_HOST_FAILED, EXIT_USAGE, AgentError, InventoryError, TransportError, UsageError, exit_code_for
+from ddops.inventory import Selection, load_inventory, matches_limit, select
+from ddops.sshconfig import parse_ssh_config
+
+EXAMPLE = """\
+defaults: {user: root, port: 22, repo: /root/ddtree, identity_file: ~/.ssh/id_ed25519}
+known_hosts: ~/.ssh/known_hosts
+patches: [hybrid-cache]
+hosts:
+  h200-a: {address: 10.1.230.172, groups: [h200]}
+  h200-b: {address: 10.1.230.173, port: 2222, proxy_jump: bastion, groups: [h200]}
+  bastion: {address: 10.1.230.1, groups: [jump]}
+"""
+
+
+def write(tmp_path: Path, text: str, ssh_config: str = "") -> Path:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(ssh_config)
+    body = textwrap.dedent(text)
+    if "ssh_config:" not in body:
+        body = f"ssh_config: {cfg}\n" + body
+    path = tmp_path / "inventory.yaml"
+    path.write_text(body)
+    return path
+
+
+def error_of(tmp_path: Path, text: str, ssh_config: str = "") -> str:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(write(tmp_path, text, ssh_config))
+    return str(info.value)
+
+
+def test_example_inventory_loads_with_defaults_applied(tmp_path):
+    inv = load_inventory(write(tmp_path, EXAMPLE))
+    a, b, _ = inv.hosts
+    assert (a.name, a.address, a.port, a.user, a.repo, a.python) == ("h200-a", "10.1.230.172", 22, "root",
+                                                                       "/root/ddtree", "python3")
+    assert b.port == 2222 and b.proxy_jump == "bastion" and b.groups == ("h200",)
+    assert inv.patches == ("hybrid-cache",)
+
+
+def test_committed_example_inventory_is_valid():
+    inv = load_inventory(Path(__file__).resolve().parents[2] / "inventory.yaml")
+    assert any(h.address == "10.1.230.172" for h in inv.hosts)
+
+
+def test_unknown_key_names_file_line_and_suggests(tmp_path):
+    message = error_of(tmp_path, """\
+        hosts:
+          h200-a: {address: 10.0.0.1}
+          h200-b:
+            address: 10.0.0.2
+            prot: 2222
+        """)
+    assert message.endswith("inventory.yaml:6: hosts.h200-b.prot: unknown key (did you mean 'port'?)")
+
+
+def test_wrong_type_is_named(tmp_path):
+    message = error_of(tmp_path, "hosts:\n  a: {address: x, port: twenty}\n")
+    assert "inventory.yaml:3: hosts.a.port: must be an integer, not a string" in message
+
+
+def test_boolean_is_not_an_integer(tmp_path):
+    assert "must be an integer" in error_of(tmp_path, "hosts:\n  a: {port: true}\n")
+
+
+def test_duplicate_host_name_is_an_error(tmp_path):
+    message = error_of(tmp_path, "hosts:\n  a: {address: 1.1.1.1}\n  a: {address: 2.2.2.2}\n")
+    assert "inventory.yaml:4: hosts.a: duplicate key" in message
+
+
+def test_duplicate_address_is_an_error(tmp_path):
+    message = error_of(tmp_path, "hosts:\n  a: {address: 1.1.1.1}\n  b: {address: 1.1.1.1}\n")
+    assert "hosts.b: same address 1.1.1.1:22 as host 'a'" in message
+
+
+def test_same_address_on_other_port_is_fine(tmp_path):
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {address: 1.1.1.1}\n  b: {address: 1.1.1.1, port: 2222}\n"))
+    assert len(inv.hosts) == 2
+
+
+def test_proxy_jump_to_nowhere_is_an_error(tmp_path):
+    message = error_of(tmp_path, "hosts:\n  a: {address: 1.1.1.1, proxy_jump: nosuch}\n")
+    assert "hosts.a.proxy_jump: 'nosuch' is neither a host in this inventory nor an ssh_config alias" in message
+
+
+def test_proxy_jump_may_name_an_ssh_config_alias(tmp_path):
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {address: 1.1.1.1, proxy_jump: gw}\n",
+                               ssh_config="Host gw\n  HostName 10.9.9.9\n"))
+    assert inv.hosts[0].proxy_jump == "gw"
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    message = error_of(tmp_path, "hosts:\n  a: {address: 1.1.1.1\n  b: x\n")
+    assert message.startswith(str(tmp_path / "inventory.yaml") + ":")
+    assert "invalid YAML" in message
+
+
+def test_empty_file_and_missing_hosts_are_errors(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text("")
+    with pytest.raises(InventoryError, match="empty"):
+        load_inventory(path)
+    assert "missing `hosts:`" in error_of(tmp_path, "defaults: {user: root}\n")
+
+
+def test_non_utf8_inventory_is_a_clean_error(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_bytes(b"hosts:\n  a: {address: \xff}\n")
+    with pytest.raises(InventoryError, match=r"inventory.yaml:2: not valid UTF-8"):
+        load_inventory(path)
+
+
+def test_repo_path_must_be_absolute_without_traversal(tmp_path):
+    assert "must be an absolute path" in error_of(tmp_path, "hosts:\n  a: {repo: ddtree}\n")
+    assert "'..'" in error_of(tmp_path, "hosts:\n  a: {repo: /root/../etc}\n")
+
+
+def test_port_range_and_sync_mode_are_checked(tmp_path):
+    assert "out of range" in error_of(tmp_path, "hosts:\n  a: {port: 70000}\n")
+    assert "did you mean 'push'" in error_of(tmp_path, "hosts:\n  a: {sync: psuh}\n")
+
+
+def test_ssh_config_fills_what_the_inventory_leaves_open(tmp_path):
+    inv = load_inventory(write(tmp_path, "hosts:\n  gpu1: {}\n  gpu2: {user: alice}\n", ssh_config="""\
+Host gpu*
+  HostName 10.2.0.%h
+  User ubuntu
+  Port 2200
+  IdentityFile ~/.ssh/gpu_key
+"""))
+    gpu1, gpu2 = inv.hosts
+    assert (gpu1.address, gpu1.user, gpu1.port, gpu1.identity_file) == ("10.2.0.gpu1", "ubuntu", 2200, "~/.ssh/gpu_key")
+    assert gpu2.user == "alice"  # the inventory's own value wins
+
+
+def test_group_settings_apply_between_defaults_and_host(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        defaults: {repo: /root/ddtree}
+        groups:
+          h100: {repo: /data/ddtree, commit: abc123}
+        hosts:
+          a: {groups: [h100]}
+          b: {groups: [h100], repo: /srv/ddtree}
+          c: {}
+        """))
+    a, b, c = inv.hosts
+    assert (a.repo, a.commit) == ("/data/ddtree", "abc123")
+    assert b.repo == "/srv/ddtree"
+    assert c.repo == "/root/ddtree"
+
+
+def test_shell_metacharacters_in_vars_are_kept_verbatim(tmp_path):
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {vars: {note: \"$(rm -rf /); `id`\"}}\n"))
+    assert inv.hosts[0].vars["note"] == "$(rm -rf /); `id`"
+
+
+# --- selection -------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def inv(tmp_path):
+    return load_inventory(write(tmp_path, EXAMPLE))
+
+
+def names(hosts):
+    return [h.name for h in hosts]
+
+
+def test_select_by_name_or_address(inv):
+    assert names(select(inv, Selection(hosts=("h200-a",)))) == ["h200-a"]
+    assert names(select(inv, Selection(hosts=("10.1.230.173",)))) == ["h200-b"]
+
+
+def test_select_by_group_and_all(inv):
+    assert names(select(inv, Selection(groups=("h200",)))) == ["h200-a", "h200-b"]
+    assert names(select(inv, Selection(all=True))) == ["h200-a", "h200-b", "bastion"]
+
+
+def test_limit_globs_commas_and_exclusions(inv):
+    assert names(select(inv, Selection(limit="h200-*"))) == ["h200-a", "h200-b"]
+    assert names(select(inv, Selection(limit="h200-a,bastion"))) == ["h200-a", "bastion"]
+    assert names(select(inv, Selection(all=True, limit="!jump"))) == ["h200-a", "h200-b"]
+    assert names(select(inv, Selection(groups=("h200",), limit="!10.1.230.172"))) == ["h200-b"]
+
+
+def test_empty_selection_is_a_clear_usage_error(inv):
+    with pytest.raises(UsageError, match="no hosts selected"):
+        select(inv, Selection())
+    with pytest.raises(UsageError, match="--host nope: no such host"):
+        select(inv, Selection(hosts=("nope",)))
+    with pytest.raises(UsageError, match="--group gpu: no such group"):
+        select(inv, Selection(groups=("gpu",)))
+    with pytest.raises(UsageError, match="matches no selected host"):
+        select(inv, Selection(limit="zzz*"))
+
+
+def test_matches_limit_on_groups(inv):
+    assert matches_limit(inv.host("bastion"), "jump")
+    assert not matches_limit(inv.host("bastion"), "h200,!jump")
+
+
+# --- exit codes and ssh_config ---------------------------------------------------------------------------------
+
+def test_exit_code_table():
+    assert exit_code_for(InventoryError("x")) == EXIT_USAGE == 2
+    assert exit_code_for(UsageError("x")) == 2
+    assert exit_code_for(TransportError("x")) == EXIT_HOST_FAILED == 1
+    assert exit_code_for(AgentError("x")) == 1
+    assert exit_code_for(RuntimeError("x")) == 1
+
+
+def test_ssh_config_first_value_wins_and_negation():
+    cfg = parse_ssh_config("Host a* !ab\n  User one\nHost *\n  User two\n  Port 2022\n")
+    assert cfg.lookup("ax") == {"user": "one", "port": "2022"}
+    assert cfg.lookup("ab") == {"user": "two", "port": "2022"}
+    assert cfg.aliases() == set()
