@@ -1,0 +1,656 @@
+"""The research repo at a pinned commit on every host: pins resolved once, fetched or pushed, never over local work.
+
+Per host, a sync that changes nothing costs one agent round trip (`sync_inspect`). Moving the commit:
+inspect → [save foreign edits] → [fetch, roll ddops' patches back] → checkout (fetching or unbundling the commit)
+→ [re-apply the patches]. The host never loses work: tracked files changed by anyone but ddops stop the sync
+(or, with force, go into a git stash first); files ddops patched are rolled back and patched again.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import re
+import secrets
+import socket
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+import ddops
+from ddops.errors import AgentError, DdopsError, UsageError
+from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
+
+if TYPE_CHECKING:
+    from ddops.inventory import Host, Inventory
+
+MODES = ("auto", "remote", "push")
+COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,64}$")
+LOCAL_GIT_TIMEOUT = 60.0
+BUNDLE_REF = "refs/ddops/sync"
+
+# What `ddops status` shows for a host's checkout against its pin.
+PIN_AT = "at-pin"            # HEAD is the pinned commit
+PIN_OFF = "off-pin"          # HEAD is another commit
+PIN_NONE = "no-pin"          # the inventory pins no commit for this host
+PIN_NO_REPO = "no-repo"      # no git checkout (or no commit) at the host's repo path
+PIN_UNRESOLVED = "unresolved"  # the pin is a branch or tag that could not be resolved
+
+
+class SyncError(DdopsError):
+    """A controller-side git step failed (resolving a pin, making a bundle)."""
+
+
+# -- values ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A host's pin (`rev` as written) and the commit it names, or why it could not be resolved."""
+
+    url: str | None
+    rev: str | None
+    commit: str | None = None
+    via: str = ""  # "sha" | "ls-remote" | "clone"
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOptions:
+    """What the user asked of one sync or deploy run."""
+
+    rev: str | None = None          # --commit: overrides every selected host's pin
+    check: bool = False
+    force: bool = False
+    reapply: bool | None = None     # None: re-apply when the inventory lists `patches:`
+    mode: str | None = None         # --mode: overrides each host's `sync:`
+    from_clone: str | None = None   # --from: a local clone to resolve pins and make bundles from
+    actor: str = ""
+    fetch_timeout: float | None = None  # default: the host's command_timeout
+
+
+@dataclass(frozen=True, slots=True)
+class DirtyReport:
+    """A host's changed tracked files, split into ddops' intact patches and everybody else's edits."""
+
+    patched: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # file -> patch ids applied there
+    foreign: tuple[str, ...] = ()
+
+    @property
+    def patch_ids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p for ids in self.patched.values() for p in ids))
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    path: Path
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinStatus:
+    """One host's checkout against its pin, for `ddops status`."""
+
+    pin: str | None
+    commit: str | None
+    head: str | None
+    state: str
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pin": self.pin, "commit": self.commit, "head": self.head, "state": self.state, "error": self.error}
+
+
+# -- pure helpers ---------------------------------------------------------------------------------------------
+
+
+def is_commit_id(text: str | None) -> bool:
+    return bool(text) and bool(COMMIT_RE.match(text or ""))
+
+
+def short(commit: str | None) -> str:
+    return commit[:12] if commit else "nothing"
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry: still say who
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def pick_ref(ls_remote: str, rev: str) -> str | None:
+    """The commit `git ls-remote` output gives for rev, as git would pick it (tags before branches, peeled)."""
+    refs: dict[str, str] = {}
+    for line in ls_remote.splitlines():
+        sha, _, name = line.partition("\t")
+        if sha and name:
+            refs[name.strip()] = sha.strip()
+    for name in (rev, f"refs/{rev}", f"refs/tags/{rev}", f"refs/heads/{rev}"):
+        if f"{name}^{{}}" in refs:  # an annotated tag: the commit it points at
+            return refs[f"{name}^{{}}"]
+        if name in refs and (name == "HEAD" or name.startswith("refs/")):
+            return refs[name]
+    return None
+
+
+def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
+    """Split the inspect verb's dirty files: intact ddops patches (the file is what ddops last wrote) vs the rest."""
+    from ddops.patching.journal import active_applications, last_written
+
+    patched: dict[str, tuple[str, ...]] = {}
+    foreign: list[str] = []
+    for item in dirty:
+        path, sha, entries = item["path"], item.get("sha256"), item.get("journal") or []
+        try:
+            active = [a.patch for a in active_applications(entries) if a.file == path]
+            written = last_written(entries, path)
+        except DdopsError:  # a journal this version cannot read: nothing in it can vouch for the file
+            active, written = [], None
+        if active and sha is not None and sha == written and not item.get("orig"):
+            patched[path] = tuple(dict.fromkeys(active))
+        else:
+            foreign.append(path)
+    return DirtyReport(patched, tuple(foreign))
+
+
+def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None) -> str:
+    """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
+
+    `resolved` is the commit a branch or tag pin names (see resolve_pins); a full sha pin needs none.
+    """
+    if not host.commit and resolved is None:
+        return PIN_NONE
+    if head_commit is None:
+        return PIN_NO_REPO
+    pinned = resolved or (host.commit if is_commit_id(host.commit) else None)
+    if pinned is None:
+        if host.commit and SHORT_SHA_RE.match(host.commit) and head_commit.startswith(host.commit):
+            return PIN_AT
+        return PIN_UNRESOLVED
+    return PIN_AT if head_commit == pinned else PIN_OFF
+
+
+def pin_report(hosts: Sequence["Host"], heads: Mapping[str, str | None], *, from_clone: str | None = None,
+               resolve: bool = True) -> dict[str, PinStatus]:
+    """Each host's checkout against its pin (for `ddops status`); branch and tag pins resolved once each."""
+    pins = resolve_pins(hosts, from_clone=from_clone) if resolve else {}
+    out = {}
+    for host in hosts:
+        pin = pins.get(_pin_key(host.repo_url, host.commit))
+        head = heads.get(host.name)
+        resolved = pin.commit if pin else None
+        out[host.name] = PinStatus(host.commit, resolved or (host.commit if is_commit_id(host.commit) else None),
+                                   head, pin_state(host, head, resolved), pin.error if pin else None)
+    return out
+
+
+# -- local git (the controller side) --------------------------------------------------------------------------
+
+
+def local_git(args: Sequence[str], cwd: str | os.PathLike[str] | None = None,
+              timeout: float = LOCAL_GIT_TIMEOUT) -> str:
+    """stdout of a git command on the controller; SyncError with git's message when it fails."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env.pop("GIT_DIR", None)
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SyncError("git is not installed on this machine (the controller)") from None
+    except subprocess.TimeoutExpired:
+        raise SyncError(f"git {args[0]} timed out after {timeout:g}s") from None
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise SyncError(f"git {args[0]} failed: {' / '.join(lines[-2:]) or f'exit {done.returncode}'}")
+    return done.stdout.strip()
+
+
+def _check_url(url: str) -> None:
+    if url.startswith("-"):
+        raise SyncError(f"repo_url {url!r} starts with '-': refusing to pass it to git")
+
+
+def resolve_pin(url: str | None, rev: str | None, from_clone: str | None = None,
+                timeout: float = LOCAL_GIT_TIMEOUT) -> Pin:
+    """The commit rev names: a full sha as is; else `git ls-remote url`, else the local clone."""
+    if not rev:
+        return Pin(url, rev, error="no commit pinned: set `commit:` for the host (or its group, or defaults), "
+                                   "or pass --commit REV")
+    if is_commit_id(rev):
+        return Pin(url, rev, rev, via="sha")
+    problems = []
+    if url:
+        try:
+            _check_url(url)
+            commit = pick_ref(local_git(["ls-remote", url], timeout=timeout), rev)
+            if commit:
+                return Pin(url, rev, commit, via="ls-remote")
+            problems.append(f"{url} has no branch or tag {rev!r}")
+        except SyncError as exc:
+            problems.append(f"{url}: {exc}")
+    if from_clone:
+        for candidate in (rev, f"refs/remotes/origin/{rev}"):
+            try:
+                commit = local_git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{candidate}^{{commit}}"],
+                                   cwd=from_clone)
+                return Pin(url, rev, commit, via="clone")
+            except SyncError:
+                continue
+        problems.append(f"the local clone {from_clone} has no revision {rev!r}")
+    else:
+        problems.append("pass --from LOCAL_CLONE to resolve it from a local clone")
+    return Pin(url, rev, error=f"cannot resolve commit {rev!r}: " + "; ".join(problems))
+
+
+def _pin_key(url: str | None, rev: str | None) -> tuple[str | None, str | None]:
+    return (url, rev)
+
+
+def resolve_pins(hosts: Iterable["Host"], *, rev: str | None = None, from_clone: str | None = None
+                 ) -> dict[tuple[str | None, str | None], Pin]:
+    """Every distinct (repo_url, pin) of the hosts resolved once; `rev` overrides each host's pin."""
+    out: dict[tuple[str | None, str | None], Pin] = {}
+    for host in hosts:
+        key = _pin_key(host.repo_url, rev or host.commit)
+        if key not in out:
+            out[key] = resolve_pin(key[0], key[1], from_clone)
+    return out
+
+
+def make_bundle(source: str | os.PathLike[str], commit: str, out: Path, scratch: Path) -> Bundle:
+    """A git bundle of `commit` and its history from the clone at `source`, written without touching the clone.
+
+    `git bundle` needs a ref to record: a scratch bare repo borrowing the clone's objects (alternates) holds it.
+    """
+    try:
+        local_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=source)
+    except SyncError:
+        raise SyncError(f"the local clone {source} does not have commit {commit}: fetch it there first "
+                        f"(git -C {source} fetch)") from None
+    common = Path(local_git(["rev-parse", "--git-common-dir"], cwd=source))
+    objects = (common if common.is_absolute() else Path(source) / common).resolve() / "objects"
+    local_git(["init", "--bare", "--quiet", str(scratch)])
+    (scratch / "objects" / "info").mkdir(parents=True, exist_ok=True)
+    (scratch / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    local_git(["update-ref", BUNDLE_REF, commit], cwd=scratch)
+    local_git(["bundle", "create", "--quiet", str(out), BUNDLE_REF], cwd=scratch, timeout=600)
+    digest = hashlib.sha256()
+    with open(out, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return Bundle(out, digest.hexdigest(), out.stat().st_size)
+
+
+class Bundles:
+    """One bundle per commit per run, made from --from's clone or, without it, a temporary mirror of the URL."""
+
+    def __init__(self, from_clone: str | None) -> None:
+        self.from_clone = from_clone
+        self._lock = threading.Lock()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._made: dict[str, Bundle | SyncError] = {}
+        self._mirrors: dict[str, Path | SyncError] = {}
+        self.created = 0
+
+    def get(self, url: str | None, commit: str) -> Bundle:
+        # One lock for all: bundles are rare, and hosts waiting for the same one is what makes it one.
+        with self._lock:
+            made = self._made.get(commit)
+            if made is None:
+                try:
+                    made = self._make(url, commit)
+                    self.created += 1
+                except SyncError as exc:
+                    made = exc
+                self._made[commit] = made
+        if isinstance(made, SyncError):
+            raise made
+        return made
+
+    def _dir(self) -> Path:
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ddops-sync-")
+        return Path(self._tmp.name)
+
+    def _make(self, url: str | None, commit: str) -> Bundle:
+        source = self.from_clone or self._mirror(url)
+        tmp = self._dir()
+        return make_bundle(source, commit, tmp / f"{commit}.bundle", tmp / f"scratch-{commit}")
+
+    def _mirror(self, url: str | None) -> Path:
+        if not url:
+            raise SyncError("push mode needs a local clone: pass --from LOCAL_CLONE (the host has no repo_url)")
+        mirror = self._mirrors.get(url)
+        if mirror is None:
+            path = self._dir() / f"mirror-{len(self._mirrors)}.git"
+            try:
+                _check_url(url)
+                local_git(["clone", "--bare", "--quiet", "--", url, str(path)], timeout=1800)
+                mirror = path
+            except SyncError as exc:
+                mirror = SyncError(f"push mode: cannot clone {url} on this machine ({exc}); pass --from LOCAL_CLONE")
+            self._mirrors[url] = mirror
+        if isinstance(mirror, SyncError):
+            raise mirror
+        return mirror
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+# -- one run ----------------------------------------------------------------------------------------------------
+
+
+class SyncRun:
+    """Everything a sync or deploy run shares across hosts: resolved pins, bundles, playbooks, the planner."""
+
+    def __init__(self, options: SyncOptions, pins: Mapping[tuple[str | None, str | None], Pin],
+                 patches: Sequence[str] = (), load_playbooks: Callable[[Sequence[str]], Any] | None = None) -> None:
+        self.options = options
+        self.pins = dict(pins)
+        self.patches = tuple(patches)
+        self.bundles = Bundles(options.from_clone)
+        self._load_playbooks = load_playbooks
+        self._lock = threading.Lock()
+        self._playbooks: Any = None
+        self._planner: Any = None
+
+    @property
+    def actor(self) -> str:
+        return self.options.actor or default_actor()
+
+    @property
+    def reapply(self) -> bool:
+        return bool(self.patches) if self.options.reapply is None else self.options.reapply
+
+    def pin_for(self, host: "Host") -> Pin:
+        key = _pin_key(host.repo_url, self.options.rev or host.commit)
+        pin = self.pins.get(key)
+        if pin is None:  # a host added after prepare_sync
+            pin = self.pins[key] = resolve_pin(key[0], key[1], self.options.from_clone)
+        return pin
+
+    def mode_for(self, host: "Host") -> str:
+        return self.options.mode or host.sync
+
+    def fetch_timeout(self, host: "Host") -> float:
+        return self.options.fetch_timeout or host.command_timeout
+
+    def deploy_layer(self) -> Any:
+        try:
+            from ddops.patching import deploy
+        except ImportError as exc:
+            raise DdopsError(f"patch deploy layer unavailable: {exc}") from None
+        return deploy
+
+    def playbooks(self) -> Any:
+        with self._lock:
+            if self._playbooks is None:
+                if self._load_playbooks is None:
+                    from ddops.playbook import load_playbooks
+                    self._load_playbooks = load_playbooks
+                self._playbooks = self._load_playbooks(list(self.patches))
+            return self._playbooks
+
+    def planner(self) -> Any:
+        with self._lock:
+            if self._planner is None:
+                self._planner = self.deploy_layer().make_planner()
+            return self._planner
+
+    def sync_task(self, host: "Host", session: Any) -> TaskOutcome:
+        return sync_host(host, session, self)
+
+    def deploy_task(self, host: "Host", session: Any) -> TaskOutcome:
+        return deploy_host(host, session, self)
+
+    def close(self) -> None:
+        self.bundles.close()
+
+    def __enter__(self) -> "SyncRun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions,
+                 load_playbooks: Callable[[Sequence[str]], Any] | None = None) -> SyncRun:
+    """Check the options, resolve every pin once, and return the run to hand to the fleet."""
+    if options.mode is not None and options.mode not in MODES:
+        raise UsageError(f"--mode {options.mode}: must be one of {', '.join(MODES)}")
+    if options.from_clone is not None:
+        clone = Path(options.from_clone).expanduser()
+        if not clone.is_dir():
+            raise UsageError(f"--from {options.from_clone}: not a directory")
+        try:
+            local_git(["rev-parse", "--git-dir"], cwd=clone)
+        except SyncError:
+            raise UsageError(f"--from {options.from_clone}: not a git clone") from None
+        options = _replace(options, from_clone=str(clone.resolve()))
+    if options.reapply and not inventory.patches:
+        raise UsageError(f"--reapply needs `patches:` in {inventory.path} (the playbooks to apply again)")
+    if not options.actor:
+        options = _replace(options, actor=default_actor())
+    pins = resolve_pins(hosts, rev=options.rev, from_clone=options.from_clone)
+    return SyncRun(options, pins, inventory.patches, load_playbooks)
+
+
+def _replace(options: SyncOptions, **changes: Any) -> SyncOptions:
+    from dataclasses import replace
+
+    return replace(options, **changes)
+
+
+# -- per host ----------------------------------------------------------------------------------------------------
+
+
+def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | None:
+    """None when the host has the commit; else "remote" (it fetches itself) or "bundle" (we push it)."""
+    if info.get("has_commit"):
+        return None
+    if mode == "remote":
+        return "remote"
+    if mode == "push" or not host.repo_url:
+        return "bundle"
+    probe = info.get("probe") or {}
+    return "remote" if probe.get("reachable") else "bundle"
+
+
+def _agent_payload(host: "Host", run: SyncRun, commit: str, **extra: Any) -> dict[str, Any]:
+    return {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
+            "ddops_version": ddops.__version__, "fetch_timeout": run.fetch_timeout(host), **extra}
+
+
+def _bring_in(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, source: str | None,
+              staging: str | None) -> dict[str, Any]:
+    """Call sync_fetch / sync_checkout, uploading the run's bundle first in push mode; adds uploaded_bytes."""
+    payload = _agent_payload(host, run, commit, source=source or "remote")
+    uploaded = 0
+    if source == "bundle":
+        if not staging:
+            raise DdopsError(f"{host.name}: the host gave no staging directory for the bundle")
+        bundle = run.bundles.get(host.repo_url, commit)
+        remote_path = f"{staging}/{commit}-{secrets.token_hex(8)}.bundle"
+        session.put_file(bundle.path, remote_path)  # streamed from disk, never read into memory whole
+        uploaded = bundle.size
+        payload["bundle"] = {"path": remote_path, "sha256": bundle.sha256}
+    result = session.call_agent(verb, payload, timeout=run.fetch_timeout(host) + 60)
+    return {**result, "uploaded_bytes": uploaded}
+
+
+def _fetch_with_fallback(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, source: str | None,
+                         info: Mapping[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """_bring_in, and in auto mode a failed fetch from the URL falls back to pushing a bundle."""
+    try:
+        result = _bring_in(host, session, run, verb, commit, source, info.get("staging_dir"))
+    except AgentError as exc:
+        if not (source == "remote" and run.mode_for(host) == "auto" and exc.kind in ("fetch_failed", "timeout")):
+            raise
+        data["fallback"] = str(exc)
+        source = "bundle"
+        result = _bring_in(host, session, run, verb, commit, source, info.get("staging_dir"))
+    if result.get("fetched") or result.get("source"):
+        data["source"] = result.get("source") or source
+    bundled = data.get("source") == "bundle"
+    data["bytes_moved"] += result["uploaded_bytes"] if bundled else result.get("fetched_bytes", 0)
+    data["uploaded_bytes"] = data.get("uploaded_bytes", 0) + result["uploaded_bytes"]
+    return result
+
+
+def _failed(message: str, data: dict[str, Any]) -> TaskOutcome:
+    return TaskOutcome(FAILED, message, data)
+
+
+def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
+    """Put host's repo at its pinned commit without losing anything on it; see the module docstring."""
+    opts = run.options
+    pin = run.pin_for(host)
+    mode = run.mode_for(host)
+    data: dict[str, Any] = {"pin": pin.rev, "commit": pin.commit, "mode": mode, "before": None, "after": None,
+                            "source": None, "bytes_moved": 0, "rolled_back": [], "reapplied": [], "saved": None,
+                            "dirty": [], "check": opts.check}
+    if pin.error or not pin.commit:
+        return _failed(f"{host.name}: {pin.error}", data)
+    commit = pin.commit
+    probe = host.repo_url if mode == "auto" and host.repo_url else None
+    info = session.call_agent("sync_inspect", {"repo": host.repo, "commit": commit, "probe_url": probe,
+                                               "probe_timeout": host.connect_timeout,
+                                               "staging": mode != "remote" and not opts.check})
+    before = info.get("head")
+    data["before"] = before
+    if info.get("exists") and not info.get("is_git") and not info.get("empty"):
+        return _failed(f"{host.name}: {host.repo} is not a git checkout and is not empty: ddops will not clone over "
+                       "it (move it away, or point `repo:` elsewhere)", data)
+    if before == commit:
+        data["after"] = commit
+        return TaskOutcome(OK, f"at {short(commit)}", data)
+
+    dirty = classify_dirty(info.get("dirty") or [])
+    data["dirty"] = list(dirty.foreign)
+    if dirty.foreign and not opts.force:
+        return _failed(f"{host.name}: refusing to move {short(before)} → {short(commit)}: local changes ddops did "
+                       f"not make in {', '.join(dirty.foreign)}. Commit or stash them, or re-run with --force "
+                       "to save them in a git stash first", data)
+    source = _choose_source(mode, info, host)
+    if source == "remote" and not host.repo_url:
+        return _failed(f"{host.name}: the host lacks {short(commit)} and has no repo_url to fetch it from", data)
+    patch_ids = list(dirty.patch_ids)
+    reapply = run.reapply if reapply is None else reapply
+    if opts.check:
+        return TaskOutcome(CHANGED, _check_message(before, commit, source, dirty, reapply, info, run, host), data)
+
+    deploy = run.deploy_layer() if patch_ids else None
+    if dirty.foreign:
+        saved = session.call_agent("sync_save", {"repo": host.repo, "paths": list(dirty.foreign),
+                                                 "message": f"ddops sync --force {_now()} by {run.actor}: local "
+                                                            f"edits saved before moving to {short(commit)}"})
+        data["saved"] = saved
+    if patch_ids:
+        # The commit comes in first: a failed fetch must leave the patches in place.
+        if source is not None:
+            _fetch_with_fallback(host, session, run, "sync_fetch", commit, source, info, data)
+            source = None
+        rolled = deploy.rollback_host(host, session, patch_ids, force=opts.force, actor=run.actor)
+        if rolled.status in FAILING:
+            return _failed(f"{host.name}: could not roll back {', '.join(patch_ids)} before moving (the checkout "
+                           f"stays at {short(before)}): {rolled.message}", data)
+        data["rolled_back"] = patch_ids
+    try:
+        result = _fetch_with_fallback(host, session, run, "sync_checkout", commit, source, info, data)
+    except DdopsError as exc:
+        message = f"{host.name}: moving to {short(commit)} failed: {exc}"
+        if patch_ids and reapply:
+            again = deploy.patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
+            message += (f"; patches re-applied at {short(before)}" if again.status not in FAILING
+                        else f"; re-applying patches at {short(before)} failed too: {again.message}")
+        elif patch_ids:
+            message += f"; {', '.join(patch_ids)} stay rolled back"
+        return _failed(message, data)
+    data["after"] = result["after"]
+    data["created"] = bool(result.get("created"))
+    moved = (f"cloned at {short(result['after'])}" if result.get("created") or before is None
+             else f"moved {short(before)} → {short(result['after'])}")
+    if data.get("source"):
+        moved += f" ({'pushed' if data['source'] == 'bundle' else 'fetched'} {human_size(data['bytes_moved'])})"
+    if data.get("saved"):
+        moved += (f"; local edits to {', '.join(data['saved']['paths'])} saved in git stash "
+                  f"{data['saved']['stash'][:12]} (git -C {host.repo} stash list)")
+    if not patch_ids:
+        return TaskOutcome(CHANGED, moved, data)
+    if not reapply:
+        return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", data)
+    again = deploy.patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
+    data["reapply"] = {"status": again.status, "message": again.message, "data": again.data}
+    if again.status in FAILING:
+        return _failed(f"{host.name}: {moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
+                       f"{again.message} — the host is at {short(commit)} WITHOUT those patches", data)
+    data["reapplied"] = list(run.patches)
+    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(patch_ids)}", data)
+
+
+def _check_message(before: str | None, commit: str, source: str | None, dirty: DirtyReport, reapply: bool,
+                   info: Mapping[str, Any], run: SyncRun, host: "Host") -> str:
+    verb = "would clone" if not info.get("is_git") else "would move"
+    parts = [f"{verb} {short(before)} → {short(commit)}"]
+    if source == "remote":
+        parts.append(f"fetching from {host.repo_url}")
+    elif source == "bundle":
+        parts.append("pushing a bundle")
+    if dirty.foreign:
+        parts.append(f"saving local edits to {', '.join(dirty.foreign)} in a git stash")
+    if dirty.patched:
+        parts.append(f"rolling back {', '.join(dirty.patch_ids)}" + (" and re-applying" if reapply else ""))
+    return "; ".join(parts)
+
+
+def deploy_host(host: "Host", session: Any, run: SyncRun) -> TaskOutcome:
+    """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
+    synced = sync_host(host, session, run, reapply=False)
+    data: dict[str, Any] = {"sync": synced.data, "patch": None, "verify": None}
+    if synced.status in FAILING:
+        return TaskOutcome(FAILED, synced.message, data)
+    if not run.patches:
+        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch", data)
+    if run.options.check and synced.status == CHANGED:
+        return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", data)
+    deploy = run.deploy_layer()
+    playbooks = run.playbooks()
+    patched = deploy.patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check,
+                                actor=run.actor)
+    data["patch"] = {"status": patched.status, "message": patched.message, "data": patched.data}
+    if patched.status in FAILING:
+        return TaskOutcome(FAILED, f"{synced.message}; patching failed ({patched.status}): {patched.message}", data)
+    status = CHANGED if CHANGED in (synced.status, patched.status) else OK
+    if run.options.check:
+        return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", data)
+    verified = deploy.status_host(host, session, playbooks)
+    data["verify"] = {"status": verified.status, "message": verified.message, "data": verified.data}
+    if verified.status in FAILING or verified.status == CHANGED:
+        return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
+                                   f"{verified.message}", data)
+    return TaskOutcome(status, f"{synced.message}; {', '.join(run.patches)} applied and verified", data)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,416 @@
+"""ddops agent extension: the repo at a pinned commit (inspect, save local edits, fetch, checkout detached)."""
+
+# Concatenated after remote/agent.py: it shares the core's globals (verb, AgentFault, RepoLock, ...).
+
+SYNC_LOG = "sync.jsonl"
+SYNC_COMMIT_RE = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
+SYNC_BUNDLE_NAME_RE = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle\Z")
+SYNC_DEFAULT_FETCH_TIMEOUT = 600.0
+SYNC_DEFAULT_PROBE_TIMEOUT = 10.0
+SYNC_STALE_BUNDLE_SECONDS = 24 * 3600
+SYNC_GIT_ERROR_CHARS = 2000
+
+
+def sync_require_commit(payload, key="commit"):
+    """payload[key] as a full lowercase hex commit id (sha1 or sha256 repositories)."""
+    value = payload.get(key)
+    if not isinstance(value, str) or not SYNC_COMMIT_RE.match(value):
+        raise bad_request("payload.%s must be a full lowercase hex commit id" % key)
+    return value
+
+
+def sync_repo_path(payload):
+    """The real path of payload["repo"], which need not exist yet (a sync may create it)."""
+    raw = require_str(payload, "repo")
+    path = os.path.expanduser(raw)
+    if not os.path.isabs(path):
+        raise bad_request("repo must be an absolute path, got %r" % raw)
+    return os.path.realpath(path)
+
+
+def sync_git_env():
+    """The environment git runs in: never prompt (no terminal here), messages in English."""
+    env = dict(os.environ)
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
+    return env
+
+
+def sync_run_git(repo, args, timeout, env=None):
+    """(exit code, stdout bytes, stderr text) of `git args` in `repo`; killed with its children on timeout."""
+    try:
+        process = subprocess.Popen(
+            ["git"] + list(args), cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, env=env or sync_git_env(),
+        )
+    except FileNotFoundError:
+        raise AgentFault("no_git", "git is not installed on this host (or not on PATH)") from None
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        process.communicate()
+        raise AgentFault("timeout", "git %s timed out after %gs and was stopped" % (args[0], timeout)) from None
+    return process.returncode, out, err.decode("utf-8", "replace").strip()[-SYNC_GIT_ERROR_CHARS:]
+
+
+def sync_git_ok(repo, args, timeout=60, kind="git_failed", env=None):
+    """stdout text of a git command that must succeed; fault `kind` with git's own message otherwise."""
+    code, out, err = sync_run_git(repo, args, timeout, env)
+    if code != 0:
+        raise AgentFault(kind, "git %s failed (exit %d): %s" % (" ".join(args[:2]), code, sync_last_lines(err)))
+    return out.decode("utf-8", "replace").strip()
+
+
+def sync_last_lines(text, count=3):
+    """The last few non-empty lines of git's stderr, joined: enough to say why, short enough for a table."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " / ".join(lines[-count:]) or "no message"
+
+
+def sync_is_checkout(repo):
+    """Whether `repo` is the top of a git work tree (a `.git` directory or gitfile right there)."""
+    return os.path.exists(os.path.join(repo, ".git"))
+
+
+def sync_is_empty_dir(repo):
+    """Whether `repo` holds nothing but (maybe) ddops' own state directory."""
+    try:
+        return all(name == STATE_DIR for name in os.listdir(repo))
+    except FileNotFoundError:
+        return True
+
+
+def sync_has_commit(repo, commit):
+    """Whether the commit object is in the repo."""
+    code, _, _ = sync_run_git(repo, ["cat-file", "-e", commit + "^{commit}"], 30)
+    return code == 0
+
+
+def sync_head_commit(repo):
+    """HEAD's commit id, or None in a repo without commits."""
+    code, out, _ = sync_run_git(repo, ["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], 30)
+    return out.decode().strip() if code == 0 and out.strip() else None
+
+
+def sync_remote_url(repo, name="origin"):
+    """The URL of remote `name`, or None."""
+    code, out, _ = sync_run_git(repo, ["config", "--get", "remote.%s.url" % name], 30)
+    return out.decode("utf-8", "replace").strip() if code == 0 and out.strip() else None
+
+
+def sync_parse_porcelain(raw):
+    """`git status --porcelain=v1 -z` output as [{path, xy, orig}] (orig: a rename's source, else None)."""
+    items = raw.split(b"\0")
+    out = []
+    index = 0
+    while index < len(items):
+        item = items[index]
+        index += 1
+        if len(item) < 4:
+            continue
+        xy = item[:2].decode("ascii", "replace")
+        path = item[3:].decode("utf-8", "surrogateescape")
+        orig = None
+        if "R" in xy or "C" in xy:
+            orig = items[index].decode("utf-8", "surrogateescape") if index < len(items) else None
+            index += 1
+        out.append({"path": path, "xy": xy, "orig": orig})
+    return out
+
+
+def sync_dirty_tracked(repo):
+    """Tracked files with staged or unstaged changes (untracked files are left alone by checkout)."""
+    raw = sync_run_git(repo, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"], 60)
+    code, out, err = raw
+    if code != 0:
+        raise AgentFault("git_failed", "git status failed (exit %d): %s" % (code, sync_last_lines(err)))
+    return sync_parse_porcelain(out)
+
+
+def sync_file_sha_or_none(repo, rel):
+    """The sha256 of a regular file in the repo (streamed), or None when missing or not a regular file."""
+    path = os.path.join(repo, rel)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def sync_describe_dirty(repo):
+    """Each dirty tracked file with its sha256 and the journal entries ddops wrote for it."""
+    dirty = sync_dirty_tracked(repo)
+    if not dirty:
+        return []
+    entries, _ = read_journal(state_dir(repo))
+    by_file = {}
+    for entry in entries:
+        if isinstance(entry.get("file"), str):
+            by_file.setdefault(entry["file"], []).append(entry)
+    for item in dirty:
+        item["sha256"] = sync_file_sha_or_none(repo, item["path"])
+        item["journal"] = by_file.get(item["path"], [])
+    return dirty
+
+
+def sync_objects_bytes(repo):
+    """Bytes under the repo's object store (to report how much a fetch brought in)."""
+    root = os.path.join(repo, ".git", "objects")
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def sync_probe_url(repo, url, timeout):
+    """Whether this host can list refs at `url` within `timeout`: {reachable, error, seconds}."""
+    started = time.monotonic()
+    cwd = repo if os.path.isdir(repo) else "/"
+    try:
+        code, _, err = sync_run_git(cwd, ["ls-remote", "--quiet", url, "HEAD"], timeout)
+        error = None if code == 0 else sync_last_lines(err)
+    except AgentFault as fault:
+        code, error = -1, fault.message
+    return {"reachable": code == 0, "error": error, "seconds": round(time.monotonic() - started, 3)}
+
+
+# -- staging of uploaded bundles ----------------------------------------------------------------------------------
+
+
+def sync_staging_dir(create):
+    """Where the controller uploads bundles: a private per-user cache directory (outside any repo)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "ddops", "incoming")
+    if create:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        make_private_dir(path)
+        sync_remove_stale_bundles(path)
+    return os.path.realpath(path)
+
+
+def sync_remove_stale_bundles(directory):
+    """Bundles left behind by interrupted runs, older than a day (names ddops made only)."""
+    cutoff = time.time() - SYNC_STALE_BUNDLE_SECONDS
+    for name in os.listdir(directory):
+        if SYNC_BUNDLE_NAME_RE.match(name) or name.endswith(".bundle.part"):
+            path = os.path.join(directory, name)
+            try:
+                if os.lstat(path).st_mtime < cutoff:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def sync_bundle_target(raw):
+    """The real path of an uploaded bundle: only a ddops-named file directly in the staging directory."""
+    path = require_str(raw, "path", "bundle")
+    if os.path.dirname(path) != sync_staging_dir(False) or not SYNC_BUNDLE_NAME_RE.match(os.path.basename(path)):
+        raise unsafe_path(path, "bundles are only read from ddops' staging directory")
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise AgentFault("no_bundle", "the uploaded bundle %s is missing" % path)
+    return path
+
+
+def sync_discard_bundle(payload):
+    """Remove an uploaded bundle that is not needed (the commit arrived some other way)."""
+    if isinstance(payload.get("bundle"), dict):
+        try:
+            os.unlink(sync_bundle_target(payload["bundle"]))
+        except (AgentFault, OSError):
+            pass
+
+
+def sync_check_bundle(path, expected_sha):
+    """Fault `checksum` (and delete the file) when the uploaded bundle is not the bytes the controller sent."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    found = digest.hexdigest()
+    if found != expected_sha:
+        raise AgentFault("checksum", "the uploaded bundle has sha256 %s, the controller sent %s: the upload was "
+                                     "damaged; run sync again" % (found, expected_sha))
+
+
+# -- verbs ------------------------------------------------------------------------------------------------------
+
+
+@verb("sync_inspect")
+def sync_inspect(payload):
+    """Where the repo stands against a commit, in one call: head, whether it has the commit, dirty files."""
+    repo = sync_repo_path(payload)
+    commit = sync_require_commit(payload)
+    result = {"repo": repo, "exists": os.path.isdir(repo), "is_git": False, "empty": False, "head": None,
+              "has_commit": False, "origin_url": None, "dirty": [], "probe": None, "staging_dir": None}
+    if os.path.exists(repo) and not os.path.isdir(repo):
+        raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
+    result["empty"] = sync_is_empty_dir(repo)
+    if result["exists"] and sync_is_checkout(repo):
+        result["is_git"] = True
+        result["head"] = sync_head_commit(repo)
+        result["has_commit"] = sync_has_commit(repo, commit)
+        result["origin_url"] = sync_remote_url(repo)
+        result["dirty"] = sync_describe_dirty(repo)
+    if not result["has_commit"]:
+        url = optional_str(payload, "probe_url")
+        if url:
+            timeout = optional_number(payload, "probe_timeout", SYNC_DEFAULT_PROBE_TIMEOUT)
+            result["probe"] = sync_probe_url(repo, url, timeout)
+        if payload.get("staging"):
+            result["staging_dir"] = sync_staging_dir(True)
+    return result
+
+
+@verb("sync_save")
+def sync_save(payload):
+    """Save local edits to tracked files in a git stash named after ddops, before the commit moves."""
+    repo = open_repo(payload)
+    paths = require_list(payload, "paths")
+    for rel in paths:
+        check_relpath(rel)
+    message = require_str(payload, "message")
+    if not paths:
+        raise bad_request("payload.paths must name at least one file")
+    env = sync_git_env()
+    # A stash is a commit: give it an author when the host has no git identity configured.
+    for key, name in (("user.name", "GIT_AUTHOR_NAME"), ("user.email", "GIT_AUTHOR_EMAIL")):
+        code, out, _ = sync_run_git(repo, ["config", "--get", key], 30)
+        if code != 0 or not out.strip():
+            value = "ddops" if key == "user.name" else "ddops@" + socket.gethostname()
+            env[name] = value
+            env[name.replace("AUTHOR", "COMMITTER")] = value
+    sync_git_ok(repo, ["stash", "push", "--quiet", "--message", message, "--"] + paths, kind="save_failed", env=env)
+    stash = sync_git_ok(repo, ["rev-parse", "--verify", "refs/stash"], kind="save_failed")
+    listed = sync_git_ok(repo, ["stash", "list", "--format=%H %gd"], kind="save_failed")
+    ref = next((line.split()[1] for line in listed.splitlines() if line.split()[0] == stash), "stash@{0}")
+    still = [item["path"] for item in sync_dirty_tracked(repo) if item["path"] in paths]
+    if still:
+        raise AgentFault("save_failed", "git stash left these files changed: %s" % ", ".join(still))
+    return {"stash": stash, "ref": ref, "message": message, "paths": paths}
+
+
+def sync_prepare_repo(repo, url):
+    """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url)."""
+    if os.path.exists(repo) and not os.path.isdir(repo):
+        raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
+    if os.path.isdir(repo) and sync_is_checkout(repo):
+        return False
+    if not sync_is_empty_dir(repo):
+        raise AgentFault("not_git", "%s is not a git checkout and is not empty: ddops will not clone over it "
+                                    "(move it away, or point `repo:` elsewhere)" % repo)
+    os.makedirs(repo, exist_ok=True)
+    sync_git_ok(repo, ["init", "--quiet"], kind="init_failed")
+    if url:
+        sync_git_ok(repo, ["remote", "add", "origin", url], kind="init_failed")
+    return True
+
+
+def sync_fetch_commit(repo, commit, payload):
+    """Bring `commit` into the repo from the remote URL or an uploaded bundle; {source, fetched_bytes}."""
+    source = require_str(payload, "source")
+    timeout = optional_number(payload, "fetch_timeout", SYNC_DEFAULT_FETCH_TIMEOUT)
+    before = sync_objects_bytes(repo)
+    if source == "bundle":
+        bundle = require_object(payload.get("bundle"), "payload.bundle")
+        path = sync_bundle_target(bundle)
+        try:
+            sync_check_bundle(path, require_sha(bundle, "sha256", "bundle"))
+            sync_git_ok(repo, ["fetch", "--quiet", "--no-tags", path, commit], timeout, kind="fetch_failed")
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    elif source == "remote":
+        url = require_str(payload, "repo_url")
+        if sync_remote_url(repo) == url:
+            # The branches and tags too, so the checkout looks like an ordinary clone to people on the host.
+            code, _, err = sync_run_git(repo, ["fetch", "--quiet", "--tags", "origin"], timeout)
+            if code != 0:
+                raise AgentFault("fetch_failed", "git fetch from %s failed (exit %d): %s"
+                                 % (url, code, sync_last_lines(err)))
+            if not sync_has_commit(repo, commit):
+                sync_git_ok(repo, ["fetch", "--quiet", "origin", commit], timeout, kind="fetch_failed")
+        else:
+            sync_git_ok(repo, ["fetch", "--quiet", "--no-tags", url, commit], timeout, kind="fetch_failed")
+    else:
+        raise bad_request("payload.source must be 'remote' or 'bundle'")
+    if not sync_has_commit(repo, commit):
+        raise AgentFault("fetch_failed", "fetched from %s, but commit %s is not there" % (source, commit))
+    return {"source": source, "fetched_bytes": max(0, sync_objects_bytes(repo) - before)}
+
+
+def sync_append_log(repo, record):
+    """One line per sync in .ddops/sync.jsonl: who moved the checkout from where to where."""
+    state = ensure_state_dir(repo)
+    path = os.path.join(state, SYNC_LOG)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        write_all(fd, json.dumps(record, sort_keys=True).encode("utf-8") + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@verb("sync_fetch")
+def sync_fetch(payload):
+    """Only bring the commit in (the checkout does not move): used before rolling patches back."""
+    repo = sync_repo_path(payload)
+    commit = sync_require_commit(payload)
+    created = sync_prepare_repo(repo, optional_str(payload, "repo_url"))
+    if sync_has_commit(repo, commit):
+        sync_discard_bundle(payload)
+        return {"created": created, "fetched": False, "source": None, "fetched_bytes": 0}
+    fetched = sync_fetch_commit(repo, commit, payload)
+    return dict(fetched, created=created, fetched=True)
+
+
+@verb("sync_checkout")
+def sync_checkout(payload):
+    """Fetch the commit when missing, then check it out detached; refuses if tracked files are changed."""
+    repo = sync_repo_path(payload)
+    commit = sync_require_commit(payload)
+    who = identity(payload)
+    created = sync_prepare_repo(repo, optional_str(payload, "repo_url"))
+    state = ensure_state_dir(repo)
+    with RepoLock(state, lock_timeout(payload), who, "sync"):
+        before = sync_head_commit(repo)
+        fetched = {"source": None, "fetched_bytes": 0}
+        if not sync_has_commit(repo, commit):
+            fetched = sync_fetch_commit(repo, commit, payload)
+        else:
+            sync_discard_bundle(payload)
+        if before != commit:
+            # The compare-and-swap of a sync: never move under someone's edits (the controller checked too).
+            dirty = sync_dirty_tracked(repo)
+            if dirty:
+                raise AgentFault("dirty", "refusing to move %s: tracked files have local changes: %s"
+                                 % (repo, ", ".join(item["path"] for item in dirty)))
+            timeout = optional_number(payload, "fetch_timeout", SYNC_DEFAULT_FETCH_TIMEOUT)
+            sync_git_ok(repo, ["checkout", "--quiet", "--detach", commit], timeout, kind="checkout_failed")
+        after = sync_head_commit(repo)
+        if after != commit:
+            raise AgentFault("checkout_failed", "HEAD is %s after checking out %s" % (after, commit))
+        if before != after:
+            record = {"event": "sync", "before": before, "after": after, "source": fetched["source"],
+                      "time": now_iso(), "id": uuid.uuid4().hex}
+            record.update(who)
+            sync_append_log(repo, record)
+    return {"before": before, "after": after, "created": created, "fetched": fetched["source"] is not None,
+            "source": fetched["source"], "fetched_bytes": fetched["fetched_bytes"]}

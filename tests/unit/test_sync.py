@@ -1,0 +1,300 @@
+"""Sync without hosts: pin resolution, bundles, dirty-file classification, pin states, and the agent's sync verbs."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddops.inventory import Host
+from ddops.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError, classify_dirty,
+                        make_bundle, pick_ref, pin_state, resolve_pin)
+from ddops.transport.agent import BOOTSTRAP, agent_source, remote_dir
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> dict:
+    """A work repo with two commits on main, an annotated tag on the first, and a bare origin of it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    (work / "ddtree.py").write_text("past_key_values_target = DynamicCache()\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "one")
+    first = git(work, "rev-parse", "HEAD")
+    git(work, "tag", "-a", "v1", "-m", "release one")
+    (work / "README").write_text("two\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "two")
+    second = git(work, "rev-parse", "HEAD")
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(origin))
+    return {"work": work, "origin": origin, "url": f"file://{origin}", "first": first, "second": second}
+
+
+# -- pins -----------------------------------------------------------------------------------------------------
+
+
+def test_pick_ref_prefers_tags_then_branches_and_peels_annotated_tags():
+    listing = ("aaa\tHEAD\nbbb\trefs/heads/main\nccc\trefs/tags/main\nddd\trefs/tags/v1\neee\trefs/tags/v1^{}\n"
+               "fff\trefs/heads/dev\n")
+    assert pick_ref(listing, "main") == "ccc"
+    assert pick_ref(listing, "v1") == "eee"
+    assert pick_ref(listing, "dev") == "fff"
+    assert pick_ref(listing, "refs/heads/main") == "bbb"
+    assert pick_ref(listing, "HEAD") == "aaa"
+    assert pick_ref(listing, "nope") is None
+
+
+def test_full_sha_pins_need_no_lookup():
+    commit = "a" * 40
+    pin = resolve_pin("file:///does/not/exist", commit)
+    assert (pin.commit, pin.via, pin.error) == (commit, "sha", None)
+
+
+def test_branch_and_tag_pins_resolve_with_ls_remote(upstream):
+    assert resolve_pin(upstream["url"], "main").commit == upstream["second"]
+    tag = resolve_pin(upstream["url"], "v1")
+    assert (tag.commit, tag.via) == (upstream["first"], "ls-remote")
+
+
+def test_unreachable_url_falls_back_to_the_local_clone(upstream, tmp_path):
+    pin = resolve_pin(f"file://{tmp_path}/missing.git", "main", from_clone=str(upstream["work"]))
+    assert (pin.commit, pin.via) == (upstream["second"], "clone")
+    short = resolve_pin(None, upstream["first"][:9], from_clone=str(upstream["work"]))
+    assert short.commit == upstream["first"]
+
+
+def test_unresolvable_pin_says_why_and_what_to_do(tmp_path):
+    pin = resolve_pin(f"file://{tmp_path}/missing.git", "main")
+    assert pin.commit is None
+    assert "cannot resolve commit 'main'" in pin.error and "--from LOCAL_CLONE" in pin.error
+    assert "no commit pinned" in resolve_pin("file:///x", None).error
+
+
+def test_url_starting_with_a_dash_never_reaches_git(tmp_path):
+    marker = tmp_path / "pwned"
+    pin = resolve_pin(f"--upload-pack=touch {marker}", "main")
+    assert pin.commit is None and "starts with '-'" in pin.error
+    assert not marker.exists()
+
+
+# -- bundles ----------------------------------------------------------------------------------------------------
+
+
+def test_bundle_holds_the_commit_and_leaves_the_clone_untouched(upstream, tmp_path):
+    refs_before = git(upstream["work"], "for-each-ref")
+    bundle = make_bundle(upstream["work"], upstream["first"], tmp_path / "b.bundle", tmp_path / "scratch")
+    assert git(upstream["work"], "for-each-ref") == refs_before
+    assert bundle.sha256 == sha(bundle.path.read_bytes()) and bundle.size == bundle.path.stat().st_size
+    fresh = tmp_path / "fresh"
+    git(tmp_path, "init", "-q", str(fresh))
+    git(fresh, "fetch", "-q", str(bundle.path), upstream["first"])
+    assert git(fresh, "cat-file", "-t", upstream["first"]) == "commit"
+
+
+def test_one_bundle_per_commit_per_run_and_failures_are_remembered(upstream, tmp_path):
+    bundles = Bundles(str(upstream["work"]))
+    try:
+        first = bundles.get(None, upstream["second"])
+        assert bundles.get(None, upstream["second"]) is first and bundles.created == 1
+        with pytest.raises(SyncError, match="does not have commit"):
+            bundles.get(None, "b" * 40)
+        with pytest.raises(SyncError, match="does not have commit"):
+            bundles.get(None, "b" * 40)
+        folder = first.path.parent
+    finally:
+        bundles.close()
+    assert not folder.exists()
+
+
+def test_without_a_local_clone_bundles_come_from_a_temporary_mirror(upstream):
+    with_mirror = Bundles(None)
+    try:
+        assert with_mirror.get(upstream["url"], upstream["first"]).size > 0
+    finally:
+        with_mirror.close()
+
+
+# -- dirty files ----------------------------------------------------------------------------------------------------
+
+
+def apply_entry(path: str, patch: str, before: bytes, after: bytes) -> dict:
+    return {"event": "apply", "patch": patch, "file": path, "before": sha(before), "after": sha(after)}
+
+
+def test_dirty_files_split_into_intact_ddops_patches_and_foreign_edits():
+    orig, patched, edited = b"x = 1\n", b"x = 2\n", b"x = 3\n"
+    dirty = [
+        {"path": "ddtree.py", "sha256": sha(patched), "journal": [apply_entry("ddtree.py", "hybrid-cache", orig, patched)]},
+        {"path": "dflash.py", "sha256": sha(edited), "journal": [apply_entry("dflash.py", "hybrid-cache", orig, patched)]},
+        {"path": "benchmark.py", "sha256": sha(edited), "journal": []},
+        {"path": "gone.py", "sha256": None, "journal": []},
+    ]
+    report = classify_dirty(dirty)
+    assert report.patched == {"ddtree.py": ("hybrid-cache",)}
+    assert report.foreign == ("dflash.py", "benchmark.py", "gone.py")
+    assert report.patch_ids == ("hybrid-cache",)
+
+
+def test_a_rolled_back_patch_no_longer_vouches_for_its_file():
+    orig, patched = b"x = 1\n", b"x = 2\n"
+    journal = [apply_entry("a.py", "p", orig, patched),
+               {"event": "rollback", "patch": "p", "file": "a.py", "before": sha(patched), "after": sha(orig)}]
+    report = classify_dirty([{"path": "a.py", "sha256": sha(orig), "journal": journal}])
+    assert report.foreign == ("a.py",) and not report.patched
+
+
+# -- pin states ----------------------------------------------------------------------------------------------------
+
+
+def test_pin_state_for_the_status_command():
+    commit = "c" * 40
+    pinned = Host(name="h", address="h", commit=commit)
+    assert pin_state(pinned, commit) == PIN_AT
+    assert pin_state(pinned, "d" * 40) == PIN_OFF
+    assert pin_state(pinned, None) == PIN_NO_REPO
+    assert pin_state(Host(name="h", address="h"), commit) == PIN_NONE
+    branch = Host(name="h", address="h", commit="main")
+    assert pin_state(branch, commit) == PIN_UNRESOLVED
+    assert pin_state(branch, commit, resolved=commit) == PIN_AT
+    assert pin_state(Host(name="h", address="h", commit=commit[:10]), commit) == PIN_AT
+
+
+# -- the agent's sync verbs, run locally through the bootstrap ---------------------------------------------------------
+
+
+def call(verb: str, payload: dict, cache: Path) -> dict:
+    source = agent_source()
+    request = json.dumps({"verb": verb, "payload": payload}).encode()
+    done = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(len(source))], input=source + request,
+                          capture_output=True, timeout=60, env={**os.environ, "XDG_CACHE_HOME": str(cache), **GIT_ENV})
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def ok(verb: str, payload: dict, cache: Path) -> dict:
+    reply = call(verb, payload, cache)
+    assert reply["ok"], reply
+    return reply["result"]
+
+
+def fails(verb: str, payload: dict, cache: Path) -> dict:
+    reply = call(verb, payload, cache)
+    assert not reply["ok"], reply
+    return reply["error"]
+
+
+def test_agent_clones_an_empty_dir_at_the_commit_then_reports_it_in_place(upstream, tmp_path):
+    repo, cache = tmp_path / "host" / "repo", tmp_path / "cache"
+    inspect = ok("sync_inspect", {"repo": str(repo), "commit": upstream["first"], "probe_url": upstream["url"]}, cache)
+    assert not inspect["exists"] and inspect["empty"] and inspect["probe"]["reachable"]
+    done = ok("sync_checkout", {"repo": str(repo), "commit": upstream["first"], "repo_url": upstream["url"],
+                                "source": "remote", "actor": "t"}, cache)
+    assert done["created"] and done["before"] is None and done["after"] == upstream["first"]
+    assert done["fetched_bytes"] > 0
+    assert git(repo, "rev-parse", "HEAD") == upstream["first"]
+    assert git(repo, "rev-parse", "origin/main") == upstream["second"]  # looks like an ordinary clone
+    again = ok("sync_inspect", {"repo": str(repo), "commit": upstream["first"]}, cache)
+    assert again["head"] == upstream["first"] and again["has_commit"] and again["dirty"] == []
+    log = (repo / ".ddops" / "sync.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["after"] == upstream["first"]
+    assert "/.ddops/" in (repo / ".git" / "info" / "exclude").read_text()
+
+
+def test_agent_probe_reports_an_unreachable_url(tmp_path):
+    inspect = ok("sync_inspect", {"repo": str(tmp_path / "r"), "commit": "a" * 40,
+                                  "probe_url": f"file://{tmp_path}/nowhere.git", "probe_timeout": 5}, tmp_path)
+    assert inspect["probe"]["reachable"] is False and inspect["probe"]["error"]
+
+
+def test_agent_refuses_to_move_over_local_edits(upstream, tmp_path):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    git(tmp_path, "clone", "-q", upstream["url"], str(repo))
+    (repo / "ddtree.py").write_text("mine\n")
+    inspect = ok("sync_inspect", {"repo": str(repo), "commit": upstream["first"]}, cache)
+    assert [d["path"] for d in inspect["dirty"]] == ["ddtree.py"]
+    assert inspect["dirty"][0]["sha256"] == sha(b"mine\n")
+    error = fails("sync_checkout", {"repo": str(repo), "commit": upstream["first"], "source": "remote",
+                                    "repo_url": upstream["url"]}, cache)
+    assert error["kind"] == "dirty" and "ddtree.py" in error["message"]
+    assert (repo / "ddtree.py").read_text() == "mine\n"
+
+
+def test_agent_saves_edits_in_a_stash_named_after_ddops(upstream, tmp_path):
+    repo, cache = tmp_path / "repo", tmp_path / "cache"
+    git(tmp_path, "clone", "-q", upstream["url"], str(repo))
+    (repo / "ddtree.py").write_text("mine\n")
+    saved = ok("sync_save", {"repo": str(repo), "paths": ["ddtree.py"], "message": "ddops sync --force test"}, cache)
+    assert git(repo, "status", "--porcelain") == ""
+    assert "ddops sync --force test" in git(repo, "stash", "list")
+    assert "+mine" in git(repo, "stash", "show", "-p", saved["stash"])
+
+
+def test_agent_will_not_clone_over_a_non_git_directory(upstream, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "results.txt").write_text("precious\n")
+    error = fails("sync_checkout", {"repo": str(repo), "commit": upstream["first"], "source": "remote",
+                                    "repo_url": upstream["url"]}, tmp_path / "cache")
+    assert error["kind"] == "not_git"
+    assert (repo / "results.txt").read_text() == "precious\n"
+
+
+def test_agent_checks_the_bundle_checksum_and_only_reads_its_staging_dir(upstream, tmp_path):
+    cache, repo = tmp_path / "cache", tmp_path / "repo"
+    staging = Path(ok("sync_inspect", {"repo": str(repo), "commit": upstream["first"], "staging": True},
+                      cache)["staging_dir"])
+    assert staging == (cache / "ddops" / "incoming").resolve()
+    bundle = make_bundle(upstream["work"], upstream["first"], tmp_path / "b.bundle", tmp_path / "scratch")
+    target = staging / f"{upstream['first']}-0123456789abcdef.bundle"
+    target.write_bytes(bundle.path.read_bytes())
+    payload = {"repo": str(repo), "commit": upstream["first"], "source": "bundle",
+               "bundle": {"path": str(target), "sha256": "0" * 64}}
+    assert fails("sync_checkout", payload, cache)["kind"] == "checksum"
+    assert not target.exists()  # a damaged upload is removed
+    outside = tmp_path / f"{upstream['first']}-0123456789abcdef.bundle"
+    outside.write_bytes(bundle.path.read_bytes())
+    payload["bundle"] = {"path": str(outside), "sha256": bundle.sha256}
+    assert fails("sync_checkout", payload, cache)["kind"] == "unsafe_path"
+    assert outside.exists()
+    target.write_bytes(bundle.path.read_bytes())
+    payload["bundle"] = {"path": str(target), "sha256": bundle.sha256}
+    done = ok("sync_checkout", payload, cache)
+    assert done["after"] == upstream["first"] and done["source"] == "bundle"
+    assert not target.exists()
+
+
+def test_agent_sync_extension_shares_no_global_name_with_other_agent_files():
+    def names(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        out = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, ast.Assign):
+                out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        return out
+
+    mine = names(remote_dir() / "agent_sync.py")
+    for other in [remote_dir() / "agent.py", *remote_dir().glob("agent_*.py")]:
+        if other.name != "agent_sync.py":
+            assert not mine & names(other), f"agent_sync.py redefines {mine & names(other)} from {other.name}"
