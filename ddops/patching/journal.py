@@ -1,0 +1,244 @@
+"""Reading the remote journal: what ddops applied and is still in place, what was edited since, how to roll back.
+
+Pure. The journal is the agent's append-only list of entries (dicts from JSON lines):
+`{"event": "apply"|"rollback"|"revert"|"save-foreign", "patch": id, "file": path, "before": sha256,
+"after": sha256, "time": iso, "id": ...}`. `before`/`after` are the file's sha256 before and after the event's write;
+a rollback entry's `after` is the sha it restored. `save-foreign` records a foreign edit kept before a forced
+rollback and writes nothing. A rollback or revert without `patch` ends every application in its file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ddops.errors import DdopsError
+
+APPLY, ROLLBACK, REVERT, SAVE_FOREIGN = "apply", "rollback", "revert", "save-foreign"
+EVENTS = (APPLY, ROLLBACK, REVERT, SAVE_FOREIGN)
+WRITING_EVENTS = (APPLY, ROLLBACK, REVERT)
+
+# What the journal says of a (patch, file), next to the plan's state (see kinds.STATES).
+NOT_APPLIED = "not-applied"  # ddops has no active application: the plan decides pending / applied / drifted
+JOURNAL_APPLIED = "applied"  # applied by ddops and the file is as ddops left it
+MODIFIED = "modified"        # applied by ddops, and the file changed since ddops last wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    event: str
+    file: str
+    patch: str | None = None
+    before: str | None = None
+    after: str | None = None
+    time: str = ""
+    id: str = ""
+    index: int = 0  # position in the journal: the order of events
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], index: int) -> "JournalEntry":
+        if not isinstance(raw, Mapping):
+            raise DdopsError(f"journal entry {index + 1}: not an object")
+        event, file = raw.get("event"), raw.get("file")
+        if not isinstance(event, str) or not isinstance(file, str) or not file:
+            raise DdopsError(f"journal entry {index + 1}: needs `event` and `file`")
+        if event == APPLY and not (raw.get("patch") and raw.get("before") and raw.get("after")):
+            raise DdopsError(f"journal entry {index + 1}: an apply needs `patch`, `before` and `after`")
+        return cls(event=event, file=file, patch=raw.get("patch") or None, before=raw.get("before"),
+                   after=raw.get("after"), time=str(raw.get("time") or ""), id=str(raw.get("id") or ""),
+                   index=index)
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    """An apply entry not yet rolled back or reverted."""
+
+    patch: str
+    file: str
+    before: str
+    after: str
+    time: str
+    id: str
+    index: int
+
+
+def parse_journal(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> list[JournalEntry]:
+    """Entries as values, in order; events this version does not know are skipped (newer agents may add some)."""
+    out: list[JournalEntry] = []
+    for i, raw in enumerate(journal):
+        entry = raw if isinstance(raw, JournalEntry) else JournalEntry.from_dict(raw, i)
+        if entry.event in EVENTS:
+            out.append(entry)
+    return out
+
+
+def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> list[Application]:
+    """Applications still in place per the journal, oldest first (at most one per (patch, file))."""
+    active: dict[tuple[str, str], Application] = {}
+    for e in parse_journal(journal):
+        if e.event == APPLY:
+            assert e.patch and e.before and e.after
+            active[(e.patch, e.file)] = Application(e.patch, e.file, e.before, e.after, e.time, e.id, e.index)
+        elif e.event in (ROLLBACK, REVERT):
+            for key in [k for k in active if k[1] == e.file and (e.patch is None or k[0] == e.patch)]:
+                del active[key]
+    return sorted(active.values(), key=lambda a: a.index)
+
+
+def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str) -> str | None:
+    """The sha256 ddops last wrote to file (the `after` of its latest apply/rollback/revert), or None."""
+    sha = None
+    for e in parse_journal(journal):
+        if e.file == file and e.event in WRITING_EVENTS and e.after:
+            sha = e.after
+    return sha
+
+
+def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str, file: str,
+                current_sha: str | None) -> str:
+    """NOT_APPLIED, JOURNAL_APPLIED, or MODIFIED (ddops applied it; the file's sha is not what ddops last wrote)."""
+    entries = parse_journal(journal)
+    if not any(a.patch == patch and a.file == file for a in active_applications(entries)):
+        return NOT_APPLIED
+    return JOURNAL_APPLIED if current_sha == last_written(entries, file) else MODIFIED
+
+
+def effective_state(plan_state: str, journal_state: str) -> str:
+    """The state to report: MODIFIED from the journal wins over what the plan sees in the content."""
+    return MODIFIED if journal_state == MODIFIED else plan_state
+
+
+def modified_files(journal: Iterable[Mapping[str, Any] | JournalEntry],
+                   current_sha_by_file: Mapping[str, str | None]) -> dict[str, tuple[str, str | None]]:
+    """Files with an active application whose sha is not what ddops last wrote: file -> (expected, current)."""
+    entries = parse_journal(journal)
+    out: dict[str, tuple[str, str | None]] = {}
+    for a in active_applications(entries):
+        expected = last_written(entries, a.file)
+        current = current_sha_by_file.get(a.file)
+        if expected is not None and current != expected:
+            out[a.file] = (expected, current)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FileRestore:
+    """Put one file back: write the backup `restore`, expecting `current` on disk (compare-and-swap)."""
+
+    file: str
+    restore: str                            # sha256 of the backup to write back
+    expected: str                           # sha256 ddops last wrote
+    current: str | None                     # sha256 on the host now (None: the file is missing)
+    applications: tuple[Application, ...]   # being rolled back, newest first
+
+    @property
+    def patches(self) -> tuple[str, ...]:
+        return tuple(a.patch for a in self.applications)
+
+    @property
+    def modified(self) -> bool:
+        return self.current != self.expected
+
+    @property
+    def save_foreign(self) -> bool:
+        """Forced over a foreign edit: save the current bytes before restoring."""
+        return self.modified and self.current is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    patch: str
+    file: str
+    reason: str
+    blocking_patch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPlan:
+    restores: tuple[FileRestore, ...]
+    refused: tuple[Refusal, ...] = ()
+    not_applied: tuple[str, ...] = ()  # patches asked for that ddops has no active application of
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    @property
+    def patches(self) -> tuple[str, ...]:
+        """Patches being rolled back."""
+        seen: dict[str, None] = {}
+        for r in self.restores:
+            for p in r.patches:
+                seen.setdefault(p)
+        return tuple(seen)
+
+
+def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_sha_by_file: Mapping[str, str | None],
+                  patch_ids: Sequence[str] | None = None, force: bool = False) -> RollbackPlan:
+    """Which files to restore to which backup to undo patch_ids (None: every active patch).
+
+    A patch is rolled back in all its files or in none. It is refused when, in one of its files, a later active
+    patch is not also being rolled back (naming that patch), or when the file changed since ddops wrote it (unless
+    force, which saves the foreign edit first). Refusing one patch can refuse the earlier patches under it.
+    """
+    entries = parse_journal(journal)
+    actives = active_applications(entries)
+    active_ids = {a.patch for a in actives}
+    wanted = set(active_ids if patch_ids is None else patch_ids)
+    not_applied = tuple(p for p in (patch_ids or ()) if p not in active_ids)
+    by_file: dict[str, list[Application]] = {}
+    for a in actives:
+        by_file.setdefault(a.file, []).append(a)
+    expected = {f: last_written(entries, f) or apps[-1].after for f, apps in by_file.items()}
+
+    refused: dict[str, list[Refusal]] = {}
+    while True:
+        rolling = wanted & active_ids - refused.keys()
+        new: dict[str, Refusal] = {}
+        for file, apps in by_file.items():
+            mine = [a for a in apps if a.patch in rolling]
+            if not mine:
+                continue
+            current = current_sha_by_file.get(file)
+            if current != expected[file] and not force:
+                state = "is missing" if current is None else "changed since ddops wrote it"
+                for a in mine:
+                    new.setdefault(a.patch, Refusal(a.patch, file, f"{file} {state} (expected sha256 "
+                                                    f"{expected[file][:12]}, found {(current or 'none')[:12]}): "
+                                                    "use --force to save that edit and restore"))
+            for a in mine:
+                later = [b for b in apps if b.index > a.index and b.patch not in rolling]
+                if later:
+                    new.setdefault(a.patch, Refusal(
+                        a.patch, file, f"{file}: {later[-1].patch} was applied after {a.patch} and is not being "
+                                       f"rolled back: roll back {later[-1].patch} too (or first)", later[-1].patch))
+        new = {p: r for p, r in new.items() if p not in refused}
+        if not new:
+            break
+        for p, r in new.items():
+            refused.setdefault(p, []).append(r)
+
+    rolling = wanted & active_ids - refused.keys()
+    restores = []
+    for file, apps in by_file.items():
+        mine = [a for a in apps if a.patch in rolling]
+        if mine:
+            restores.append(FileRestore(file, restore=mine[0].before, expected=expected[file],
+                                        current=current_sha_by_file.get(file), applications=tuple(reversed(mine))))
+    return RollbackPlan(tuple(restores), tuple(r for rs in refused.values() for r in rs), not_applied)
+
+
+def rollback_entries(plan: RollbackPlan, time: str, new_id: Callable[[], str]) -> list[dict[str, Any]]:
+    """The journal entries recording plan once carried out: a save-foreign if forced, then one rollback per
+    (patch, file), newest first, each from the sha it found to the sha it left."""
+    out: list[dict[str, Any]] = []
+    for r in plan.restores:
+        if r.save_foreign:
+            out.append({"event": SAVE_FOREIGN, "patch": None, "file": r.file, "before": r.expected,
+                        "after": r.current, "time": time, "id": new_id()})
+        sha_on_disk = r.current
+        for a in r.applications:
+            out.append({"event": ROLLBACK, "patch": a.patch, "file": r.file, "before": sha_on_disk,
+                        "after": a.before, "time": time, "id": new_id(), "undoes": a.id})
+            sha_on_disk = a.before
+    return out

@@ -1,0 +1,334 @@
+"""Pure planning: (file bytes, patches) -> FilePlan with each patch's outcome, the new bytes and a unified diff.
+
+The AST work is done once per distinct (content, patches): a Planner caches plans by the content's sha256, so
+forty hosts on the same commit cost one transform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable, Mapping, Sequence
+
+import libcst as cst
+
+from ddops.patching import transforms
+from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
+                                  Outcome)
+from ddops.playbook import Patch, fingerprint
+
+# Worst first: a file's (or a patch's) state is the worst of its parts.
+SEVERITY = (ERROR, AMBIGUOUS, DRIFTED, BLOCKED, PARTIAL, PENDING, APPLIED)
+
+
+def worst(states: Iterable[str]) -> str:
+    """The most severe state of several (APPLIED when there are none)."""
+    found = set(states)
+    for s in SEVERITY:
+        if s in found:
+            return s
+    return APPLIED
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class PatchResult:
+    """One patch's outcome on one file."""
+
+    patch_id: str
+    outcome: Outcome
+
+    @property
+    def state(self) -> str:
+        return self.outcome.state
+
+    @property
+    def message(self) -> str:
+        return self.outcome.message
+
+
+@dataclass(frozen=True, slots=True)
+class FilePlan:
+    """What applying the patches, in order, does to one file; `new` is what to write (None: file missing)."""
+
+    path: str
+    before_sha: str | None
+    after_sha: str | None
+    new: bytes | None = field(repr=False)
+    results: tuple[PatchResult, ...]
+    diff: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.before_sha != self.after_sha
+
+    @property
+    def state(self) -> str:
+        return worst(r.state for r in self.results)
+
+    def outcome(self, patch_id: str) -> Outcome:
+        for r in self.results:
+            if r.patch_id == patch_id:
+                return r.outcome
+        raise KeyError(patch_id)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    """Every file plan for one host's snapshot."""
+
+    files: tuple[FilePlan, ...]
+
+    @property
+    def changed(self) -> bool:
+        return any(f.changed for f in self.files)
+
+    def patch_state(self, patch_id: str) -> str:
+        """The worst state of a patch over the files it touches."""
+        return worst(r.state for f in self.files for r in f.results if r.patch_id == patch_id)
+
+    @property
+    def state(self) -> str:
+        return worst(f.state for f in self.files)
+
+    @property
+    def diff(self) -> str:
+        return "".join(f.diff for f in sorted(self.files, key=lambda f: f.path))
+
+
+class _Working:
+    """The file as the patches go: bytes, or a parsed module once a Python transform needed one."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+        self._module: cst.Module | None = None
+        self.syntax_error: cst.ParserSyntaxError | None = None
+
+    def module(self) -> cst.Module:
+        if self._module is None:
+            if self.syntax_error is not None:
+                raise self.syntax_error
+            try:
+                self._module = transforms.parse_module(self.data())
+            except cst.ParserSyntaxError as exc:
+                self.syntax_error = exc
+                raise
+        return self._module
+
+    def set_module(self, module: cst.Module) -> None:
+        self._module, self._data = module, None
+
+    def data(self) -> bytes:
+        if self._data is None:
+            assert self._module is not None
+            self._data = self._module.bytes
+        return self._data
+
+    def set_data(self, data: bytes) -> None:
+        self._data, self._module, self.syntax_error = data, None, None
+
+
+def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
+              blocked: Mapping[str, str] | None = None) -> FilePlan:
+    """Apply patches (those that touch path, in order) to source, without writing anything; None = no such file.
+
+    A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
+    BLOCKED and changes nothing.
+    """
+    blocked = blocked or {}
+    if source is None:
+        return FilePlan(path, None, None, None, tuple(
+            PatchResult(p.id, Outcome(DRIFTED, f"{path}: no such file: the code changed upstream",
+                                      expected=p.transform.expect_for(path), plain_text=p.transform.plain_text))
+            for p in patches))
+    encoding_error = transforms.utf8_error(path, source)
+    work = _Working(source)
+    results: list[PatchResult] = []
+    states: dict[str, str] = {}
+    for patch in patches:
+        spec = patch.transform
+        expect = spec.expect_for(path)
+        failed = [r for r in patch.requires if states.get(r) in FAILED_STATES]
+        if encoding_error is not None:
+            outcome = dataclasses.replace(encoding_error, expected=expect, plain_text=spec.plain_text)
+        elif patch.id in blocked:
+            outcome = Outcome(BLOCKED, f"{path}: {blocked[patch.id]}", expected=expect, plain_text=spec.plain_text)
+        elif failed:
+            outcome = Outcome(BLOCKED, f"{path}: requires {', '.join(failed)}, which is "
+                                       f"{states[failed[0]]} here: not applied",
+                              expected=expect, plain_text=spec.plain_text)
+        else:
+            outcome = _run(spec.kind, dict(spec.params), expect, path, work)
+        states[patch.id] = outcome.state
+        results.append(PatchResult(patch.id, outcome))
+    new = work.data()
+    diff = unified_diff(path, source, new) if new != source else ""
+    return FilePlan(path, sha256(source), sha256(new), new, tuple(results), diff)
+
+
+def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
+    if transforms.is_text_kind(kind):
+        outcome, data = transforms.text_replace(work.data(), params["old"], params["new"], expect, path)
+        if outcome.changes:
+            work.set_data(data)
+        return outcome
+    try:
+        module = work.module()
+    except cst.ParserSyntaxError as exc:
+        return transforms.syntax_error_outcome(path, exc, expect)
+    try:
+        outcome, new_module = transforms.transform_module(kind, params, expect, module, path)
+    except Exception as exc:  # a bug or an unusable template must fail this patch, not the whole fleet run
+        return Outcome(ERROR, f"{path}: {kind} failed: {type(exc).__name__}: {exc}", expected=expect)
+    if outcome.changes:
+        work.set_module(new_module)
+    return outcome
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines with their endings, split on \\n only (like grep and diff, unlike str.splitlines)."""
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
+def unified_diff(path: str, before: bytes, after: bytes, context: int = 3) -> str:
+    """A `git diff`-style unified diff of before -> after (CRLF shown as plain line ends)."""
+    a = _split_lines(before.decode("utf-8", "replace"))
+    b = _split_lines(after.decode("utf-8", "replace"))
+    out: list[str] = []
+    for line in difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=context):
+        if line.endswith("\n"):
+            out.append(line[:-1].removesuffix("\r") + "\n")
+        else:
+            out.append(line.removesuffix("\r") + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+@lru_cache(maxsize=256)
+def _key_for(path: str, patches: tuple[Patch, ...], blocked: tuple[tuple[str, str], ...]) -> str:
+    return sha256(f"{path}\0{fingerprint(patches)}\0{blocked!r}".encode())
+
+
+class Planner:
+    """plan_file with a cache keyed by (sha256 of content, patches fingerprint); safe to share between threads.
+
+    Concurrent requests for the same key wait for the first one instead of transforming again.
+    """
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self._cache: OrderedDict[tuple[str | None, str], FilePlan] = OrderedDict()
+        self._in_flight: dict[tuple[str | None, str], threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
+                  blocked: Mapping[str, str] | None = None) -> FilePlan:
+        key = (sha256(source) if source is not None else None,
+               _key_for(path, tuple(patches), tuple(sorted((blocked or {}).items()))))
+        while True:
+            with self._lock:
+                if key in self._cache:
+                    self.cache_hits += 1
+                    self._cache.move_to_end(key)
+                    return self._cache[key]
+                event = self._in_flight.get(key)
+                if event is None:
+                    self.cache_misses += 1
+                    event = self._in_flight[key] = threading.Event()
+                    break
+            event.wait()  # another thread is planning this very content; its plan will be in the cache
+        try:
+            plan = plan_file(path, source, patches, blocked)
+            with self._lock:
+                self._cache[key] = plan
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+        finally:
+            with self._lock:
+                del self._in_flight[key]
+            event.set()
+        return plan
+
+    def plan_host(self, patches: Sequence[Patch], files: Mapping[str, bytes | None]) -> HostPlan:
+        """Plan every file the patches touch, from a host's snapshot (path -> bytes, None when missing).
+
+        A patch whose required patch failed in any file is BLOCKED in every file, so that no file depends on a
+        change that was not made.
+        """
+        paths: dict[str, None] = {}
+        for p in patches:
+            for f in p.files:
+                paths.setdefault(f)
+        blocked: dict[str, str] = {}
+        while True:
+            plans = tuple(self.plan_file(path, files.get(path), [p for p in patches if path in p.files], blocked)
+                          for path in paths)
+            host = HostPlan(plans)
+            newly = {}
+            for p in patches:
+                if p.id in blocked:
+                    continue
+                for r in p.requires:
+                    state = host.patch_state(r)
+                    if state in FAILED_STATES:
+                        newly[p.id] = f"requires {r}, which is {state} on this host: not applied"
+                        break
+            if not newly:
+                return host
+            blocked.update(newly)
+
+
+@dataclass(frozen=True, slots=True)
+class DiffGroup:
+    """One distinct diff and the hosts that share it."""
+
+    diff: str
+    hosts: tuple[str, ...]
+
+    @property
+    def title(self) -> str:
+        n = len(self.hosts)
+        if not self.diff:
+            return f"{n} host{'s' if n != 1 else ''}: no changes"
+        if n == 1:
+            return f"{self.hosts[0]}: diff"
+        return f"{n} hosts: identical diff"
+
+
+def group_diffs(plans: Mapping[str, FilePlan | HostPlan | Iterable[FilePlan]]) -> list[DiffGroup]:
+    """Group hosts by identical diff (all their files together): biggest group first, then by first host."""
+    groups: dict[str, list[str]] = {}
+    for host, plan in plans.items():
+        if isinstance(plan, FilePlan):
+            diff = plan.diff
+        elif isinstance(plan, HostPlan):
+            diff = plan.diff
+        else:
+            diff = "".join(f.diff for f in sorted(plan, key=lambda f: f.path))
+        groups.setdefault(diff, []).append(host)
+    ordered = sorted(groups.items(), key=lambda kv: (not kv[0], -len(kv[1])))
+    return [DiffGroup(diff, tuple(hosts)) for diff, hosts in ordered]
+
+
+def plan_host(patches: Sequence[Patch], files: Mapping[str, bytes | None],
+              planner: Planner | None = None) -> HostPlan:
+    """Planner.plan_host with a throwaway planner unless one is given."""
+    return (planner or Planner()).plan_host(patches, files)
+
+
+__all__ = ["APPLIED", "AMBIGUOUS", "BLOCKED", "DRIFTED", "ERROR", "PARTIAL", "PENDING", "DiffGroup", "FilePlan",
+           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "plan_host", "sha256",
+           "unified_diff", "worst"]

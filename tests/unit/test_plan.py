@@ -1,0 +1,142 @@
+"""Planning: per-patch outcomes in order, the diff, the content-hash cache, and grouping identical diffs."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from types import MappingProxyType
+
+from ddops.patching.kinds import APPLIED, BLOCKED, DRIFTED, ERROR, PENDING
+from ddops.patching.plan import DiffGroup, FilePlan, Planner, group_diffs, plan_file, unified_diff
+from ddops.playbook import Patch, TransformSpec, load_playbook
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
+
+
+def patch(pid: str, kind: str, files=("m.py",), requires=(), expect=1, **params) -> Patch:
+    return Patch(id=pid, description="", files=tuple(files), requires=tuple(requires),
+                 transform=TransformSpec(kind, MappingProxyType(params), expect))
+
+
+RENAME = patch("rename", "replace_expression", match="old()", replace="new()")
+IMPORT = patch("import", "add_import", module="os")
+
+
+def test_plan_file_reports_each_patch_the_new_bytes_their_hashes_and_a_diff():
+    source = b"import sys\n\nx = old()\n"
+    plan = plan_file("m.py", source, [IMPORT, RENAME])
+    assert [(r.patch_id, r.state) for r in plan.results] == [("import", PENDING), ("rename", PENDING)]
+    assert plan.new == b"import sys\nimport os\n\nx = new()\n"
+    assert plan.before_sha == hashlib.sha256(source).hexdigest()
+    assert plan.after_sha == hashlib.sha256(plan.new).hexdigest()
+    assert plan.changed and plan.state == PENDING
+    assert plan.diff == (
+        "--- a/m.py\n+++ b/m.py\n@@ -1,3 +1,4 @@\n import sys\n+import os\n \n-x = old()\n+x = new()\n"
+    )
+
+
+def test_patches_apply_in_order_each_seeing_the_previous_ones_work():
+    first = patch("first", "replace_expression", match="a()", replace="b()")
+    second = patch("second", "replace_expression", match="b()", replace="c()")
+    plan = plan_file("m.py", b"x = a()\n", [first, second])
+    assert plan.new == b"x = c()\n"
+
+
+def test_a_patch_whose_required_patch_drifted_is_blocked_and_changes_nothing():
+    helper = patch("helper", "insert_statement", anchor="MISSING = 1", statement="y = 2")
+    user = patch("user", "replace_expression", requires=["helper"], match="old()", replace="new()")
+    plan = plan_file("m.py", b"x = old()\n", [helper, user])
+    assert [r.state for r in plan.results] == [DRIFTED, BLOCKED]
+    assert "requires helper, which is drifted" in plan.outcome("user").message
+    assert not plan.changed and plan.new == b"x = old()\n" and plan.diff == ""
+    assert plan.state == DRIFTED
+
+
+def test_one_failing_patch_does_not_stop_an_independent_one():
+    missing = patch("missing", "replace_expression", match="nothing()", replace="x()")
+    plan = plan_file("m.py", b"x = old()\n", [missing, RENAME])
+    assert [r.state for r in plan.results] == [DRIFTED, PENDING]
+    assert plan.new == b"x = new()\n"
+
+
+def test_a_missing_file_is_drifted():
+    plan = plan_file("m.py", None, [RENAME])
+    assert plan.results[0].state == DRIFTED and "no such file" in plan.results[0].message
+    assert plan.new is None and not plan.changed
+
+
+def test_a_syntax_error_fails_every_python_patch_but_not_a_text_patch():
+    text = patch("text", "text_replace", old="old", new="older")
+    plan = plan_file("m.py", b"x = old(\n", [RENAME, IMPORT, text])
+    assert [r.state for r in plan.results] == [ERROR, ERROR, PENDING]
+    assert plan.new == b"x = older(\n"
+
+
+def test_the_diff_marks_a_missing_final_newline():
+    assert unified_diff("m.py", b"a\nold", b"a\nnew").endswith("-old\n\\ No newline at end of file\n"
+                                                              "+new\n\\ No newline at end of file\n")
+
+
+def test_planner_transforms_each_distinct_content_once_for_many_hosts():
+    planner = Planner()
+    book = load_playbook("hybrid-cache")
+    source = (FIXTURES / "before" / "ddtree.py").read_bytes()
+    plans = [planner.plan_file("ddtree.py", source, book.patches_for("ddtree.py")) for _ in range(40)]
+    assert (planner.cache_misses, planner.cache_hits) == (1, 39)
+    assert all(p is plans[0] for p in plans)
+    planner.plan_file("ddtree.py", plans[0].new, book.patches_for("ddtree.py"))  # another commit
+    planner.plan_file("ddtree.py", source, load_playbook("crop-relative").patches_for("ddtree.py"))  # other patches
+    assert (planner.cache_misses, planner.cache_hits) == (3, 39)
+
+
+def test_planner_threads_asking_for_the_same_content_share_one_transform():
+    planner = Planner()
+    source = (FIXTURES / "before" / "dflash.py").read_bytes()
+    patches = load_playbook("crop-relative").patches_for("dflash.py")
+    barrier = threading.Barrier(16)
+    results: list[FilePlan] = []
+
+    def host() -> None:
+        barrier.wait()
+        results.append(planner.plan_file("dflash.py", source, patches))
+
+    threads = [threading.Thread(target=host) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert planner.cache_misses == 1 and planner.cache_hits == 15
+    assert len({id(r) for r in results}) == 1
+
+
+def test_plan_host_blocks_a_patch_everywhere_when_its_requirement_failed_in_another_file():
+    base = patch("base", "replace_expression", files=["a.py"], match="old()", replace="new()")
+    user = patch("user", "add_import", files=["b.py"], requires=["base"], module="os")
+    host = Planner().plan_host([base, user], {"a.py": b"x = 1\n", "b.py": b"y = 2\n"})
+    assert host.patch_state("base") == DRIFTED
+    assert host.patch_state("user") == BLOCKED
+    assert not host.changed
+    ok = Planner().plan_host([base, user], {"a.py": b"x = old()\n", "b.py": b"y = 2\n"})
+    assert ok.patch_state("user") == PENDING and ok.changed
+
+
+def test_group_diffs_puts_identical_diffs_together_biggest_group_first():
+    planner = Planner()
+    patches = [RENAME]
+    plans = {f"h{i:02d}": planner.plan_file("m.py", b"x = old()\n", patches) for i in range(40)}
+    plans["odd"] = planner.plan_file("m.py", b"y = old()\n", patches)
+    plans["done"] = planner.plan_file("m.py", b"x = new()\n", patches)
+    groups = group_diffs(plans)
+    assert [g.title for g in groups] == ["40 hosts: identical diff", "odd: diff", "1 host: no changes"]
+    assert groups[0].hosts[0] == "h00" and len(groups[0].hosts) == 40
+    assert "-x = old()\n+x = new()\n" in groups[0].diff
+    assert groups[2] == DiffGroup("", ("done",))
+    assert plans["done"].outcome("rename").state == APPLIED
+
+
+def test_group_diffs_joins_a_hosts_files():
+    a = plan_file("a.py", b"old()\n", [RENAME])
+    b = plan_file("b.py", b"old()\n", [RENAME])
+    groups = group_diffs({"h1": [a, b], "h2": [b, a], "h3": [a]})
+    assert [g.hosts for g in groups] == [("h1", "h2"), ("h3",)]
