@@ -26,7 +26,10 @@ FAILED_STATES = (DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What one transform found in one file: a state, why, and where (1-based line numbers)."""
+    """What one transform found in one file: a state, why, and where.
+
+    Lines are 1-based, in the file as the patches before this one in the same plan left it.
+    """
 
     state: str
     message: str
