@@ -1,0 +1,198 @@
+"""`ddops patch`, `verify`, `rollback`, `status`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional, Sequence
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from ddops.cli.common import (STATUS_STYLE, AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
+                              AppState, console, emit_json, err_console, escape, finish, fleet_run, recap,
+                              selected_hosts, state)
+from ddops.errors import UsageError
+
+PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
+    help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False)]
+DiffOpt = Annotated[bool, typer.Option("--diff", help="Also show the diff of what is written.")]
+LockTimeoutOpt = Annotated[float, typer.Option("--lock-timeout", envvar="DDOPS_LOCK_TIMEOUT", min=0,
+                                               help="Seconds to wait for another ddops run's lock on a repo.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Restore even files edited since ddops wrote them "
+                                                        "(the edit is saved as a backup first).")]
+
+STATE_STYLE = {"applied": "green", "pending": "yellow", "partial": "yellow", "drifted": "bold red",
+               "modified": "bold magenta", "ambiguous": "bold red", "error": "bold red", "blocked": "red"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("patch")(patch)
+    app.command("verify")(verify)
+    app.command("rollback")(rollback)
+    app.command("status")(status)
+
+
+def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
+    from ddops.playbook import load_playbooks
+
+    chosen = list(names or st.load_inventory().patches)
+    if not chosen:
+        raise UsageError(f"no playbook named and no `patches:` in {st.load_inventory().path}")
+    return load_playbooks(chosen)
+
+
+def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
+          all_: AllOpt = False, limit: LimitOpt = None, check: CheckOpt = False, diff: DiffOpt = False,
+          json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+    """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
+    from ddops.patching.deploy import make_planner, patch_host
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    inventory, chosen = selected_hosts(st, host, group, all_, limit)
+    books = _playbooks(st, playbook)
+    planner = make_planner()
+    results = fleet_run(st, inventory, chosen, lambda h, s: patch_host(h, s, books, planner=planner, check=check,
+                                                                       lock_timeout=lock_timeout),
+                        title="patch --check" if check else "patch", forks=forks)
+    extra = {"check": check, "playbooks": [b.name for b in books],
+             "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses}}
+    if st.json:
+        emit_json("patch", results, extra)
+    else:
+        if check or diff:
+            show_diffs(results)
+        recap(results, title="ddops patch --check (nothing written)" if check else "ddops patch")
+        if st.verbose:
+            console.print(f"transforms: {planner.cache_misses} computed, {planner.cache_hits} reused from cache")
+    finish(results)
+
+
+def show_diffs(results: Sequence[Any]) -> None:
+    """Each distinct diff once, with the hosts that share it."""
+    groups: dict[str, list[str]] = {}
+    plain: dict[str, set[str]] = {}
+    for r in results:
+        diff = (r.data or {}).get("diff") or ""
+        if diff and r.status in ("changed", "ok"):
+            groups.setdefault(diff, []).append(r.host)
+            plain.setdefault(diff, set()).update(
+                f["path"] for f in r.data.get("files", []) if any(p.get("plain_text") for p in f["patches"]))
+    for diff, hosts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        title = f"{len(hosts)} hosts: identical diff" if len(hosts) > 1 else f"{hosts[0]}: diff"
+        console.rule(f"[bold]{escape(title)}[/] ({escape(', '.join(hosts))})", align="left")
+        if plain[diff]:
+            console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(sorted(plain[diff])))}")
+        console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
+
+
+def verify(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
+           all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+    """Run the playbooks' checks and print what matched, like grep."""
+    from ddops.patching.deploy import verify_host
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    inventory, chosen = selected_hosts(st, host, group, all_, limit)
+    books = _playbooks(st, playbook)
+    results = fleet_run(st, inventory, chosen, lambda h, s: verify_host(h, s, books), title="verify", forks=forks)
+    if st.json:
+        emit_json("verify", results)
+    else:
+        for r in results:
+            for c in (r.data or {}).get("checks", []):
+                mark = "[green]ok[/]  " if c["ok"] else "[bold red]FAIL[/]"
+                lines = c.get("grep") or []
+                if c["kind"] in ("contains", "unchanged", "count") and lines:
+                    for line in lines:
+                        console.print(f"{mark} {escape(r.host)}  {escape(line)}")
+                else:
+                    detail = c.get("message") or ""
+                    console.print(f"{mark} {escape(r.host)}  {escape(c['name'])}"
+                                  + (f": {escape(detail.splitlines()[-1])}" if detail and not c["ok"] else ""))
+        recap(results, title="ddops verify")
+    finish(results)
+
+
+def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
+             all_: AllOpt = False, limit: LimitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
+             json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+    """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
+    from ddops.patching.deploy import rollback_host
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    everywhere = not (host or group or all_ or limit)
+    inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
+    patch_ids = None
+    if playbook:
+        from ddops.patching.deploy import all_patches
+        from ddops.playbook import load_playbooks
+
+        patch_ids = [p.id for p in all_patches(load_playbooks(playbook))]
+    if everywhere and not yes and sys.stdin.isatty() and not st.json:
+        what = ", ".join(playbook) if playbook else "every ddops patch"
+        if not typer.confirm(f"Roll back {what} on every host that has one ({len(chosen)} in the inventory)?"):
+            raise typer.Exit(1)
+    results = fleet_run(st, inventory, chosen, lambda h, s: rollback_host(h, s, patch_ids, force=force,
+                                                                          lock_timeout=lock_timeout),
+                        title="rollback", forks=forks)
+    if st.json:
+        emit_json("rollback", results)
+    else:
+        recap(results, title="ddops rollback")
+    finish(results)
+
+
+def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
+           all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+    """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
+    from ddops.patching.deploy import make_planner, status_host
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    everywhere = not (host or group or all_ or limit)
+    inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
+    books = _playbooks(st, playbook)
+    planner = make_planner()
+    results = fleet_run(st, inventory, chosen, lambda h, s: status_host(h, s, books, planner=planner),
+                        title="status", forks=forks)
+    pins = {h.name: _pin(h, r.data.get("commit") if r.data else None) for h, r in zip(chosen, results)}
+    if st.json:
+        for r in results:
+            if r.data is not None and r.host in pins:
+                r.data["pin"] = pins[r.host]
+        emit_json("status", results)
+    else:
+        patch_ids = [p.id for b in books for p in b.patches]
+        table = Table(title="ddops status", header_style="bold")
+        table.add_column("host", no_wrap=True)
+        table.add_column("commit")
+        table.add_column("pin")
+        for pid in patch_ids:
+            table.add_column(pid)
+        table.add_column("note", overflow="fold")
+        for r in results:
+            states = (r.data or {}).get("patches", {})
+            commit = (r.data or {}).get("commit") or ""
+            cells = []
+            for pid in patch_ids:
+                s = states.get(pid, "-")
+                cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
+            note = r.message if r.status in ("failed", "unreachable", "drifted") else ""
+            table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
+        console.print(table)
+    finish(results)
+
+
+def _pin(host: Any, commit: str | None) -> str:
+    """Whether the host's commit matches its pin (the sync module knows the rules)."""
+    try:
+        from ddops.sync import pin_state
+    except ImportError:
+        return ""
+    try:
+        return pin_state(host, commit)
+    except Exception:  # noqa: BLE001 - a status table must still render
+        return ""

@@ -1,0 +1,309 @@
+"""Per-host patch, verify, rollback and status: snapshot (1 agent call), plan locally, commit (1 agent call).
+
+Each function is a fleet task body: `(host, session, ...) -> TaskOutcome`. The session only needs `call_agent`
+(and `run` for command checks in verify), so these are tested against the real agent on real sshd hosts.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import shlex
+import socket
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ddops import __version__
+from ddops.errors import AgentError
+from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, TaskOutcome
+from ddops.inventory import Host
+from ddops.patching import journal as journal_mod
+from ddops.patching.checks import CheckResult, host_checks, run_checks
+from ddops.patching.kinds import AMBIGUOUS, APPLIED, BLOCKED, CHANGING_STATES, ERROR, PARTIAL, PENDING
+from ddops.patching.plan import HostPlan, Planner, sha256
+from ddops.playbook import Patch, PatchPlaybook
+
+DRIFTED_STATE = "drifted"
+MODIFIED = journal_mod.MODIFIED
+HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
+
+
+def default_actor() -> str:
+    """Who is running ddops, as recorded in the remote journal and lock."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def make_planner() -> Planner:
+    """One planner per ddops run: hosts with the same file contents share one transform."""
+    return Planner()
+
+
+def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:
+    return tuple(p for book in playbooks for p in book.patches)
+
+
+def all_files(patches: Iterable[Patch]) -> list[str]:
+    seen: dict[str, None] = {}
+    for p in patches:
+        for f in p.files:
+            seen.setdefault(f)
+    return list(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A host's target files (None when missing), their modes, the journal and any per-file read error."""
+
+    files: dict[str, bytes | None]
+    shas: dict[str, str | None]
+    errors: dict[str, str]
+    journal: list[dict[str, Any]]
+    facts: dict[str, Any] | None
+
+
+def with_host_python(host: Host, command: str) -> str:
+    """A check command that finds the host's own python (and its torchrun, pytest, ...) first on PATH."""
+    if "/" not in host.python:
+        return command
+    bindir = host.python.rsplit("/", 1)[0] or "/"
+    return f"PATH={shlex.quote(bindir)}:\"$PATH\"; export PATH; {command}"
+
+
+def take_snapshot(host: Host, session: Any, files: Sequence[str], *, facts: bool = False) -> Snapshot:
+    """One agent round trip: every target file's bytes and hash, plus the journal."""
+    reply = session.call_agent("snapshot", {"repo": host.repo, "files": list(files), "facts": facts})
+    contents: dict[str, bytes | None] = {}
+    shas: dict[str, str | None] = {}
+    errors: dict[str, str] = {}
+    for path in files:
+        record = reply["files"].get(path) or {}
+        if record.get("error"):
+            errors[path] = record["error"].get("message") or record["error"].get("kind", "unreadable")
+            contents[path], shas[path] = None, None
+        elif not record.get("exists"):
+            contents[path], shas[path] = None, None
+        else:
+            contents[path] = base64.b64decode(record["content_b64"])
+            shas[path] = record["sha256"]
+    return Snapshot(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"))
+
+
+def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> dict[str, str]:
+    """Per patch: the plan's state, except `modified` where ddops applied it and the file was edited since."""
+    states: dict[str, str] = {}
+    for patch in patches:
+        state = plan.patch_state(patch.id)
+        for path in patch.files:
+            if path in snap.errors:
+                state = ERROR
+            elif journal_mod.patch_state(snap.journal, patch.id, path, snap.shas.get(path)) == MODIFIED:
+                state = journal_mod.effective_state(state, MODIFIED)
+        states[patch.id] = state
+    return states
+
+
+def _plan_summary(plan: HostPlan, snap: Snapshot) -> list[dict[str, Any]]:
+    files = []
+    for f in plan.files:
+        files.append({
+            "path": f.path, "state": ERROR if f.path in snap.errors else f.state, "changed": f.changed,
+            "before_sha256": f.before_sha, "after_sha256": f.after_sha,
+            "error": snap.errors.get(f.path),
+            "patches": [{"id": r.patch_id, "state": r.state, "message": r.message,
+                         "plain_text": r.outcome.plain_text,
+                         "lines": list(r.outcome.pending_lines or r.outcome.applied_lines)} for r in f.results],
+        })
+    return files
+
+
+def _problems(plan: HostPlan, snap: Snapshot) -> tuple[list[str], list[str]]:
+    """(hard failures, drifts) as `file: patch: message` lines."""
+    hard, drift = [], []
+    for path, message in snap.errors.items():
+        hard.append(f"{path}: {message}")
+    for f in plan.files:
+        if f.path in snap.errors:
+            continue
+        for r in f.results:
+            line = f"{f.path}: {r.patch_id} {r.state}: {r.message}"
+            if r.state in HARD_FAILURES:
+                hard.append(line)
+            elif r.state == DRIFTED_STATE:
+                drift.append(line)
+    return hard, drift
+
+
+def patch_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
+               check: bool = False, actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
+    """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked."""
+    patches = all_patches(playbooks)
+    snap = take_snapshot(host, session, all_files(patches))
+    plan = planner.plan_host(patches, snap.files)
+    states = patch_states(plan, patches, snap)
+    data: dict[str, Any] = {"patches": states, "files": _plan_summary(plan, snap), "diff": plan.diff,
+                            "written": [], "checks": [], "reverted": False, "check_mode": check}
+    hard, drift = _problems(plan, snap)
+    if hard:
+        return TaskOutcome(FAILED, "; ".join(hard), data)
+    if drift:
+        # All or nothing per host: patches may depend on each other, and a half-patched repo helps nobody.
+        return TaskOutcome(DRIFTED, "nothing written: " + "; ".join(drift), data)
+    changing = [f for f in plan.files if f.changed]
+    if not changing:
+        return TaskOutcome(OK, f"already applied ({len(patches)} patch{'es' if len(patches) != 1 else ''})", data)
+
+    # Pure checks run on the exact bytes about to be written: a failing check means nothing is written at all.
+    results: list[CheckResult] = []
+    post_checks: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in changing:
+        touching = [p for p in patches if f.path in p.files]
+        checks = [c for p in touching for c in p.checks_for(f.path)]
+        results += run_checks(f.path, snap.files[f.path], f.new or b"", checks)
+        for c in host_checks(checks, f.path):
+            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": with_host_python(host, c.run or ""),
+                                                           "timeout": c.timeout})
+    data["checks"] = [r.to_dict() for r in results]
+    failed_checks = [r for r in results if not r.ok]
+    if failed_checks:
+        return TaskOutcome(FAILED, "nothing written: check failed: " + "; ".join(
+            f"{r.name}: {r.message}" for r in failed_checks), data)
+    if check:
+        names = sorted({r.patch_id for f in changing for r in f.results if r.state in CHANGING_STATES})
+        return TaskOutcome(CHANGED, f"would change {len(changing)} file{'s' if len(changing) != 1 else ''} "
+                                    f"({', '.join(names)})", data)
+
+    changes = [{
+        "path": f.path,
+        "patch_ids": [r.patch_id for r in f.results if r.state in (PENDING, PARTIAL)],
+        "expected_sha256": f.before_sha,
+        "new_content_b64": base64.b64encode(f.new or b"").decode("ascii"),
+        "new_sha256": f.after_sha,
+    } for f in changing]
+    try:
+        reply = session.call_agent("commit", {
+            "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
+            "changes": changes, "post_checks": list(post_checks.values()), "lock_timeout": lock_timeout})
+    except AgentError as exc:
+        if exc.kind == "conflict":
+            return TaskOutcome(FAILED, f"{exc} (changed since it was read: nothing written; run again)", data)
+        raise
+    data["written"] = reply.get("written", [])
+    data["reverted"] = bool(reply.get("reverted"))
+    data["checks"] += [{"name": c["name"], "ok": c["ok"], "kind": "command", "path": "", "message":
+                        (c.get("output") or "").strip()[-400:], "matches": []} for c in reply.get("checks", [])]
+    if data["reverted"]:
+        failed = [c for c in reply.get("checks", []) if not c.get("ok")]
+        detail = "; ".join(f"{c['name']} (exit {c.get('exit_code')}): {(c.get('output') or '').strip()[-200:]}"
+                           for c in failed)
+        return TaskOutcome(FAILED, f"check failed after writing, originals restored: {detail}", data)
+    return TaskOutcome(CHANGED, f"patched {', '.join(data['written'])}", data)
+
+
+def verify_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
+                planner: Planner | None = None) -> TaskOutcome:
+    """Run every check of the playbooks against the files as they are now; grep-style matches in data."""
+    patches = all_patches(playbooks)
+    snap = take_snapshot(host, session, all_files(patches))
+    results: list[dict[str, Any]] = []
+    commands: dict[str, dict[str, Any]] = {}
+    failures: list[str] = []
+    for path, message in snap.errors.items():
+        failures.append(f"{path}: {message}")
+    for patch in patches:
+        for path in patch.files:
+            content = snap.files.get(path)
+            if path in snap.errors:
+                continue
+            if content is None:
+                failures.append(f"{path}: missing")
+                continue
+            for r in run_checks(path, None, content, patch.checks_for(path)):
+                entry = {**r.to_dict(), "patch": patch.id, "grep": r.grep_lines()}
+                results.append(entry)
+                if not r.ok:
+                    failures.append(f"{patch.id}: {r.name}: {r.message}")
+            for c in host_checks(patch.checks_for(path), path):
+                commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
+    for command, item in commands.items():
+        check = item["check"]
+        try:
+            ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host, command)}",
+                              timeout=check.timeout)
+            ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
+        except AgentError as exc:  # pragma: no cover - run() raises transport errors, not agent ones
+            ok, output, code = False, str(exc), None
+        results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],
+                        "message": output[-400:], "matches": [], "grep": [], "exit_code": code})
+        if not ok:
+            failures.append(f"{item['patch']}: {check.name} exited {code}: {output[-200:]}")
+    data = {"checks": results}
+    if failures:
+        return TaskOutcome(FAILED, "; ".join(failures), data)
+    return TaskOutcome(OK, f"{len(results)} checks passed", data)
+
+
+def status_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
+                planner: Planner | None = None) -> TaskOutcome:
+    """Per patch: pending / applied / drifted / modified (and ambiguous / error), plus the repo's commit."""
+    patches = all_patches(playbooks)
+    snap = take_snapshot(host, session, all_files(patches), facts=True)
+    plan = (planner or make_planner()).plan_host(patches, snap.files)
+    states = patch_states(plan, patches, snap)
+    facts = snap.facts or {}
+    data = {"patches": states, "commit": facts.get("git_commit"), "files": _plan_summary(plan, snap)}
+    attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
+    if attention:
+        status = DRIFTED if all(s in (DRIFTED_STATE, MODIFIED) for s in attention.values()) else FAILED
+        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()), data)
+    pending = [pid for pid, s in states.items() if s != APPLIED]
+    return TaskOutcome(OK, f"{len(pending)} pending" if pending else "all applied", data)
+
+
+def rollback_host(host: Host, session: Any, patch_ids: Sequence[str] | None = None, *, force: bool = False,
+                  actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
+    """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
+    entries = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+    actives = journal_mod.active_applications(entries)
+    if not actives:
+        return TaskOutcome(OK, "nothing to roll back", {"restored": [], "refused": []})
+    # The agent compares each file with what ddops last wrote (compare-and-swap); plan as if it still is.
+    expected = {a.file: journal_mod.last_written(entries, a.file) for a in actives}
+    plan = journal_mod.plan_rollback(entries, expected, patch_ids, force=force)
+    data: dict[str, Any] = {"restored": [], "refused": [{"patch": r.patch, "file": r.file, "reason": r.reason}
+                                                         for r in plan.refused],
+                            "not_applied": list(plan.not_applied), "patches": list(plan.patches)}
+    if not plan.restores:
+        if plan.refused:
+            return TaskOutcome(FAILED, "; ".join(r.reason for r in plan.refused), data)
+        return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
+                                                         if plan.not_applied else ""), data)
+    reply = session.call_agent("rollback", {
+        "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
+        "lock_timeout": lock_timeout,
+        "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
+                      "restore_sha256": r.restore, "force": force} for r in plan.restores]})
+    data["restored"] = reply.get("restored", []) + reply.get("unchanged", [])
+    data["saved"] = reply.get("saved", [])
+    for refusal in reply.get("refused", []):
+        why = ("changed since ddops wrote it: left untouched (--force saves that edit, then restores)"
+               if refusal.get("reason") == "modified" else refusal.get("reason", "refused"))
+        data["refused"].append({"file": refusal["path"], "reason": f"{refusal['path']} {why}"})
+    for failure in reply.get("failed", []):
+        data["refused"].append({"file": failure["path"], "reason": f"{failure['path']}: {failure.get('message')}"})
+    if data["refused"]:
+        return TaskOutcome(FAILED, "; ".join(r["reason"] for r in data["refused"]), data)
+    saved = f"; saved the foreign edit of {', '.join(s['path'] for s in data['saved'])}" if data["saved"] else ""
+    return TaskOutcome(CHANGED, f"restored {', '.join(data['restored'])}{saved}", data)
+
+
+def has_applied_patches(host: Host, session: Any) -> bool:
+    entries = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+    return bool(journal_mod.active_applications(entries))
+
+
+__all__ = ["Snapshot", "all_files", "all_patches", "default_actor", "has_applied_patches", "make_planner",
+           "patch_host", "patch_states", "rollback_host", "status_host", "take_snapshot", "verify_host", "sha256"]
