@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -14,6 +15,8 @@ from typing import Callable, Iterator
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# One plan cache for the whole run (subprocesses inherit it): shared by the tests, never the user's ~/.cache.
+os.environ.setdefault("DDOPS_CACHE_DIR", tempfile.mkdtemp(prefix="ddops-test-cache-"))
 MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
 
 

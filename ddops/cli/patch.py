@@ -57,7 +57,8 @@ def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = Non
                                                                        lock_timeout=lock_timeout),
                         title="patch --check" if check else "patch", forks=forks)
     extra = {"check": check, "playbooks": [b.name for b in books],
-             "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses}}
+             "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses,
+                            "disk_hits": planner.disk_hits}}
     if st.json:
         emit_json("patch", results, extra)
     else:
@@ -65,7 +66,8 @@ def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = Non
             show_diffs(results)
         recap(results, title="ddops patch --check (nothing written)" if check else "ddops patch")
         if st.verbose:
-            console.print(f"transforms: {planner.cache_misses} computed, {planner.cache_hits} reused from cache")
+            console.print(f"transforms: {planner.cache_misses} computed, {planner.disk_hits} from the disk cache, "
+                          f"{planner.cache_hits} shared between hosts")
     finish(results)
 
 

@@ -38,8 +38,11 @@ def default_actor() -> str:
 
 
 def make_planner() -> Planner:
-    """One planner per ddops run: hosts with the same file contents share one transform."""
-    return Planner()
+    """One planner per ddops run: hosts with the same file contents share one transform, and reruns reuse the
+    plans cached on disk by content hash."""
+    from ddops.patching.plan import default_cache_dir
+
+    return Planner(cache_dir=default_cache_dir())
 
 
 def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:

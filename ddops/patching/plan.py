@@ -6,21 +6,28 @@ forty hosts on the same commit cost one transform.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import difflib
 import hashlib
+import json
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import libcst as cst
-
-from ddops.patching import transforms
 from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
                                   Outcome)
 from ddops.playbook import Patch, fingerprint
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+# libcst (~0.5 s to import) and the transforms load only when a plan must really be computed: a rerun whose plans
+# are all in the on-disk cache never pays for the parser.
 
 # Worst first: a file's (or a patch's) state is the worst of its parts.
 SEVERITY = (ERROR, AMBIGUOUS, DRIFTED, BLOCKED, PARTIAL, PENDING, APPLIED)
@@ -113,6 +120,10 @@ class _Working:
         self.syntax_error: cst.ParserSyntaxError | None = None
 
     def module(self) -> cst.Module:
+        import libcst as cst
+
+        from ddops.patching import transforms
+
         if self._module is None:
             if self.syntax_error is not None:
                 raise self.syntax_error
@@ -143,6 +154,8 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
     A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
     BLOCKED and changes nothing.
     """
+    from ddops.patching import transforms
+
     blocked = blocked or {}
     if source is None:
         return FilePlan(path, None, None, None, tuple(
@@ -175,6 +188,10 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
+    import libcst as cst
+
+    from ddops.patching import transforms
+
     if transforms.is_text_kind(kind):
         outcome, data = transforms.text_replace(work.data(), params["old"], params["new"], expect, path)
         if outcome.changes:
@@ -226,10 +243,12 @@ class Planner:
     Concurrent requests for the same key wait for the first one instead of transforming again.
     """
 
-    def __init__(self, max_entries: int = 1024) -> None:
+    def __init__(self, max_entries: int = 1024, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.max_entries = max_entries
         self.cache_hits = 0
-        self.cache_misses = 0
+        self.cache_misses = 0  # plans really computed (libcst work)
+        self.disk_hits = 0
+        self.disk = PlanStore(Path(cache_dir)) if cache_dir is not None else None
         self._cache: OrderedDict[tuple[str | None, str], FilePlan] = OrderedDict()
         self._in_flight: dict[tuple[str | None, str], threading.Event] = {}
         self._lock = threading.Lock()
@@ -251,7 +270,15 @@ class Planner:
                     break
             event.wait()  # another thread is planning this very content; its plan will be in the cache
         try:
-            plan = plan_file(path, source, patches, blocked)
+            plan = self.disk.load(key, path, source) if self.disk is not None and source is not None else None
+            if plan is None:
+                plan = plan_file(path, source, patches, blocked)
+                if self.disk is not None:
+                    self.disk.save(key, plan)
+            else:
+                with self._lock:
+                    self.cache_misses -= 1
+                    self.disk_hits += 1
             with self._lock:
                 self._cache[key] = plan
                 while len(self._cache) > self.max_entries:
@@ -289,6 +316,75 @@ class Planner:
             if not newly:
                 return host
             blocked.update(newly)
+
+
+def _code_version() -> str:
+    """Plans cached on disk are only valid for the code that made them: hash the planning code itself."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("plan.py", "transforms.py", "kinds.py", "../playbook.py"):
+        try:
+            digest.update((here / name).read_bytes())
+        except OSError:
+            digest.update(name.encode())
+    return digest.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path | None:
+    """$DDOPS_CACHE_DIR/plans or ~/.cache/ddops/plans; None when DDOPS_PLAN_CACHE=0."""
+    if os.environ.get("DDOPS_PLAN_CACHE", "1") == "0":
+        return None
+    base = os.environ.get("DDOPS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddops")
+    return Path(base) / "plans"
+
+
+class PlanStore:
+    """FilePlans on disk, keyed by (content sha256, patches, planning code): reruns skip libcst entirely.
+
+    Entries are our own (written by this user) but still checked: a corrupt or mismatching entry is recomputed.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / _code_version()
+
+    def _file(self, key: tuple[str | None, str]) -> Path:
+        return self.root / f"{key[0] or 'missing'}-{key[1]}.json"
+
+    def load(self, key: tuple[str | None, str], path: str, source: bytes) -> FilePlan | None:
+        if key[0] is None:
+            return None
+        try:
+            raw = json.loads(self._file(key).read_text())
+            new = base64.b64decode(raw["new_b64"]) if raw.get("new_b64") is not None else None
+            results = tuple(PatchResult(r["patch_id"], Outcome(
+                state=r["state"], message=r["message"], pending_lines=tuple(r["pending_lines"]),
+                applied_lines=tuple(r["applied_lines"]), expected=r["expected"], plain_text=r["plain_text"]))
+                for r in raw["results"])
+            if raw["path"] != path or raw["before_sha"] != key[0]:
+                return None
+            if new is None and raw["after_sha"] == raw["before_sha"]:
+                new = source  # unchanged: the new bytes are the file's own
+            elif new is None or sha256(new) != raw["after_sha"]:
+                return None
+            return FilePlan(path, raw["before_sha"], raw["after_sha"], new, results, raw["diff"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, key: tuple[str | None, str], plan: FilePlan) -> None:
+        if key[0] is None:
+            return
+        raw = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha, "diff": plan.diff,
+               "new_b64": base64.b64encode(plan.new).decode() if plan.changed and plan.new is not None else None,
+               "results": [{"patch_id": r.patch_id, **r.outcome.to_dict()} for r in plan.results]}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            target = self._file(key)
+            temp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
+            temp.write_text(json.dumps(raw))
+            os.replace(temp, target)
+        except OSError:
+            pass  # a cache that cannot be written only costs speed
 
 
 @dataclass(frozen=True, slots=True)

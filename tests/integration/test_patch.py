@@ -67,7 +67,8 @@ def test_patch_all_changes_files_as_planned_and_keeps_the_draft_line(bed, seed):
 def test_one_transform_per_distinct_content_across_hosts(bed):
     code, doc = ddops_json(bed, "patch", "--all", "--check")
     assert code == 0
-    assert doc["transforms"]["cache_misses"] == len(FILES)
+    computed_or_loaded = doc["transforms"]["cache_misses"] + doc["transforms"]["disk_hits"]
+    assert computed_or_loaded == len(FILES)
     assert doc["transforms"]["cache_hits"] == len(FILES) * (len(bed.hosts) - 1)
 
 

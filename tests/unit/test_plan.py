@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+
+import pytest
 from pathlib import Path
 from types import MappingProxyType
 
@@ -140,3 +142,58 @@ def test_group_diffs_joins_a_hosts_files():
     b = plan_file("b.py", b"old()\n", [RENAME])
     groups = group_diffs({"h1": [a, b], "h2": [b, a], "h3": [a]})
     assert [g.hosts for g in groups] == [("h1", "h2"), ("h3",)]
+
+
+FIXTURES_FOR_DISK = Path(__file__).resolve().parents[2] / "examples" / "mini-ddtree"
+
+
+# --- the on-disk plan cache ---------------------------------------------------------------------------------------
+
+def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
+    from ddops.playbook import load_playbook
+
+    patches = load_playbook("hybrid-cache").patches
+    source = (FIXTURES_FOR_DISK / "ddtree.py").read_bytes() if FIXTURES_FOR_DISK.exists() else None
+    if source is None:
+        pytest.skip("mini-ddtree example missing")
+    first = Planner(cache_dir=tmp_path)
+    plan = first.plan_file("ddtree.py", source, patches)
+    assert (first.cache_misses, first.disk_hits) == (1, 0)
+    second = Planner(cache_dir=tmp_path)
+    again = second.plan_file("ddtree.py", source, patches)
+    assert (second.cache_misses, second.disk_hits) == (0, 1)
+    assert again == plan and again.new == plan.new
+
+
+def test_corrupt_disk_cache_entry_is_recomputed(tmp_path):
+    from ddops.playbook import load_playbook
+
+    patches = load_playbook("hybrid-cache").patches
+    source = (FIXTURES_FOR_DISK / "dflash.py").read_bytes()
+    plan = Planner(cache_dir=tmp_path).plan_file("dflash.py", source, patches)
+    for entry in tmp_path.rglob("*.json"):
+        entry.write_text(entry.read_text().replace(plan.after_sha, "0" * 64))
+    fresh = Planner(cache_dir=tmp_path)
+    assert fresh.plan_file("dflash.py", source, patches) == plan
+    assert fresh.cache_misses == 1
+
+
+def test_a_rerun_served_from_disk_never_imports_libcst(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from pathlib import Path
+from ddops.playbook import load_playbook
+from ddops.patching.plan import Planner
+patches = load_playbook("hybrid-cache").patches
+source = Path({str(FIXTURES_FOR_DISK / "ddtree.py")!r}).read_bytes()
+planner = Planner(cache_dir={str(tmp_path)!r})
+planner.plan_file("ddtree.py", source, patches)
+print(planner.disk_hits, "libcst" in sys.modules)
+"""
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["0", "True"]
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert second.stdout.split() == ["1", "False"]
