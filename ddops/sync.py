@@ -479,7 +479,7 @@ def _bring_in(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, 
     uploaded = 0
     if source == "bundle":
         if not staging:
-            raise DdopsError(f"{host.name}: the host gave no staging directory for the bundle")
+            raise DdopsError("the host gave no staging directory for the bundle")
         bundle = run.bundles.get(host.repo_url, commit)
         remote_path = f"{staging}/{commit}-{secrets.token_hex(8)}.bundle"
         session.put_file(bundle.path, remote_path)  # streamed from disk, never read into memory whole
@@ -521,7 +521,7 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
                             "source": None, "bytes_moved": 0, "rolled_back": [], "reapplied": [], "saved": None,
                             "dirty": [], "check": opts.check}
     if pin.error or not pin.commit:
-        return _failed(f"{host.name}: {pin.error}", data)
+        return _failed(pin.error or "no commit to sync to", data)
     commit = pin.commit
     probe = host.repo_url if mode == "auto" and host.repo_url else None
     info = session.call_agent("sync_inspect", {"repo": host.repo, "commit": commit, "probe_url": probe,
@@ -530,32 +530,35 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
     before = info.get("head")
     data["before"] = before
     if info.get("exists") and not info.get("is_git") and not info.get("empty"):
-        return _failed(f"{host.name}: {host.repo} is not a git checkout and is not empty: ddops will not clone over "
+        return _failed(f"{host.repo} is not a git checkout and is not empty: ddops will not clone over "
                        "it (move it away, or point `repo:` elsewhere)", data)
-    if before == commit:
-        data["after"] = commit
-        return TaskOutcome(OK, f"at {short(commit)}", data)
-
     dirty = classify_dirty(info.get("dirty") or [])
     data["dirty"] = list(dirty.foreign)
+    if before == commit:
+        data["after"] = commit
+        local = f" (local changes in {', '.join(dirty.foreign)})" if dirty.foreign else ""
+        return TaskOutcome(OK, f"at {short(commit)}{local}", data)
     if dirty.foreign and not opts.force:
-        return _failed(f"{host.name}: refusing to move {short(before)} → {short(commit)}: local changes ddops did "
+        return _failed(f"refusing to move {short(before)} → {short(commit)}: local changes ddops did "
                        f"not make in {', '.join(dirty.foreign)}. Commit or stash them, or re-run with --force "
                        "to save them in a git stash first", data)
     source = _choose_source(mode, info, host)
     if source == "remote" and not host.repo_url:
-        return _failed(f"{host.name}: the host lacks {short(commit)} and has no repo_url to fetch it from", data)
+        return _failed(f"the host lacks {short(commit)} and has no repo_url to fetch it from", data)
     patch_ids = list(dirty.patch_ids)
     reapply = run.reapply if reapply is None else reapply
     if opts.check:
         return TaskOutcome(CHANGED, _check_message(before, commit, source, dirty, reapply, info, run, host), data)
 
     deploy = run.deploy_layer() if patch_ids else None
+    saved_note = ""
     if dirty.foreign:
         saved = session.call_agent("sync_save", {"repo": host.repo, "paths": list(dirty.foreign),
                                                  "message": f"ddops sync --force {_now()} by {run.actor}: local "
                                                             f"edits saved before moving to {short(commit)}"})
         data["saved"] = saved
+        saved_note = (f"; local edits to {', '.join(saved['paths'])} saved in git stash {saved['stash'][:12]} "
+                      f"(on the host: git -C {host.repo} stash list)")
     if patch_ids:
         # The commit comes in first: a failed fetch must leave the patches in place.
         if source is not None:
@@ -563,40 +566,47 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
             source = None
         rolled = deploy.rollback_host(host, session, patch_ids, force=opts.force, actor=run.actor)
         if rolled.status in FAILING:
-            return _failed(f"{host.name}: could not roll back {', '.join(patch_ids)} before moving (the checkout "
-                           f"stays at {short(before)}): {rolled.message}", data)
+            return _failed(f"could not roll back {', '.join(patch_ids)} before moving (the checkout "
+                           f"stays at {short(before)}): {rolled.message}{saved_note}", data)
         data["rolled_back"] = patch_ids
     try:
         result = _fetch_with_fallback(host, session, run, "sync_checkout", commit, source, info, data)
     except DdopsError as exc:
-        message = f"{host.name}: moving to {short(commit)} failed: {exc}"
+        message = f"moving to {short(commit)} failed: {exc}"
         if patch_ids and reapply:
             again = deploy.patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
             message += (f"; patches re-applied at {short(before)}" if again.status not in FAILING
                         else f"; re-applying patches at {short(before)} failed too: {again.message}")
         elif patch_ids:
             message += f"; {', '.join(patch_ids)} stay rolled back"
-        return _failed(message, data)
+        return _failed(message + saved_note, data)
     data["after"] = result["after"]
     data["created"] = bool(result.get("created"))
     moved = (f"cloned at {short(result['after'])}" if result.get("created") or before is None
              else f"moved {short(before)} → {short(result['after'])}")
     if data.get("source"):
         moved += f" ({'pushed' if data['source'] == 'bundle' else 'fetched'} {human_size(data['bytes_moved'])})"
-    if data.get("saved"):
-        moved += (f"; local edits to {', '.join(data['saved']['paths'])} saved in git stash "
-                  f"{data['saved']['stash'][:12]} (git -C {host.repo} stash list)")
+    moved += saved_note
     if not patch_ids:
         return TaskOutcome(CHANGED, moved, data)
     if not reapply:
         return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", data)
-    again = deploy.patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
-    data["reapply"] = {"status": again.status, "message": again.message, "data": again.data}
+    playbooks = run.playbooks()
+    again = deploy.patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
+    data["reapply"] = _step(again)
     if again.status in FAILING:
-        return _failed(f"{host.name}: {moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
+        return _failed(f"{moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
                        f"{again.message} — the host is at {short(commit)} WITHOUT those patches", data)
-    data["reapplied"] = list(run.patches)
-    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(patch_ids)}", data)
+    applied = [p.id for book in playbooks for p in book.patches]
+    data["reapplied"] = applied
+    left_out = [p for p in patch_ids if p not in applied]
+    note = f"; {', '.join(left_out)} not re-applied: not in the inventory's `patches:`" if left_out else ""
+    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(applied)}{note}", data)
+
+
+def _step(outcome: TaskOutcome) -> dict[str, Any]:
+    """A patch-layer outcome as kept in sync/deploy data: status, message and per-patch states (no diffs)."""
+    return {"status": outcome.status, "message": outcome.message, "patches": outcome.data.get("patches")}
 
 
 def _check_message(before: str | None, commit: str, source: str | None, dirty: DirtyReport, reapply: bool,
@@ -628,15 +638,16 @@ def deploy_host(host: "Host", session: Any, run: SyncRun) -> TaskOutcome:
     playbooks = run.playbooks()
     patched = deploy.patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check,
                                 actor=run.actor)
-    data["patch"] = {"status": patched.status, "message": patched.message, "data": patched.data}
+    data["patch"] = _step(patched)
     if patched.status in FAILING:
         return TaskOutcome(FAILED, f"{synced.message}; patching failed ({patched.status}): {patched.message}", data)
     status = CHANGED if CHANGED in (synced.status, patched.status) else OK
     if run.options.check:
         return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", data)
-    verified = deploy.status_host(host, session, playbooks)
-    data["verify"] = {"status": verified.status, "message": verified.message, "data": verified.data}
-    if verified.status in FAILING or verified.status == CHANGED:
+    verify = getattr(deploy, "verify_host", None) or deploy.status_host
+    verified = verify(host, session, playbooks, planner=run.planner())
+    data["verify"] = _step(verified)
+    if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
                                    f"{verified.message}", data)
     return TaskOutcome(status, f"{synced.message}; {', '.join(run.patches)} applied and verified", data)

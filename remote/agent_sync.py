@@ -64,10 +64,14 @@ def sync_git_ok(repo, args, timeout=60, kind="git_failed", env=None):
     return out.decode("utf-8", "replace").strip()
 
 
-def sync_last_lines(text, count=3):
-    """The last few non-empty lines of git's stderr, joined: enough to say why, short enough for a table."""
+def sync_last_lines(text, count=6):
+    """git's complaint in one line: from its first error:/fatal: line on (a few lines), else its last lines."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " / ".join(lines[-count:]) or "no message"
+    start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "fatal:"))), None)
+    picked = lines[start:start + count] if start is not None else lines[-3:]
+    if start is not None and len(lines) > start + count:
+        picked.append("...")
+    return " / ".join(picked) or "no message"
 
 
 def sync_is_checkout(repo):

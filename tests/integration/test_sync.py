@@ -40,11 +40,13 @@ def commit_all(work: Path, message: str) -> str:
 
 
 def make_upstream(work: Path, origin: Path) -> dict[str, str]:
-    """mini-DDTree at commit `a` (main); `b` changes benchmark.py; `drift` renames the line hybrid-cache patches."""
+    """mini-DDTree at commit `a` (main); `b` changes benchmark.py and adds CHANGES.md; `drift` renames the line
+    hybrid-cache patches."""
     git_seed(MINI_DDTREE, work)
     a = git(work, "rev-parse", "HEAD")
     with open(work / "benchmark.py", "a") as fh:
         fh.write("# upstream moved on\n")
+    (work / "CHANGES.md").write_text("b: benchmark tweak\n")
     b = commit_all(work, "b: benchmark tweak")
     ddtree = work / "ddtree.py"
     ddtree.write_text(ddtree.read_text().replace(ANCHOR, "target_cache = DynamicCache()"))
@@ -151,7 +153,8 @@ def test_push_mode_sends_one_checksummed_bundle_to_hosts_that_cannot_reach_the_o
 def test_a_host_with_local_edits_is_refused_and_force_stashes_them_first(make_testbed, upstream):
     bed = make_testbed(2)
     inventory = pin(bed, upstream["url"], "main")
-    assert sync_json(inventory, "--all")[0] == 0
+    code, hosts = sync_json(inventory, "--all")
+    assert code == 0 and {h["data"]["source"] for h in hosts.values()} == {"remote"}  # auto: the origin is reachable
     edited = bed.hosts[0].repo_dir / "benchmark.py"
     edited.write_text(edited.read_text() + "# a researcher's experiment\n")
 
@@ -204,6 +207,14 @@ def test_moving_the_pin_rolls_patches_back_moves_and_reapplies_them(make_testbed
     inventory = pin(bed, upstream["url"], "main", patches=["hybrid-cache"])
     assert run_ddops("deploy", "--all", inventory=inventory).returncode == 0
     repo = bed.hosts[0].repo_dir
+
+    # An untracked file where the new commit has one stops the checkout: the patches go back on, nothing lost.
+    (repo / "CHANGES.md").write_text("my notes\n")
+    code, hosts = sync_json(inventory, "--all", "--commit", "b")
+    assert code == 1 and "patches re-applied at" in hosts["host1"]["message"], hosts["host1"]["message"]
+    assert head(bed.hosts[0]) == upstream["a"] and PATCHED in (repo / "ddtree.py").read_text()
+    assert (repo / "CHANGES.md").read_text() == "my notes\n"
+    (repo / "CHANGES.md").unlink()
 
     code, hosts = sync_json(inventory, "--all", "--commit", "b")
     result = hosts["host1"]

@@ -298,3 +298,31 @@ def test_agent_sync_extension_shares_no_global_name_with_other_agent_files():
     for other in [remote_dir() / "agent.py", *remote_dir().glob("agent_*.py")]:
         if other.name != "agent_sync.py":
             assert not mine & names(other), f"agent_sync.py redefines {mine & names(other)} from {other.name}"
+
+
+def test_pin_report_resolves_each_branch_pin_once_for_the_status_command(upstream):
+    from ddops.sync import pin_report
+
+    hosts = [Host(name=n, address=n, repo_url=upstream["url"], commit="main") for n in ("h1", "h2")]
+    hosts.append(Host(name="h3", address="h3"))
+    report = pin_report(hosts, {"h1": upstream["second"], "h2": upstream["first"], "h3": upstream["first"]})
+    assert report["h1"].state == PIN_AT and report["h1"].commit == upstream["second"]
+    assert report["h2"].state == PIN_OFF
+    assert report["h3"].state == PIN_NONE
+    assert report["h1"].to_json()["head"] == upstream["second"]
+
+
+def test_bad_sync_options_are_usage_errors(tmp_path):
+    from ddops.errors import UsageError
+    from ddops.inventory import Inventory
+    from ddops.sync import SyncOptions, prepare_sync
+
+    inventory = Inventory(path="inventory.yaml", hosts=(Host(name="h", address="h", commit="a" * 40),))
+    with pytest.raises(UsageError, match="--mode"):
+        prepare_sync(inventory, inventory.hosts, SyncOptions(mode="rsync"))
+    with pytest.raises(UsageError, match="not a directory"):
+        prepare_sync(inventory, inventory.hosts, SyncOptions(from_clone=str(tmp_path / "nope")))
+    with pytest.raises(UsageError, match="not a git clone"):
+        prepare_sync(inventory, inventory.hosts, SyncOptions(from_clone=str(tmp_path)))
+    with pytest.raises(UsageError, match="--reapply needs `patches:`"):
+        prepare_sync(inventory, inventory.hosts, SyncOptions(reapply=True))
