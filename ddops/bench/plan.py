@@ -1,0 +1,446 @@
+"""Bench plans: a YAML file naming one command template and a matrix of values; pure, no torch, no SSH."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Mapping
+
+from ddops.errors import PlaybookError
+from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
+
+SUMMARIZERS = ("ddtree", "vllm")
+# Names the launcher fills per host or per run; a plan may use them without declaring them.
+HOST_BUILTINS = ("gpus", "host", "repo", "python")
+RUN_BUILTINS = ("result_dir", "run_index")
+BUILTINS = HOST_BUILTINS + RUN_BUILTINS
+
+TOP_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "description": str,
+    "workdir": str,
+    "env": dict,
+    "command": str,
+    "matrix": dict,
+    "vars": dict,
+    "requires_patches": list,
+    "gpus": int,
+    "min_free_disk_gb": (int, float),
+    "results": str,
+    "summarizer": str,
+    "timeout_minutes": (int, float),
+}
+REQUIRED = ("command", "results", "summarizer")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+Scalar = str | int | float | bool
+Value = Scalar | tuple[Scalar, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    """A validated bench plan; `matrix` keeps its YAML order, each entry a mapping of placeholder to value."""
+
+    name: str
+    command: str
+    results: str
+    summarizer: str
+    path: str = "<plan>"
+    description: str = ""
+    workdir: str = "."
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    matrix: tuple[tuple[str, tuple[dict[str, Value], ...]], ...] = ()
+    vars: dict[str, Value | None] = field(default_factory=dict, hash=False)
+    requires_patches: tuple[str, ...] = ()
+    gpus: int = 0
+    min_free_disk_gb: float = 0.0
+    timeout_minutes: float = 60.0
+
+    @property
+    def run_count(self) -> int:
+        count = 1
+        for _, values in self.matrix:
+            count *= len(values)
+        return count
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """Every name the command and env templates use, in first-use order."""
+        seen: dict[str, None] = {}
+        for text in (self.command, *self.env.values()):
+            for name in template_names(text):
+                seen.setdefault(name)
+        return tuple(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One expanded run: the matrix values it stands for, the shell command and its environment."""
+
+    index: int
+    params: dict[str, Value] = field(hash=False)
+    command: str = ""
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def label(self) -> str:
+        """`dataset=gsm8k temperature=0.0`: the scalar matrix values, for logs and tables."""
+        parts = [f"{k}={_text(v)}" for k, v in self.params.items() if not isinstance(v, tuple)]
+        return " ".join(parts) or f"run {self.index}"
+
+    def shell_line(self) -> str:
+        """`export K=v; ... command`, every env value shell-quoted; run it with `sh -c` in the workdir."""
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
+        return exports + self.command
+
+
+# --- loading -----------------------------------------------------------------------------------------------------
+
+
+def load_bench_plan(path: str | Path, known_patches: Iterable[str] | None = None) -> BenchPlan:
+    """Load and validate a bench plan; every error is a PlaybookError starting with `file:line:`."""
+    return parse_bench_plan(load_yaml_file(path, PlaybookError), known_patches)
+
+
+def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -> BenchPlan:
+    data = doc.data
+    if data is None:
+        raise PlaybookError(f"{doc.path}:1: the bench plan is empty (expected a mapping with `command:`)")
+    if not isinstance(data, dict):
+        raise _err(doc, (), f"must be a mapping, not {describe(data)}")
+    for key, value in data.items():
+        if key not in TOP_KEYS:
+            raise _err(doc, (key,), f"unknown key{suggest(key, TOP_KEYS)}")
+        if not _is_type(value, TOP_KEYS[key]):
+            raise _err(doc, (key,), f"must be {type_name(TOP_KEYS[key])}, not {describe(value)}")
+    for key in REQUIRED:
+        if key not in data:
+            raise PlaybookError(f"{doc.path}:1: missing `{key}:`")
+
+    name = data.get("name", Path(doc.path).stem)
+    if not _NAME.match(name):
+        raise _err(doc, ("name",), "use letters, digits, '.', '_' and '-' only")
+    summarizer = data["summarizer"]
+    if summarizer not in SUMMARIZERS:
+        raise _err(doc, ("summarizer",), f"must be one of {', '.join(SUMMARIZERS)}{suggest(summarizer, SUMMARIZERS)}")
+    workdir = data.get("workdir", ".")
+    _check_relative(doc, ("workdir",), workdir)
+    results = data["results"]
+    _check_relative(doc, ("results",), results)
+    if "{" in results:
+        raise _err(doc, ("results",), "is a glob inside the run's result dir; placeholders are not allowed here")
+    gpus = data.get("gpus", 0)
+    if gpus < 0:
+        raise _err(doc, ("gpus",), "must be 0 (a CPU plan) or more")
+    disk = data.get("min_free_disk_gb", 0)
+    if disk < 0:
+        raise _err(doc, ("min_free_disk_gb",), "must not be negative")
+    timeout = data.get("timeout_minutes", 60)
+    if timeout <= 0:
+        raise _err(doc, ("timeout_minutes",), "must be a positive number of minutes")
+
+    patches = _parse_patches(doc, data.get("requires_patches") or [], known_patches)
+    plan_vars = _parse_vars(doc, data.get("vars") or {})
+    matrix = _parse_matrix(doc, data.get("matrix") or {}, plan_vars)
+    env = _parse_env(doc, data.get("env") or {})
+
+    command = data["command"].strip()
+    if not command:
+        raise _err(doc, ("command",), "must not be empty")
+    _check_command_shell(doc, command)
+    defined = set(plan_vars) | set(BUILTINS) | {n for _, entries in matrix for e in entries for n in e}
+    for keypath, text in [(("command",), command)] + [(("env", k), v) for k, v in env.items()]:
+        for ph in _parse_template(text, lambda msg, kp=keypath: _err(doc, kp, msg)):
+            if isinstance(ph, _Var) and ph.name not in defined:
+                hint = suggest(ph.name, defined)
+                raise _err(doc, keypath, f"unknown placeholder {{{ph.name}}}{hint}: define it in `vars:` or `matrix:`")
+
+    return BenchPlan(
+        name=name, command=command, results=results, summarizer=summarizer, path=doc.path,
+        description=str(data.get("description", "")).strip(), workdir=workdir, env=env, matrix=matrix,
+        vars=plan_vars, requires_patches=patches, gpus=gpus, min_free_disk_gb=float(disk),
+        timeout_minutes=float(timeout),
+    )
+
+
+def _parse_patches(doc: YamlDoc, patches: list, known: Iterable[str] | None) -> tuple[str, ...]:
+    known_set = set(known) if known is not None else None
+    for i, p in enumerate(patches):
+        if not isinstance(p, str) or not _NAME.match(p):
+            raise _err(doc, ("requires_patches", i), f"must be a patch id, not {describe(p)}")
+        if known_set is not None and p not in known_set:
+            raise _err(doc, ("requires_patches", i), f"no patch '{p}'{suggest(p, known_set)}")
+    return tuple(patches)
+
+
+def _parse_vars(doc: YamlDoc, raw: dict) -> dict[str, Value | None]:
+    out: dict[str, Value | None] = {}
+    for key, value in raw.items():
+        kp = ("vars", key)
+        _check_ident(doc, kp, key)
+        if key in BUILTINS:
+            raise _err(doc, kp, f"'{key}' is filled in by ddops; it cannot be set in a plan")
+        out[key] = None if value is None else _value(doc, kp, value)
+    return out
+
+
+def _parse_matrix(doc: YamlDoc, raw: dict, plan_vars: dict) -> tuple[tuple[str, tuple[dict[str, Value], ...]], ...]:
+    axes: list[tuple[str, tuple[dict[str, Value], ...]]] = []
+    owner: dict[str, str] = {}
+    for axis, values in raw.items():
+        kp = ("matrix", axis)
+        _check_ident(doc, kp, axis)
+        if not isinstance(values, list) or not values:
+            raise _err(doc, kp, f"must be a non-empty list of values, not {describe(values)}")
+        entries: list[dict[str, Value]] = []
+        names: set[str] | None = None
+        for i, item in enumerate(values):
+            ikp = kp + (i,)
+            if isinstance(item, dict):
+                if not item:
+                    raise _err(doc, ikp, "an entry that is a mapping must set at least one placeholder")
+                entry = {}
+                for k, v in item.items():
+                    _check_ident(doc, ikp + (k,), k)
+                    if v is None:
+                        raise _err(doc, ikp + (k,), "must be a value, not nothing")
+                    entry[k] = _value(doc, ikp + (k,), v)
+            else:
+                entry = {axis: _value(doc, ikp, item)}
+            if names is not None and set(entry) != names:
+                raise _err(doc, ikp, f"sets {', '.join(sorted(entry))}; earlier entries set {', '.join(sorted(names))}")
+            names = set(entry)
+            if entry in entries:
+                raise _err(doc, ikp, "duplicate entry")
+            entries.append(entry)
+        for n in names or ():
+            if n in BUILTINS:
+                raise _err(doc, kp, f"'{n}' is filled in by ddops; it cannot be a matrix value")
+            if n in plan_vars:
+                raise _err(doc, kp, f"'{n}' is set both here and in `vars:`; keep one")
+            if n in owner:
+                raise _err(doc, kp, f"'{n}' is already set by matrix axis '{owner[n]}'")
+            owner[n] = axis
+        axes.append((axis, tuple(entries)))
+    return tuple(axes)
+
+
+def _parse_env(doc: YamlDoc, raw: dict) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        kp = ("env", key)
+        _check_ident(doc, kp, key)
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool) or value is None:
+            raise _err(doc, kp, f"must be a string or number, not {describe(value)}")
+        out[key] = _text(value)
+    return out
+
+
+def _value(doc: YamlDoc, keypath: tuple, value: Any) -> Value:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not _is_scalar(item):
+                raise _err(doc, keypath + (i,), f"list items must be strings or numbers, not {describe(item)}")
+        return tuple(value)
+    if not _is_scalar(value):
+        raise _err(doc, keypath, f"must be a string, number, true/false or a list of those, not {describe(value)}")
+    return value
+
+
+def _check_relative(doc: YamlDoc, keypath: tuple, text: str) -> None:
+    p = PurePosixPath(text)
+    if not text or p.is_absolute() or text.startswith("~") or ".." in p.parts or any(c in text for c in "\n\0"):
+        raise _err(doc, keypath, "must be a relative path inside the repo, without '..'")
+
+
+def _check_ident(doc: YamlDoc, keypath: tuple, name: Any) -> None:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise _err(doc, keypath, "names use letters, digits and '_' and do not start with a digit")
+
+
+def _check_command_shell(doc: YamlDoc, command: str) -> None:
+    """Refuse places in the command where a shell-quoted value would not stay one word."""
+
+    def fail(msg: str) -> PlaybookError:
+        return _err(doc, ("command",), msg)
+
+    if re.search(r"(?<!<)<<(?!<)", command):
+        raise fail("here-documents are not supported (their bodies are expanded unquoted); put the script in the repo")
+    quote: str | None = None
+    escaped = False
+    for part in _parse_template(command, fail):
+        if isinstance(part, _Var):
+            if escaped:
+                raise fail(f"{{{part.name}}} follows a backslash; remove it, ddops quotes every value itself")
+            if quote is not None:
+                raise fail(f"{{{part.name}}} is inside {'single' if quote == chr(39) else 'double'} quotes; "
+                           "remove them, ddops quotes every value itself")
+            continue
+        for ch in part:
+            if escaped:
+                escaped = False
+            elif quote == "'":
+                if ch == "'":
+                    quote = None
+            elif ch == "\\":
+                escaped = True
+            elif quote == '"':
+                if ch == '"':
+                    quote = None
+            elif ch in "'\"":
+                quote = ch
+    if quote is not None:
+        raise fail(f"unbalanced {quote} quote")
+
+
+def _err(doc: YamlDoc, keypath: tuple, message: str) -> PlaybookError:
+    return PlaybookError(f"{doc.where(keypath)}: {dotted(keypath)}: {message}")
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool))
+
+
+def _is_type(value: Any, expected: type | tuple[type, ...]) -> bool:
+    if value is None and expected in (dict, list):
+        return True
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected)
+
+
+# --- templates ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Var:
+    name: str
+
+
+def _parse_template(text: str, fail) -> list[str | _Var]:
+    """Split `a {x} b` into literal strings and _Var; `{{` and `}}` stand for literal braces."""
+    parts: list[str | _Var] = []
+    buf: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "{" and text.startswith("{{", i):
+            buf.append("{")
+            i += 2
+        elif ch == "}" and text.startswith("}}", i):
+            buf.append("}")
+            i += 2
+        elif ch == "{":
+            end = text.find("}", i + 1)
+            name = text[i + 1:end] if end != -1 else text[i + 1:]
+            if end == -1 or not _IDENT.match(name):
+                shown = text[i:end + 1] if end != -1 else text[i:i + 20]
+                raise fail(f"bad placeholder '{shown}': write {{name}} with a plain name, or {{{{ and }}}} "
+                           "for literal braces (so ${{HOME}} for ${HOME})")
+            if buf:
+                parts.append("".join(buf))
+                buf = []
+            parts.append(_Var(name))
+            i = end + 1
+        elif ch == "}":
+            raise fail("single '}': write '}}' for a literal brace")
+        else:
+            buf.append(ch)
+            i += 1
+    if buf:
+        parts.append("".join(buf))
+    return parts
+
+
+def _raise_value_error(msg: str) -> ValueError:
+    return ValueError(msg)
+
+
+def template_names(text: str) -> list[str]:
+    """The placeholder names a template uses, in order (ValueError when malformed)."""
+    return [p.name for p in _parse_template(text, _raise_value_error) if isinstance(p, _Var)]
+
+
+def render(text: str, values: Mapping[str, Any], *, shell: bool) -> str:
+    """Fill placeholders; with shell=True each value becomes shell-quoted words (a list: one word per item)."""
+    out: list[str] = []
+    for part in _parse_template(text, _raise_value_error):
+        if not isinstance(part, _Var):
+            out.append(part)
+            continue
+        value = values[part.name]
+        if shell:
+            items = value if isinstance(value, tuple) else (value,)
+            out.append(" ".join(shlex.quote(_text(v)) for v in items))
+        else:
+            out.append(" ".join(_text(v) for v in value) if isinstance(value, tuple) else _text(value))
+    return "".join(out)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# --- expansion ---------------------------------------------------------------------------------------------------
+
+
+def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str = "results") -> list[RunSpec]:
+    """One RunSpec per point of the matrix (cartesian product, YAML order); values: matrix > host > plan vars."""
+    base: dict[str, Any] = {}
+    for key, value in plan.vars.items():
+        if value is not None:
+            base[key] = value
+    for key, value in host_vars.items():
+        if key in RUN_BUILTINS:
+            continue
+        if value is None:
+            continue
+        base[key] = tuple(value) if isinstance(value, list) else value
+    base["result_dir"] = result_dir
+    needed = plan.placeholders
+    runs: list[RunSpec] = []
+    seen: dict[str, int] = {}
+    axes = [entries for _, entries in plan.matrix]
+    for index, combo in enumerate(itertools.product(*axes)):
+        params: dict[str, Value] = {}
+        for entry in combo:
+            params.update(entry)
+        values = {**base, **params, "run_index": index}
+        for name in needed:
+            if name not in values:
+                what = "a required plan var" if name in plan.vars else "a host value"
+                host = host_vars.get("host", "the host")
+                raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}} is {what}, and {host} does not set it "
+                                    f"(add it to the host's `vars:` in the inventory)")
+            if not _is_scalar(values[name]) and not (isinstance(values[name], tuple)
+                                                     and all(_is_scalar(v) for v in values[name])):
+                raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}}: host value must be a string, number "
+                                    f"or list of those, not {describe(values[name])}")
+        command = render(plan.command, values, shell=True)
+        if command in seen:
+            raise PlaybookError(f"{plan.path}: {plan.name}: runs {seen[command]} and {index} expand to the same "
+                                "command; use every matrix value in `command` (e.g. in the save path)")
+        seen[command] = index
+        env = {k: render(v, values, shell=False) for k, v in plan.env.items()}
+        runs.append(RunSpec(index=index, params=params, command=command, env=env))
+    return runs
+
+
+def check_host(plan: BenchPlan, *, gpus: int | None, free_disk_gb: float | None,
+               applied_patches: Iterable[str] | None) -> list[str]:
+    """Why a host cannot run this plan (empty when it can); None means the fact is unknown and not checked."""
+    problems: list[str] = []
+    if gpus is not None and gpus < plan.gpus:
+        problems.append(f"needs {plan.gpus} GPU(s), host has {gpus}")
+    if free_disk_gb is not None and free_disk_gb < plan.min_free_disk_gb:
+        problems.append(f"needs {plan.min_free_disk_gb:g} GB free disk, host has {free_disk_gb:.1f} GB")
+    if applied_patches is not None:
+        missing = [p for p in plan.requires_patches if p not in set(applied_patches)]
+        if missing:
+            problems.append(f"patches not applied: {', '.join(missing)} (run `ddops patch {' '.join(missing)}`)")
+    return problems

@@ -1,0 +1,326 @@
+"""Bench plans: the format, its file:line errors, matrix expansion, and shell quoting of every substituted value."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddops.bench.plan import BenchPlan, check_host, expand_runs, load_bench_plan, template_names
+from ddops.errors import EXIT_USAGE, PlaybookError, exit_code_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO_ROOT / "playbooks"
+MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
+HOST = {"gpus": 8, "host": "h200-a", "repo": "/root/ddtree", "python": "python3"}
+
+MINIMAL = """\
+name: t
+summarizer: ddtree
+results: "*.pt"
+command: run {x}
+vars:
+  x: 1
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load(tmp_path: Path, text: str, **kw) -> BenchPlan:
+    return load_bench_plan(write(tmp_path, text), **kw)
+
+
+def error_of(tmp_path: Path, text: str, **kw) -> str:
+    with pytest.raises(PlaybookError) as info:
+        load(tmp_path, text, **kw)
+    assert exit_code_for(info.value) == EXIT_USAGE
+    return str(info.value)
+
+
+# --- the shipped plans --------------------------------------------------------------------------------------------
+
+
+def test_reference_plan_expands_to_every_dataset_temperature_and_target_attention():
+    plan = load_bench_plan(PLAYBOOKS / "ddtree-bench.yaml")
+    runs = expand_runs(plan, HOST, "/r")
+    assert plan.summarizer == "ddtree" and plan.gpus >= 1
+    assert len(runs) == plan.run_count == 10 * 2 * 2
+    first = runs[0].command
+    assert first.startswith("torchrun --nproc_per_node=8 ")
+    assert "--dataset gsm8k --max-samples 128" in first and "--temperature 0.0" in first
+    assert "--flash-attn" not in first and "--save-path /r/gsm8k__t0.0__sdpa.pt" in first
+    assert "--flash-attn --save-path /r/gsm8k__t0.0__flash_attn.pt" in runs[1].command
+    assert {r.params["dataset"] for r in runs} >= {"gsm8k", "math500", "aime24", "humaneval", "mt-bench"}
+    assert len({r.command for r in runs}) == len(runs)
+
+
+def test_mini_plan_is_a_cpu_plan_and_uses_only_flags_benchmark_py_accepts():
+    plan = load_bench_plan(PLAYBOOKS / "mini-ddtree-bench.yaml")
+    assert plan.gpus == 0 and plan.summarizer == "ddtree" and plan.timeout_minutes <= 15
+    runs = expand_runs(plan, {"python": "python3"}, "/r")
+    assert [r.params["temperature"] for r in runs] == [0.0, 1.0]
+    used = set(re.findall(r"(--[a-z-]+)", runs[0].command.split("benchmark.py", 1)[1]))
+    real_flags = {"--model-name-or-path", "--draft-name-or-path", "--dataset", "--max-samples", "--max-new-tokens",
+                  "--temperature", "--tree-budget", "--flash-attn", "--save-path"}
+    assert used <= real_flags
+    if (MINI_DDTREE / "benchmark.py").exists():
+        accepted = set(re.findall(r'add_argument\("(--[a-z-]+)"', (MINI_DDTREE / "benchmark.py").read_text()))
+        assert used <= accepted
+        assert (MINI_DDTREE / "make_models.py").exists()
+
+
+def test_shipped_plans_require_only_patches_the_builtin_playbooks_define():
+    playbook = pytest.importorskip("ddops.playbook")
+    known = {p.id for book in playbook.load_playbooks(playbook.list_playbooks()) for p in book.patches}
+    for name in ("ddtree-bench", "mini-ddtree-bench"):
+        plan = load_bench_plan(PLAYBOOKS / f"{name}.yaml", known_patches=known)
+        assert plan.requires_patches
+
+
+# --- expansion ----------------------------------------------------------------------------------------------------
+
+
+def test_runs_are_the_cartesian_product_in_yaml_order(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: run {a} {b}
+        matrix:
+          a: [1, 2]
+          b: [x, y]
+        """)
+    runs = expand_runs(plan, {})
+    assert [r.command for r in runs] == ["run 1 x", "run 1 y", "run 2 x", "run 2 y"]
+    assert [r.index for r in runs] == [0, 1, 2, 3]
+    assert runs[1].params == {"a": 1, "b": "y"} and runs[1].label == "a=1 b=y"
+
+
+def test_a_matrix_entry_that_is_a_mapping_sets_several_placeholders(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: bench {dataset} {n} {flags} --out {result_dir}/{dataset}.pt
+        matrix:
+          task:
+            - {dataset: gsm8k, n: 128, flags: []}
+            - {dataset: aime24, n: 30, flags: [--flash-attn, --fast]}
+        """)
+    runs = expand_runs(plan, {}, "/res")
+    assert runs[0].command == "bench gsm8k 128  --out /res/gsm8k.pt"
+    assert runs[1].command == "bench aime24 30 --flash-attn --fast --out /res/aime24.pt"
+
+
+def test_matrix_beats_host_vars_which_beat_plan_vars(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: run {a} {b} {c} {gpus}
+        vars: {b: plan-b, c: plan-c}
+        matrix: {a: [matrix-a]}
+        """)
+    (run,) = expand_runs(plan, {"a": "host-a", "b": "host-b", "gpus": 4})
+    assert run.command == "run matrix-a host-b plan-c 4"
+
+
+def test_a_required_var_the_host_does_not_set_is_an_error_naming_it(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: run {model}
+        vars: {model: null}
+        """)
+    with pytest.raises(PlaybookError, match=r"\{model\} is a required plan var, and h1 does not set it"):
+        expand_runs(plan, {"host": "h1"})
+    assert expand_runs(plan, {"model": "/m"})[0].command == "run /m"
+
+
+def test_a_builtin_the_launcher_did_not_give_is_an_error(tmp_path):
+    plan = load(tmp_path, MINIMAL.replace("run {x}", "torchrun --nproc_per_node={gpus} {x}"))
+    with pytest.raises(PlaybookError, match=r"\{gpus\} is a host value"):
+        expand_runs(plan, {})
+
+
+def test_two_runs_with_the_same_command_are_refused(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: run --out {result_dir}/x.pt
+        matrix: {temperature: [0.0, 1.0]}
+        """)
+    with pytest.raises(PlaybookError, match="runs 0 and 1 expand to the same command"):
+        expand_runs(plan, {})
+
+
+def test_env_values_are_templates_rendered_raw_and_quoted_only_in_shell_line(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: run {x}
+        env: {HF_HOME: "{cache}/hf", N: 3}
+        vars: {x: 1, cache: "/data/my cache"}
+        """)
+    (run,) = expand_runs(plan, {})
+    assert run.env == {"HF_HOME": "/data/my cache/hf", "N": "3"}
+    assert run.shell_line() == "export HF_HOME='/data/my cache/hf'; export N=3; run 1"
+
+
+def test_double_braces_are_literal_braces(tmp_path):
+    plan = load(tmp_path, MINIMAL.replace("run {x}", "echo ${{HOME}} {x}"))
+    assert expand_runs(plan, {})[0].command == "echo ${HOME} 1"
+    assert template_names("a {b} {{c}} {d}") == ["b", "d"]
+
+
+def test_check_host_lists_every_reason_a_host_cannot_run_the_plan(tmp_path):
+    plan = load(tmp_path, MINIMAL + "gpus: 8\nmin_free_disk_gb: 50\nrequires_patches: [hybrid-cache, crop-relative]\n")
+    problems = check_host(plan, gpus=4, free_disk_gb=10.0, applied_patches=["hybrid-cache"])
+    assert problems == ["needs 8 GPU(s), host has 4", "needs 50 GB free disk, host has 10.0 GB",
+                        "patches not applied: crop-relative (run `ddops patch crop-relative`)"]
+    assert check_host(plan, gpus=8, free_disk_gb=None, applied_patches=None) == []
+
+
+# --- hostile values cannot inject shell -----------------------------------------------------------------------------
+
+HOSTILE = [
+    "gsm8k; touch PWNED",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "x' ; touch PWNED ; echo '",
+    'x" ; touch PWNED ; echo "',
+    "a\ntouch PWNED",
+    "a && touch PWNED || touch PWNED",
+    "> PWNED",
+    "$HOME ${HOME} \\ * ?",
+    "-rf --",
+    "",
+]
+
+
+@pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_hostile_value_reaches_the_program_as_exactly_one_argument_and_runs_nothing(tmp_path, where, value):
+    yaml_value = json.dumps(value)  # JSON strings are YAML strings
+    lines = ["summarizer: ddtree", 'results: "*.pt"', "command: >-",
+             "  {python} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' {v} --out {result_dir}/r.pt"]
+    if where == "matrix":
+        lines += ["matrix:", f"  v: [{yaml_value}]"]
+    elif where == "plan_var":
+        lines += ["vars:", f"  v: {yaml_value}"]
+    else:
+        lines += ["vars:", "  v: null"]
+    text = "\n".join(lines) + "\n"
+    plan = load(tmp_path, text)
+    host = {"python": sys.executable}
+    if where == "host_var":
+        host["v"] = value
+    (run,) = expand_runs(plan, host, result_dir=str(tmp_path / "res; touch PWNED"))
+    out = subprocess.run(["sh", "-c", run.shell_line()], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [value, "--out", str(tmp_path / "res; touch PWNED") + "/r.pt"]
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_hostile_list_value_becomes_one_argument_per_item(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: printf '%s\\n' {flags}
+        vars: {flags: null}
+        """)
+    (run,) = expand_runs(plan, {"flags": ["--a", "$(touch PWNED)", "b c"]})
+    out = subprocess.run(["sh", "-c", run.command], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["--a", "$(touch PWNED)", "b c"]
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_hostile_env_values_are_quoted_in_shell_line(tmp_path):
+    plan = load(tmp_path, """\
+        summarizer: ddtree
+        results: "*.pt"
+        command: printf '%s' "$V"
+        env: {V: "{v}"}
+        vars: {v: null}
+        """)
+    value = "'; touch PWNED; echo '$(touch PWNED)"
+    (run,) = expand_runs(plan, {"v": value})
+    out = subprocess.run(["sh", "-c", run.shell_line()], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout == value
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("command, what", [
+    ("run '{x}'", "is inside single quotes"),
+    ('run "--name={x}"', "is inside double quotes"),
+    ("run \\{x}", "follows a backslash"),
+    ("cat <<EOF\n{x}\nEOF", "here-documents are not supported"),
+    ("run 'unclosed {x}", "inside single quotes"),
+    ("run 'unclosed", "unbalanced ' quote"),
+])
+def test_placeholders_where_quoting_would_not_hold_are_refused(tmp_path, command, what):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:4: command: ") and what in msg
+
+
+# --- validation: file:line: key.path: message -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, line, keypath, fragment", [
+    (MINIMAL + "gpu: 1\n", 7, "gpu", "unknown key (did you mean 'gpus'?)"),
+    (MINIMAL + "gpus: two\n", 7, "gpus", "must be an integer, not a string"),
+    (MINIMAL + "gpus: -1\n", 7, "gpus", "must be 0 (a CPU plan) or more"),
+    (MINIMAL + "gpus: true\n", 7, "gpus", "must be an integer"),
+    (MINIMAL + "timeout_minutes: 0\n", 7, "timeout_minutes", "must be a positive number of minutes"),
+    (MINIMAL + "min_free_disk_gb: -5\n", 7, "min_free_disk_gb", "must not be negative"),
+    (MINIMAL.replace("summarizer: ddtree", "summarizer: ddtre"), 2, "summarizer", "(did you mean 'ddtree'?)"),
+    (MINIMAL + "workdir: /abs\n", 7, "workdir", "must be a relative path inside the repo"),
+    (MINIMAL + "workdir: a/../../b\n", 7, "workdir", "without '..'"),
+    (MINIMAL.replace('"*.pt"', '"{x}/*.pt"'), 3, "results", "placeholders are not allowed"),
+    (MINIMAL.replace("command: run {x}", "command: run {y}"), 4, "command", "unknown placeholder {y}"),
+    (MINIMAL.replace("command: run {x}", "command: run {xx}"), 4, "command", "(did you mean 'x'?)"),
+    (MINIMAL.replace("command: run {x}", "command: run {x.__class__}"), 4, "command", "bad placeholder"),
+    (MINIMAL.replace("command: run {x}", "command: run {0}"), 4, "command", "bad placeholder '{0}'"),
+    (MINIMAL.replace("command: run {x}", "command: run {x} }"), 4, "command", "single '}'"),
+    (MINIMAL + "env:\n  HOME: \"{nope}\"\n", 8, "env.HOME", "unknown placeholder {nope}"),
+    (MINIMAL + "env:\n  1BAD: x\n", 8, "env.1BAD", "names use letters"),
+    (MINIMAL + "env:\n  A: [1]\n", 8, "env.A", "must be a string or number"),
+    (MINIMAL + "matrix:\n  t: []\n", 8, "matrix.t", "non-empty list"),
+    (MINIMAL + "matrix:\n  t: [1, 1]\n", 8, "matrix.t[1]", "duplicate entry"),
+    (MINIMAL + "matrix:\n  t: [{a: 1}, {b: 2}]\n", 8, "matrix.t[1]", "sets b; earlier entries set a"),
+    (MINIMAL + "matrix:\n  x: [1, 2]\n", 8, "matrix.x", "set both here and in `vars:`"),
+    (MINIMAL + "matrix:\n  t: [{a: {b: 1}}]\n", 8, "matrix.t[0].a", "must be a string, number"),
+    (MINIMAL + "matrix:\n  result_dir: [a]\n", 8, "matrix.result_dir", "filled in by ddops"),
+    (MINIMAL + "  gpus: 2\n", 7, "vars.gpus", "filled in by ddops"),
+    (MINIMAL + "requires_patches: [hybrid-cash]\n", 7, "requires_patches[0]", "(did you mean 'hybrid-cache'?)"),
+    (MINIMAL.replace("name: t", "name: bad name"), 1, "name", "letters, digits"),
+])
+def test_invalid_plans_say_file_line_and_key_path(tmp_path, text, line, keypath, fragment):
+    msg = error_of(tmp_path, text, known_patches=["hybrid-cache", "crop-relative"])
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:{line}: {keypath}: "), msg
+    assert fragment in msg, msg
+
+
+@pytest.mark.parametrize("missing", ["command", "results", "summarizer"])
+def test_missing_required_keys_are_named(tmp_path, missing):
+    text = "\n".join(line for line in MINIMAL.splitlines() if not line.startswith(missing)) + "\n"
+    assert error_of(tmp_path, text) == f"{tmp_path / 'plan.yaml'}:1: missing `{missing}:`"
+
+
+def test_empty_and_malformed_files_are_playbook_errors(tmp_path):
+    assert "the bench plan is empty" in error_of(tmp_path, "")
+    assert ":1: (top level): must be a mapping" in error_of(tmp_path, "- a\n- b\n")
+    assert "invalid YAML" in error_of(tmp_path, "command: [unclosed\n")
+    with pytest.raises(PlaybookError, match="no such file"):
+        load_bench_plan(tmp_path / "absent.yaml")
+
+
+def test_name_defaults_to_the_file_stem(tmp_path):
+    text = MINIMAL.replace("name: t\n", "")
+    assert load(tmp_path, text).name == "plan"

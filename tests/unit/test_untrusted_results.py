@@ -1,0 +1,161 @@
+"""Result files come from remote hosts: reading one must never run code on the controller."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ddops.bench.results import ResultFileError, load_result_json, load_result_pt, read_limited, summarize_file
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class _System:
+    """Unpickling this calls os.system(cmd)."""
+
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+class _Eval:
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __reduce__(self):
+        return (eval, (self.code,))
+
+
+class _Popen:
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+
+    def __reduce__(self):
+        return (subprocess.Popen, (self.argv,))
+
+
+def _payloads(marker: Path) -> dict[str, object]:
+    return {
+        "os.system": _System(f"touch {marker}"),
+        "builtins.eval": _Eval(f"open({str(marker)!r}, 'w').close()"),
+        "subprocess.Popen": _Popen(["touch", str(marker)]),
+    }
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["os.system", "builtins.eval", "subprocess.Popen"])
+def test_a_pt_whose_pickle_would_run_code_is_refused_and_the_code_never_runs(tmp_path, kind):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "PWNED"
+    evil = _payloads(marker)[kind]
+    # Hidden where a real result keeps its data: inside a response's SimpleNamespace, which is allowed.
+    data = {"responses": [{"baseline": SimpleNamespace(time_per_output_token=0.1, output_ids=evil)}], "args": {}}
+    path = tmp_path / "evil.pt"
+    torch.save(data, path)
+    with pytest.raises(ResultFileError) as info:
+        load_result_pt(path)
+    assert str(info.value).startswith(f"{path}: refused: ")
+    assert not marker.exists()
+    with pytest.raises(ResultFileError):
+        summarize_file(path, "ddtree")
+    assert not marker.exists()
+
+
+@pytest.mark.torch
+def test_a_plain_pickle_renamed_to_pt_is_refused_too(tmp_path):
+    pytest.importorskip("torch")
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(pickle.dumps({"responses": [_System(f"touch {marker}")]}, protocol=2))
+    with pytest.raises(ResultFileError, match="refused"):
+        load_result_pt(path)
+    assert not marker.exists()
+
+
+@pytest.mark.torch
+def test_the_refusal_names_the_offending_global_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "evil.pt"
+    torch.save({"x": _System("true")}, path)
+    with pytest.raises(ResultFileError) as info:
+        load_result_pt(path)
+    msg = str(info.value)
+    assert "\n" not in msg and "system" in msg and "weights_only" not in msg
+
+
+@pytest.mark.torch
+def test_files_over_the_size_limit_are_refused_before_unpickling(tmp_path):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "big.pt"
+    torch.save({"pad": torch.zeros(4096), "x": _System(f"touch {marker}")}, path)
+    with pytest.raises(ResultFileError, match=r"refused: larger than the 1024 bytes limit"):
+        load_result_pt(path, max_bytes=1024)
+    assert not marker.exists()
+
+
+@pytest.mark.torch
+def test_garbage_missing_and_non_dict_files_are_result_file_errors(tmp_path):
+    torch = pytest.importorskip("torch")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"this is not a torch file")
+    with pytest.raises(ResultFileError, match=f"{garbage}: refused: "):
+        load_result_pt(garbage)
+    with pytest.raises(ResultFileError, match="not a regular file"):
+        load_result_pt(tmp_path / "absent.pt")
+    with pytest.raises(ResultFileError, match="not a regular file"):
+        load_result_pt(tmp_path)
+    listing = tmp_path / "list.pt"
+    torch.save([1, 2, 3], listing)
+    with pytest.raises(ResultFileError, match="holds list, not a dict"):
+        load_result_pt(listing)
+
+
+@pytest.mark.torch
+def test_the_ddtree_layout_loads_with_its_namespaces_and_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    response = SimpleNamespace(
+        output_ids=torch.tensor([[1, 2, 3, 4]]), num_input_tokens=2, num_output_tokens=2, time_to_first_token=0.01,
+        time_per_output_token=0.02, acceptance_lengths=[2, 1], decode_rounds=2,
+        stage_times={"draft": 0.1, "verify": 0.2}, round_timestamps=[0.1, 0.2], round_trees=None)
+    data = {"responses": [{"baseline": response}], "block_size": 16, "target_attn_implementation": "sdpa",
+            "draft_attn_implementation": "flash_attention_2",
+            "args": argparse.Namespace(dataset="gsm8k", temperature=0.0)}
+    path = tmp_path / "run.pt"
+    torch.save(data, path)
+    loaded = load_result_pt(path)
+    got = loaded["responses"][0]["baseline"]
+    assert isinstance(got, SimpleNamespace) and got.output_ids.tolist() == [[1, 2, 3, 4]]
+    assert loaded["args"].dataset == "gsm8k"
+
+
+def test_json_results_are_size_limited_and_must_be_objects(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text('{"completed": 1}\n{"completed": 2}\n')
+    assert [d["completed"] for d in load_result_json(path)] == [1, 2]
+    path.write_text("x" * 100)
+    with pytest.raises(ResultFileError, match="larger than"):
+        read_limited(path, max_bytes=10)
+    with pytest.raises(ResultFileError, match="not JSON"):
+        load_result_json(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ResultFileError, match="not a JSON object"):
+        load_result_json(path)
+
+
+def test_the_pure_bench_modules_do_not_import_torch_or_matplotlib():
+    code = ("import sys, ddops.bench, ddops.bench.plan, ddops.bench.report, ddops.bench.results, "
+            "ddops.bench.summarize_ddtree, ddops.bench.summarize_vllm, ddops.bench.plot; "
+            "bad = [m for m in ('torch', 'matplotlib', 'rich') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr or result.stdout
