@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -437,19 +437,16 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
             local_git(["rev-parse", "--git-dir"], cwd=clone)
         except SyncError:
             raise UsageError(f"--from {options.from_clone}: not a git clone") from None
-        options = _replace(options, from_clone=str(clone.resolve()))
+        options = replace(options, from_clone=str(clone.resolve()))
     if options.reapply and not inventory.patches:
         raise UsageError(f"--reapply needs `patches:` in {inventory.path} (the playbooks to apply again)")
     if not options.actor:
-        options = _replace(options, actor=default_actor())
+        options = replace(options, actor=default_actor())
     pins = resolve_pins(hosts, rev=options.rev, from_clone=options.from_clone)
-    return SyncRun(options, pins, inventory.patches, load_playbooks)
-
-
-def _replace(options: SyncOptions, **changes: Any) -> SyncOptions:
-    from dataclasses import replace
-
-    return replace(options, **changes)
+    run = SyncRun(options, pins, inventory.patches, load_playbooks)
+    if run.reapply:
+        run.playbooks()  # a broken playbook is a usage error (exit 2) before any host is touched
+    return run
 
 
 # -- per host ----------------------------------------------------------------------------------------------------
