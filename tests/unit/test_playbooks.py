@@ -91,7 +91,7 @@ def test_hybrid_cache_changes_the_target_line_only():
 def test_crop_relative_rewrites_every_absolute_crop_in_both_files():
     book = load_playbook("crop-relative")
     assert book.patch("crop-relative").requires == ("crop-helper",)
-    assert [p.id for p in book.patches] == ["crop-helper", "crop-relative"]
+    assert [p.id for p in book.patches] == ["crop-helper", "crop-relative", "crop-recording"]
     for path, calls in (("ddtree.py", 4), ("dflash.py", 2)):
         before = (FIXTURES / "before" / path).read_text()
         after = (FIXTURES / "after" / "crop-relative" / path).read_text()
@@ -100,13 +100,25 @@ def test_crop_relative_rewrites_every_absolute_crop_in_both_files():
         assert after.count("_ddops_crop_to(") == calls + 1
 
 
+def test_crop_recording_makes_the_target_cache_record_past_states_and_leaves_the_draft_alone():
+    book = load_playbook("crop-relative")
+    for path in ("ddtree.py", "dflash.py"):
+        after = (FIXTURES / "after" / "crop-relative" / path).read_text()
+        draft = after.index("past_key_values_draft = DynamicCache()\n")
+        recording = after.index('    if hasattr(past_key_values_target, "activate_past_recording"):\n'
+                                '        past_key_values_target.activate_past_recording()\n')
+        assert recording > draft
+        assert "past_key_values_draft.activate_past_recording" not in after
+        assert plan_file(path, after.encode(), book.patches_for(path)).results[-1].state == APPLIED
+
+
 def test_all_builtin_playbooks_compose_on_the_same_file():
     patches = [p for name in BUILTINS for p in load_playbook(name).patches_for("dflash.py")]
     before = (FIXTURES / "before" / "dflash.py").read_bytes()
     plan = plan_file("dflash.py", before, patches)
-    assert [r.state for r in plan.results] == [PENDING] * 4
+    assert [r.state for r in plan.results] == [PENDING] * 5
     again = plan_file("dflash.py", plan.new, patches)
-    assert [r.state for r in again.results] == [APPLIED] * 4
+    assert [r.state for r in again.results] == [APPLIED] * 5
     compile(plan.new, "dflash.py", "exec")
 
 
