@@ -166,6 +166,28 @@ def test_crop_helper_crops_to_an_absolute_length_on_transformers_4_and_5(length,
         assert cache.n == expected
 
 
+def test_crop_helper_trims_recorded_states_at_the_exact_length_only_on_transformers_5():
+    class RecordingCache5(FakeCache5):
+        def __init__(self, n: int) -> None:
+            super().__init__(n)
+            self.crops: list[int] = []
+
+        def activate_past_recording(self) -> None:
+            pass
+
+        def crop(self, tokens_to_remove: int) -> None:
+            self.crops.append(tokens_to_remove)
+            super().crop(tokens_to_remove)
+
+    crop_to = _crop_helper()
+    recording = RecordingCache5(5)
+    crop_to(recording, 5)  # 5.x: crop(0) drops the linear layers' recorded past, keeps every token
+    assert (recording.crops, recording.n) == ([0], 5)
+    legacy = FakeCache4(5)
+    crop_to(legacy, 5)  # 4.x: crop(0) would mean "keep 0 tokens", so it must not be called
+    assert legacy.n == 5
+
+
 @pytest.mark.torch
 def test_crop_helper_on_a_real_transformers_dynamic_cache():
     torch = pytest.importorskip("torch")
