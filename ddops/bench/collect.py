@@ -1,0 +1,216 @@
+"""Collecting a run: result files to results/<run-id>/<host>/ (sha256-checked, resumable) and a provenance manifest;
+then reading them back, through the safe loader and the summarizers, as rows for the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ddops.bench.runs import MANIFEST, HostRun
+from ddops.errors import AgentError, DdopsError
+from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
+from ddops.inventory import Host
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def safe_relpath(rel: str) -> PurePosixPath:
+    """A host-supplied path below the host's results folder; refused if it could land anywhere else."""
+    p = PurePosixPath(rel)
+    if not rel or "\0" in rel or "\\" in rel or p.is_absolute() or any(part in ("..", "") for part in p.parts):
+        raise DdopsError(f"refusing result path {rel!r} from the host")
+    return p
+
+
+def fetch_file(session: Any, remote: Mapping[str, Any], local: Path) -> bool:
+    """Download one file unless `local` already holds it; True when fetched. The hash is checked before the file
+    takes its name, so a file swapped on the host (for a symlink, say) after it was listed is never kept."""
+    if local.is_file() and not local.is_symlink() and sha256_file(local) == remote["sha256"]:
+        return False
+    local.parent.mkdir(parents=True, exist_ok=True)
+    part = local.with_name(local.name + ".ddops-part")
+    try:
+        session.get_file(remote["real_path"], part)
+        got = sha256_file(part)
+        if got != remote["sha256"]:
+            raise DdopsError(f"{remote['path']}: sha256 {got[:12]} after download, the host listed "
+                             f"{remote['sha256'][:12]} (changed while copying?); run collect again")
+        os.replace(part, local)
+    finally:
+        if part.exists():
+            part.unlink()
+    return True
+
+
+def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One host's provenance: hardware, software, commit, patches, the exact commands and env, times, exit codes."""
+    spec = listing.get("spec") or {}
+    state = listing.get("state") or {}
+    prov = spec.get("provenance") or {}
+    records = {r.get("index"): r for r in state.get("runs") or []}
+    commands = []
+    for run in spec.get("runs") or []:
+        rec = records.get(run.get("index"), {})
+        commands.append({"index": run.get("index"), "label": run.get("label"), "command": run.get("command"),
+                         "env": run.get("env") or {}, "params": run.get("params") or {},
+                         "status": rec.get("status"), "exit_code": rec.get("exit_code"), "signal": rec.get("signal"),
+                         "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds")})
+    return {
+        "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
+        "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
+        "results": spec.get("results"), "status": state.get("status"),
+        "gpu": {"model": prov.get("gpu_model"), "count": prov.get("gpu_count"), "driver": prov.get("gpu_driver")},
+        "os": prov.get("os"), "kernel": prov.get("kernel"), "python": prov.get("python"),
+        "python_executable": spec.get("python_executable") or prov.get("python_executable"),
+        "torch": prov.get("torch"), "transformers": prov.get("transformers"),
+        "repo": spec.get("repo") or prov.get("repo"), "repo_commit": prov.get("repo_commit"),
+        "patches": [{"id": p.get("patch"), "file": p.get("file"), "sha256": p.get("after"),
+                     "original_sha256": p.get("before"), "in_place": p.get("state") == "applied"}
+                    for p in prov.get("patches") or []],
+        "workdir": spec.get("workdir"), "env": spec.get("runner_env") or {}, "commands": commands,
+        "started": state.get("started"), "ended": state.get("ended"),
+        "exit_codes": {str(c["index"]): c["exit_code"] for c in commands},
+        "failures": listing.get("failures") or {},
+        "files": [{"path": f["path"], "sha256": f["sha256"], "size": f["size"]} for f in files],
+        "refused": listing.get("refused") or [], "launched_by": spec.get("actor"),
+        "ddops_version": spec.get("ddops_version"),
+    }
+
+
+def collect_task(run_id: str, root: Path) -> Callable[[Host, Any], TaskOutcome]:
+    """Task: copy the run's result files from one host; data carries its manifest entry."""
+
+    def task(host: Host, session: Any) -> TaskOutcome:
+        try:
+            listing = session.call_agent("bench_files", {"repo": host.repo, "run_id": run_id})
+        except AgentError as exc:
+            if exc.kind in ("no_run", "no_repo"):
+                return TaskOutcome(SKIPPED, f"no run {run_id} here")
+            raise
+        dest = root / run_id / host.name
+        fetched = kept = 0
+        files = []
+        for remote in listing.get("files") or []:
+            local = dest.joinpath(*safe_relpath(remote["path"]).parts)
+            if fetch_file(session, remote, local):
+                fetched += 1
+            else:
+                kept += 1
+            files.append(remote)
+        manifest = host_manifest(host, listing, files)
+        run = HostRun.from_state(host.name, listing.get("state") or {}, listing.get("failures"))
+        parts = [f"{fetched} file{'s' if fetched != 1 else ''} fetched"]
+        if kept:
+            parts.append(f"{kept} already here")
+        if listing.get("refused"):
+            parts.append("refused: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["refused"]))
+        if not run.terminal:
+            parts.append(f"run still {run.status} ({run.done}/{run.total}): collect again when it ends")
+        elif run.status != "completed":
+            parts.append(f"run {run.summary()}")
+        data = {"manifest": manifest, "fetched": fetched, "kept": kept, "run": run.to_json()}
+        status = CHANGED if fetched else OK
+        if listing.get("refused") or run.status in ("failed", "error", "lost", "stopped"):
+            status = FAILED
+        return TaskOutcome(status, "; ".join(parts), data)
+
+    return task
+
+
+def write_manifest(root: Path, run_id: str, results: Iterable[HostResult]) -> Path:
+    """results/<run-id>/manifest.json: per-host provenance, merged with what earlier collects wrote."""
+    path = root / run_id / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"run_id": run_id, "hosts": {}}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+            if isinstance(old, dict) and isinstance(old.get("hosts"), dict):
+                doc = old
+        except ValueError:
+            pass
+    for r in results:
+        entry = r.data.get("manifest") if r.data else None
+        if entry:
+            doc["hosts"][r.host] = entry
+    hosts = list(doc["hosts"].values())
+    doc["plan"] = next((h.get("plan") for h in hosts if h.get("plan")), None)
+    doc["summarizer"] = next((h.get("summarizer") for h in hosts if h.get("summarizer")), None)
+    doc["collected"] = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+# --- reading collected results for the report ---------------------------------------------------------------------
+
+
+def read_manifest(root: Path, run_id: str) -> dict[str, Any]:
+    path = root / run_id / MANIFEST
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DdopsError(f"run {run_id} is not collected ({path} is missing): run `ddops bench collect {run_id}`") \
+            from None
+    except ValueError as exc:
+        raise DdopsError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), dict):
+        raise DdopsError(f"{path}: not a ddops manifest")
+    return doc
+
+
+def _label_for(file_path: str, commands: Sequence[Mapping[str, Any]]) -> str:
+    """The matrix label of the command that wrote this file (its save path names it), else the file's stem."""
+    name = PurePosixPath(file_path).name
+    owners = [c for c in commands if name in str(c.get("command") or "")]
+    if len(owners) == 1 and owners[0].get("label"):
+        return str(owners[0]["label"])
+    return PurePosixPath(file_path).stem
+
+
+def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[str]]:
+    """(Labeled summaries, problems): every collected result file of these runs through its summarizer."""
+    from ddops.bench.report import Labeled
+    from ddops.bench.results import ResultFileError, summarize_file
+
+    items: list[Any] = []
+    problems: list[str] = []
+    for run_id in run_ids:
+        doc = read_manifest(root, run_id)
+        for host, entry in doc["hosts"].items():
+            summarizer = entry.get("summarizer") or doc.get("summarizer") or "ddtree"
+            for f in entry.get("files") or []:
+                try:
+                    local = (root / run_id / host).joinpath(*safe_relpath(f["path"]).parts)
+                except DdopsError as exc:
+                    problems.append(f"{host}: {exc}")
+                    continue
+                label = _label_for(f["path"], entry.get("commands") or [])
+                run_label = label if len(run_ids) == 1 else f"{run_id}:{label}"
+                try:
+                    summaries = summarize_file(local, summarizer)
+                except ResultFileError as exc:
+                    problems.append(f"{host}: {exc}")
+                    continue
+                items.extend(Labeled(host, run_label, s) for s in summaries)
+    return items, problems
+
+
+def collected_run_ids(root: Path) -> list[str]:
+    """Every run with a manifest under root, newest first."""
+    try:
+        return sorted((p.name for p in root.iterdir() if (p / MANIFEST).is_file()), reverse=True)
+    except OSError:
+        return []

@@ -1,0 +1,248 @@
+"""Launching a bench plan: per host, check the preconditions (patches, disk, GPUs, repo, commit), then start the
+plan's runs detached through the agent (`bench_launch`). Returns TaskOutcomes for the fleet runner; never prints.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import ddops
+from ddops.bench.plan import BenchPlan, RunSpec, check_host, expand_runs, load_bench_plan
+from ddops.errors import PlaybookError
+from ddops.fleet import CHANGED, FAILED, OK, TaskOutcome
+from ddops.inventory import Host
+from ddops.yamlsrc import suggest
+
+DEFAULT_PLAN = "ddtree-bench"
+APPLIED = "applied"
+
+
+# --- plans ---------------------------------------------------------------------------------------------------------
+
+
+def plan_dirs() -> tuple[Path, ...]:
+    from ddops.playbook import builtin_dirs
+
+    return tuple(builtin_dirs())
+
+
+def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = None) -> Path:
+    """A bare name -> `<builtin dir>/<name>.yaml`; anything path-like -> that path."""
+    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")) or name_or_path.startswith("."):
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise PlaybookError(f"{name_or_path}: no such bench plan file")
+        return path
+    dirs = list(search_dirs if search_dirs is not None else plan_dirs())
+    for d in dirs:
+        for ext in (".yaml", ".yml"):
+            if (d / f"{name_or_path}{ext}").is_file():
+                return d / f"{name_or_path}{ext}"
+    known = [p.stem for d in dirs for p in sorted(d.glob("*.yaml")) if p.stem.endswith("bench")]
+    raise PlaybookError(f"no bench plan named '{name_or_path}' (looked in {', '.join(map(str, dirs))})"
+                        f"{suggest(name_or_path, known)}")
+
+
+def load_plan(name_or_path: str) -> BenchPlan:
+    return load_bench_plan(resolve_plan_path(name_or_path))
+
+
+# --- patch states --------------------------------------------------------------------------------------------------
+
+
+def journal_applications(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Patches the journal says are in place: [{patch, file, before, after, current, time, state}]."""
+    from ddops.patching.journal import JOURNAL_APPLIED, active_applications, patch_state
+
+    journal = facts.get("journal") or []
+    shas = facts.get("journal_files") or {}
+    try:
+        active = active_applications(journal)
+    except ddops.errors.DdopsError:
+        return []
+    out = []
+    for a in active:
+        current = shas.get(a.file)
+        state = patch_state(journal, a.patch, a.file, current)
+        out.append({"patch": a.patch, "file": a.file, "before": a.before, "after": a.after, "current": current,
+                    "time": a.time, "state": APPLIED if state == JOURNAL_APPLIED else state})
+    return out
+
+
+def patch_states_from_journal(patch_ids: Sequence[str], facts: Mapping[str, Any]) -> dict[str, str]:
+    """patch id -> applied | modified | not applied, from the journal alone (no re-planning)."""
+    apps = journal_applications(facts)
+    out: dict[str, str] = {}
+    for pid in patch_ids:
+        mine = [a for a in apps if a["patch"] == pid]
+        if not mine:
+            out[pid] = "not applied"
+        elif all(a["state"] == APPLIED for a in mine):
+            out[pid] = APPLIED
+        else:
+            out[pid] = next(a["state"] for a in mine if a["state"] != APPLIED)
+    return out
+
+
+def _patch_playbooks(patch_ids: Sequence[str]) -> list[Any]:
+    """The built-in patch playbooks that hold any of patch_ids."""
+    from ddops.playbook import list_playbooks, load_playbook
+
+    wanted = set(patch_ids)
+    books = []
+    for name in list_playbooks():
+        book = load_playbook(name)
+        if wanted & {p.id for p in book.patches}:
+            books.append(book)
+    return books
+
+
+def required_patch_states(host: Host, session: Any, patch_ids: Sequence[str], facts: Mapping[str, Any], *,
+                          planner: Any = None) -> dict[str, str]:
+    """patch id -> state on this host (applied, pending, drifted, modified ...): re-planned from the files by
+    `status_host` for patches a built-in playbook defines, from the journal alone for the others."""
+    if not patch_ids:
+        return {}
+    from ddops.patching.deploy import status_host
+
+    states: dict[str, str] = {}
+    books = _patch_playbooks(patch_ids)
+    if books:
+        outcome = status_host(host, session, books, planner=planner)
+        states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
+    journal = patch_states_from_journal([p for p in patch_ids if p not in states], facts)
+    return {pid: states.get(pid) or (APPLIED if journal[pid] == APPLIED else "unknown (no playbook defines it)")
+            for pid in patch_ids}
+
+
+# --- preconditions -------------------------------------------------------------------------------------------------
+
+
+def host_values(host: Host, facts: Mapping[str, Any]) -> dict[str, Any]:
+    """What the plan's templates see: gpus from the facts (an inventory `vars: {gpus: N}` wins), the host's vars,
+    and its name, repo and python."""
+    return {"gpus": len(facts.get("gpus") or []), **dict(host.vars), "host": host.name, "repo": host.repo,
+            "python": host.python}
+
+
+def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
+                       patch_states: Mapping[str, str]) -> list[str]:
+    """Why this host cannot run the plan now (empty when it can)."""
+    if not facts.get("repo_exists"):
+        return [f"repo {host.repo} is not there (run `ddops sync` first)"]
+    problems: list[str] = []
+    if host.commit:
+        head, pinned = facts.get("git_commit"), facts.get("commit_resolved")
+        if head is None:
+            problems.append(f"repo {host.repo} is not a git checkout, but the inventory pins commit {host.commit}")
+        elif pinned is None:
+            problems.append(f"pinned commit {host.commit} is not in the repo (HEAD is {head[:12]}); run `ddops sync`")
+        elif head != pinned:
+            problems.append(f"repo is at {head[:12]}, not at the pinned commit {host.commit}; run `ddops sync`")
+    not_applied = {p: s for p, s in patch_states.items() if s != APPLIED}
+    disk = facts.get("disk_free_bytes")
+    gpus = facts.get("gpus") or []
+    problems += [p for p in check_host(plan, gpus=len(gpus), free_disk_gb=None if disk is None else disk / 1e9,
+                                       applied_patches=None)]
+    if plan.gpus and len(gpus) < plan.gpus and facts.get("gpu_error"):
+        problems.append(f"nvidia-smi: {facts['gpu_error']}")
+    if not_applied:
+        listed = ", ".join(f"{p} ({s})" for p, s in not_applied.items())
+        problems.append(f"required patches not applied: {listed}; run `ddops patch {' '.join(not_applied)}`")
+    return problems
+
+
+# --- launching ------------------------------------------------------------------------------------------------------
+
+
+def actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec.json a host's runner works from: commands, env and matrix params per run, and provenance."""
+    return {
+        "plan": plan.name, "plan_path": str(plan.path), "host": host.name, "workdir": plan.workdir,
+        "results": plan.results, "summarizer": plan.summarizer, "timeout_s": plan.timeout_minutes * 60,
+        "env": {}, "python": host.python, "ddops_version": ddops.__version__, "actor": actor(),
+        "runs": [{"index": r.index, "label": r.label, "command": r.command, "env": dict(r.env),
+                  "params": {k: _jsonable(v) for k, v in r.params.items()}} for r in runs],
+        "provenance": dict(provenance),
+    }
+
+
+def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str]) -> dict[str, Any]:
+    """What to keep about the host as it was at launch: hardware, software, commit, patches in place."""
+    gpus = facts.get("gpus") or []
+    versions = facts.get("versions") or {}
+    return {
+        "hostname": facts.get("hostname"), "os": facts.get("os"), "kernel": facts.get("kernel"),
+        "arch": facts.get("arch"), "python": facts.get("python"), "python_executable": facts.get("python_executable"),
+        "torch": versions.get("torch"), "transformers": versions.get("transformers"),
+        "gpu_model": gpus[0].get("name") if gpus else None, "gpu_count": len(gpus),
+        "gpu_driver": gpus[0].get("driver_version") if gpus else None, "gpus": gpus,
+        "repo": facts.get("repo_real"), "repo_commit": facts.get("git_commit"),
+        "patches": journal_applications(facts), "required_patches": dict(patch_states),
+    }
+
+
+def _shared_planner(plan: BenchPlan) -> Any:
+    """One patch planner for all hosts of a launch: hosts with the same file contents share one transform."""
+    if not plan.requires_patches:
+        return None
+    from ddops.patching.deploy import make_planner
+
+    return make_planner()
+
+
+def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutcome]:
+    """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
+
+    planner = _shared_planner(plan)
+
+    def task(host: Host, session: Any) -> TaskOutcome:
+        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
+        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
+        problems = preflight_problems(plan, host, facts, states)
+        if problems:
+            return TaskOutcome(FAILED, "refused: " + "; ".join(problems), {"problems": problems,
+                                                                          "patches": states})
+        result_dir = f"{facts['repo_real']}/.ddops/runs/{run_id}/results"
+        runs = expand_runs(plan, host_values(host, facts), result_dir=result_dir)
+        spec = run_spec(plan, host, runs, provenance_of(facts, states))
+        result = session.call_agent("bench_launch", {"repo": host.repo, "run_id": run_id, "spec": spec})
+        return TaskOutcome(CHANGED, f"launched {len(runs)} run{'s' if len(runs) != 1 else ''} (runner pid "
+                                    f"{result.get('pid')})",
+                           {"run_id": run_id, "total": len(runs), "pid": result.get("pid"),
+                            "run_dir": result.get("run_dir"), "patches": states})
+
+    return task
+
+
+def check_task(plan: BenchPlan) -> Callable[[Host, Any], TaskOutcome]:
+    """Task: only the preconditions (what `ddops bench --check` reports)."""
+
+    planner = _shared_planner(plan)
+
+    def task(host: Host, session: Any) -> TaskOutcome:
+        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
+        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
+        problems = preflight_problems(plan, host, facts, states)
+        if problems:
+            return TaskOutcome(FAILED, "refused: " + "; ".join(problems), {"problems": problems, "patches": states})
+        runs = expand_runs(plan, host_values(host, facts), result_dir="<result_dir>")
+        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}",
+                           {"patches": states, "commands": [r.command for r in runs]})
+
+    return task

@@ -1,0 +1,539 @@
+"""`ddops bench [PLAN]` (launch detached runs, then follow them) and `ddops bench status|logs|stop|list|collect|report`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, STATUS_STYLE, YesOpt,
+                              console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
+from ddops.fleet import worst_exit_code
+
+if TYPE_CHECKING:
+    from ddops.bench.runs import FollowEvent, HostRun
+    from ddops.fleet import HostResult
+    from ddops.inventory import Host, Inventory
+
+
+class _BenchGroup(TyperGroup):
+    """`ddops bench PLAN --all` means `ddops bench run PLAN --all`: anything that is not a subcommand goes to `run`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
+                        help="Run bench plans detached on the hosts, follow them, collect results, report.")
+
+RUN_STYLE = {"completed": "green", "running": "yellow", "starting": "yellow", "failed": "bold red",
+             "stopped": "magenta", "error": "bold red", "lost": "bold red", "ok": "green", "timeout": "bold red",
+             "pending": "dim"}
+HOST_COLORS = ("cyan", "green", "magenta", "blue", "yellow", "bright_cyan", "bright_green", "bright_magenta")
+ResultsDirOpt = Annotated[Optional[Path], typer.Option("--results-dir", help="Where collected results and launch "
+                                                       "records live (default: $DDOPS_RESULTS_DIR or ./results).",
+                                                       show_default=False)]
+FollowOpt = Annotated[Optional[bool], typer.Option("--follow/--no-follow", help="Stream the hosts' logs and "
+                                                   "progress until the run ends (default: on a terminal).",
+                                                   show_default=False)]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")
+
+
+# --- launch --------------------------------------------------------------------------------------------------------
+
+
+@bench_app.command("run")
+def run(ctx: typer.Context,
+        plan: Annotated[str, typer.Argument(help="Bench plan: a name from playbooks/ or a YAML path.")] = "ddtree-bench",
+        host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+        follow: FollowOpt = None,
+        run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
+                                                      "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
+        check: CheckOpt = False, json_out: JsonOpt = False, forks: ForksOpt = None,
+        results_dir: ResultsDirOpt = None) -> None:
+    """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached."""
+    from ddops.bench.launch import check_task, launch_task, load_plan
+    from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    bench_plan = load_plan(plan)
+    inventory, chosen = selected_hosts(st, host, group, all_, limit)
+    if check:
+        results = fleet_run(st, inventory, chosen, check_task(bench_plan), title=f"bench {bench_plan.name} --check",
+                            forks=forks)
+        emit_json("bench --check", results) if st.json else recap(results)
+        finish(results)
+        return
+    rid = check_run_id(run_id) if run_id else new_run_id()
+    results = fleet_run(st, inventory, chosen, launch_task(bench_plan, rid), title=f"bench {bench_plan.name}",
+                        forks=forks)
+    launched = [h for h, r in zip(chosen, results) if r.status == "changed"]
+    root = results_root(results_dir)
+    if launched:
+        write_launch_record(root, rid, {"run_id": rid, "plan": bench_plan.name, "plan_path": str(bench_plan.path),
+                                        "hosts": [h.name for h in launched], "inventory": inventory.path,
+                                        "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    if st.json:
+        emit_json("bench", results, {"run_id": rid if launched else None})
+        finish(results)
+        return
+    recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
+    if not launched:
+        raise typer.Exit(1)
+    console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
+    if follow is None:
+        follow = sys.stdout.isatty()
+    if not follow:
+        _hints(rid, detached=False)
+        finish(results)
+        return
+    code = follow_run(st, inventory, launched, rid)
+    raise typer.Exit(max(code, worst_exit_code(results)))
+
+
+def _hints(run_id: str, detached: bool) -> None:
+    lead = f"detached: run {run_id} keeps going on the hosts; nothing was stopped." if detached else \
+        f"run {run_id} is going on the hosts."
+    err_console.print(f"{lead}\n  follow it:  ddops bench logs {run_id} --follow\n"
+                      f"  status:     ddops bench status {run_id}\n  stop it:    ddops bench stop {run_id}\n"
+                      f"  results:    ddops bench collect {run_id} && ddops bench report {run_id}",
+                      highlight=False, markup=False)
+
+
+# --- following -------------------------------------------------------------------------------------------------------
+
+
+class _Elapsed(ProgressColumn):
+    """Time since the run started on the host (until it ended), from the host's own timestamps."""
+
+    def render(self, task: Any) -> Text:
+        run = task.fields.get("run")
+        seconds = run.elapsed() if run is not None else None
+        return Text(_duration(seconds), style="progress.elapsed")
+
+
+def _when(iso: str | None) -> str:
+    """`2026-11-30 07:34:23` from the hosts' ISO times."""
+    return (iso or "")[:19].replace("T", " ")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class FollowView:
+    """Log lines with a host prefix, and per-host progress (a live rich display on a terminal, plain lines otherwise)."""
+
+    def __init__(self, hosts: Sequence[str], *, logs: bool = True, prefix: bool = True) -> None:
+        self.logs = logs
+        self.prefix = prefix
+        self.width = max((len(h) for h in hosts), default=0)
+        self.color = {h: HOST_COLORS[i % len(HOST_COLORS)] for i, h in enumerate(hosts)}
+        self.partial = {h: "" for h in hosts}
+        self.runs: dict[str, HostRun] = {}
+        self.errors: dict[str, str] = {}
+        self.tty = console.is_terminal
+        self.progress: Progress | None = None
+        self.tasks: dict[str, Any] = {}
+        self._last_plain: dict[str, tuple] = {}
+
+    def __enter__(self) -> "FollowView":
+        if self.tty:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[status]}"), _Elapsed(), console=console,
+                                     transient=False, auto_refresh=True, refresh_per_second=4)
+            for h in self.partial:
+                self.tasks[h] = self.progress.add_task(f"[{self.color[h]}]{escape(h)}[/]", total=None,
+                                                       status="connecting", run=None)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for h in list(self.partial):
+            self._flush(h)
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def handle(self, event: "FollowEvent") -> None:
+        from ddops.bench.runs import LogText
+
+        if isinstance(event, LogText):
+            self._text(event.host, event.text)
+            return
+        if event.error:
+            self.errors[event.host] = event.error
+        if event.run is not None:
+            self.runs[event.host] = event.run
+            self.errors.pop(event.host, None)
+        if event.final:
+            self._flush(event.host)
+        self._status(event.host, event.run, event.error, event.final)
+
+    def _text(self, host: str, text: str) -> None:
+        if not self.logs:
+            return
+        lines = (self.partial[host] + text).split("\n")
+        self.partial[host] = lines.pop()
+        for line in lines:
+            self._line(host, line)
+
+    def _flush(self, host: str) -> None:
+        if self.partial.get(host):
+            self._line(host, self.partial[host])
+            self.partial[host] = ""
+
+    def _line(self, host: str, line: str) -> None:
+        if "\r" in line:  # progress bars redraw with \r: keep what the line finally showed
+            line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
+        if self.progress is not None:
+            out = Text()
+            if self.prefix:
+                out.append(f"{host:<{self.width}} | ", style=self.color[host])
+            out.append(line)
+            self.progress.console.print(out, soft_wrap=True)
+        else:
+            sys.stdout.write((f"{host:<{self.width}} | " if self.prefix else "") + line + "\n")
+            sys.stdout.flush()
+
+    def _status(self, host: str, run: "HostRun | None", error: str | None, final: bool) -> None:
+        if self.progress is not None:
+            fields: dict[str, Any] = {}
+            if run is not None:
+                style = RUN_STYLE.get(run.status, "")
+                label = f" {run.current_label}" if run.current_label and not run.terminal else ""
+                fields.update(total=run.total, completed=run.done, run=run,
+                              status=f"[{style}]{escape(run.status)}[/]{escape(label)}")
+            if error:
+                fields["status"] = f"[bold magenta]{escape(error if final else 'reconnecting: ' + error)}[/]"
+            self.progress.update(self.tasks[host], **fields)
+            return
+        key = (run.status, run.done) if run is not None else (error,)
+        if self._last_plain.get(host) == key and not final:
+            return
+        self._last_plain[host] = key
+        text = run.summary() if run is not None else f"unreachable: {error}"
+        print(f"{host}: {text}", file=sys.stderr, flush=True)
+
+    def exit_code(self, hosts: Sequence[str]) -> int:
+        ok = all(h in self.runs and self.runs[h].status == "completed" and h not in self.errors for h in hosts)
+        return 0 if ok else 1
+
+
+def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id: str, *, logs: bool = True) -> int:
+    """Follow a run until every host is done; Ctrl-C detaches (exit 130) and leaves the runs going."""
+    from ddops.bench.runs import Follower
+
+    connector = st.connector(inventory)
+    follower = Follower(hosts, run_id, connector.connect, interval=1.0, logs=logs)
+    view = FollowView([h.name for h in hosts], logs=logs)
+    try:
+        with view:
+            for event in follower.events():
+                view.handle(event)
+    except KeyboardInterrupt:
+        follower.close()
+        view.stop()
+        _hints(run_id, detached=True)
+        return 130
+    finally:
+        follower.close()
+        connector.close()
+    runs = [view.runs[h.name] for h in hosts if h.name in view.runs]
+    _render_runs(runs, {h: e for h, e in view.errors.items()})
+    return view.exit_code([h.name for h in hosts])
+
+
+# --- status, logs, stop, list -----------------------------------------------------------------------------------------
+
+
+def _run_hosts(st: Any, root: Path, run_id: str, host: Any, group: Any, all_: bool,
+               limit: Optional[str]) -> tuple["Inventory", list["Host"]]:
+    """The selection when one is given, else the hosts the run was launched on (else every inventory host)."""
+    from ddops.bench.runs import run_hosts
+
+    if host or group or all_ or limit:
+        return selected_hosts(st, host, group, all_, limit)
+    inventory = st.load_inventory()
+    return inventory, run_hosts(inventory.hosts, root, run_id)
+
+
+def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
+    """A table of each host's run, then every failed command with its exit code and the end of its log."""
+    table = Table(header_style="bold")
+    for col in ("host", "run", "status", "runs ok", "now", "started", "elapsed", "message"):
+        table.add_column(col, overflow="fold")
+    for run in runs:
+        style = RUN_STYLE.get(run.status, "")
+        ok = sum(1 for r in run.runs if r.status == "ok")
+        table.add_row(escape(run.host), escape(run.run_id), f"[{style}]{escape(run.status)}[/]", f"{ok}/{run.total}",
+                      escape(run.current_label or "") if not run.terminal else "", escape(_when(run.started)),
+                      _duration(run.elapsed()), escape(run.message or ""))
+    for host, error in (errors or {}).items():
+        table.add_row(escape(host), "", "[bold magenta]unreachable[/]", "", "", "", "", escape(error))
+    console.print(table)
+    for run in runs:
+        for rec in run.runs:
+            if rec.status not in ("failed", "timeout") and rec.log_tail is None:
+                continue
+            if rec.status == "ok":
+                continue
+            console.print(f"[bold red]{escape(run.host)}: {escape(rec.label)} {escape(rec.status)} with exit code "
+                          f"{rec.exit_code}[/]" + (f" (signal {rec.signal})" if rec.signal else ""))
+            if rec.log_tail:
+                console.print(Text("\n".join("    " + line for line in rec.log_tail.rstrip("\n").splitlines()[-60:])))
+
+
+@bench_app.command("status")
+def status(ctx: typer.Context,
+           run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
+                                                           show_default=False)] = None,
+           host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+           json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
+    """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
+    from ddops.bench.runs import HostRun, resolve_run_id, results_root, status_task
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    root = results_root(results_dir)
+    rid = resolve_run_id(root, run_id)
+    inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
+    results = fleet_run(st, inventory, chosen, status_task(rid), title=f"bench status {rid}", forks=forks)
+    if st.json:
+        emit_json("bench status", results, {"run_id": rid})
+    else:
+        runs = [_host_run(r) for r in results if r.data.get("run")]
+        errors = {r.host: r.message for r in results if r.status == "unreachable"}
+        _render_runs(runs, errors)
+        skipped = [r.host for r in results if r.status == "skipped"]
+        if skipped:
+            err_console.print(f"no run {rid} on: {', '.join(skipped)}")
+        if not runs:
+            raise typer.Exit(1)
+    finish(results)
+
+
+def _host_run(result: "HostResult") -> "HostRun":
+    from ddops.bench.runs import HostRun, RunRecord
+
+    d = result.data["run"]
+    runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
+                                                     "ended", "seconds", "log_tail")}) for r in d.get("runs") or [])
+    return HostRun(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
+                   current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
+                   ended=d.get("ended"), message=d.get("message"), runs=runs)
+
+
+@bench_app.command("logs")
+def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.")],
+         host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+         follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
+         results_dir: ResultsDirOpt = None) -> None:
+    """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
+    from ddops.bench.runs import check_run_id, read_logs, results_root
+
+    st = state(ctx)
+    rid = check_run_id(run_id)
+    inventory, chosen = _run_hosts(st, results_root(results_dir), rid, host, group, all_, limit)
+    if follow:
+        raise typer.Exit(follow_run(st, inventory, chosen, rid))
+    from ddops.errors import AgentError
+    from ddops.fleet import FAILED, OK, SKIPPED, TaskOutcome
+
+    def task(h: "Host", session: Any) -> TaskOutcome:
+        try:
+            text, run = read_logs(h, session, rid)
+        except AgentError as exc:
+            if exc.kind in ("no_run", "no_repo"):
+                return TaskOutcome(SKIPPED, f"no run {rid} here")
+            raise
+        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
+
+    st.json = True  # no per-host progress lines between the logs
+    results = fleet_run(st, inventory, chosen, task, title=f"bench logs {rid}")
+    st.json = False
+    view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
+    view.tty = False
+    for r in results:
+        if "log" in r.data:
+            view._text(r.host, r.data["log"])
+            view._flush(r.host)
+        else:
+            err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
+    if not any("log" in r.data for r in results):
+        raise typer.Exit(1)
+
+
+@bench_app.command("stop")
+def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.")],
+         host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+         grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
+         yes: YesOpt = False, json_out: JsonOpt = False, results_dir: ResultsDirOpt = None) -> None:
+    """End every process of the run on each host (and all they started) and record it as stopped."""
+    from ddops.bench.launch import actor
+    from ddops.bench.runs import check_run_id, results_root, stop_task
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    rid = check_run_id(run_id)
+    inventory, chosen = _run_hosts(st, results_root(results_dir), rid, host, group, all_, limit)
+    if not yes and sys.stdin.isatty() and not st.json:
+        typer.confirm(f"stop run {rid} on {len(chosen)} host(s)?", abort=True)
+    results = fleet_run(st, inventory, chosen, stop_task(rid, actor(), grace), title=f"bench stop {rid}")
+    emit_json("bench stop", results, {"run_id": rid}) if st.json else recap(results)
+    finish(results)
+
+
+@bench_app.command("list")
+def list_runs(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
+              limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+    """Every bench run found on the hosts (all inventory hosts when none is selected), newest first."""
+    from ddops.bench.runs import list_task
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    if host or group or all_ or limit:
+        inventory, chosen = selected_hosts(st, host, group, all_, limit)
+    else:
+        inventory = st.load_inventory()
+        chosen = list(inventory.hosts)
+    results = fleet_run(st, inventory, chosen, list_task, title="bench list", forks=forks)
+    if st.json:
+        emit_json("bench list", results)
+        finish(results)
+        return
+    table = Table(header_style="bold")
+    for col in ("run", "host", "plan", "status", "done", "started", "ended"):
+        table.add_column(col, no_wrap=col in ("run", "host"))
+    rows = [(run, r.host) for r in results for run in r.data.get("runs") or []]
+    rows.sort(key=lambda x: (x[0].get("run_id") or "", x[1]), reverse=True)
+    for run, h in rows:
+        style = RUN_STYLE.get(run.get("status"), "")
+        table.add_row(escape(run.get("run_id") or ""), escape(h), escape(run.get("plan") or ""),
+                      f"[{style}]{escape(str(run.get('status')))}[/]", f"{run.get('done')}/{run.get('total')}",
+                      escape(_when(run.get("started"))), escape(_when(run.get("ended"))))
+    console.print(table)
+    for r in results:
+        if r.failed:
+            err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
+    finish(results)
+
+
+# --- collect and report -----------------------------------------------------------------------------------------------
+
+
+@bench_app.command("collect")
+def collect(ctx: typer.Context,
+            run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
+                                                            show_default=False)] = None,
+            host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
+    """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
+    from ddops.bench.collect import collect_task, write_manifest
+    from ddops.bench.runs import resolve_run_id, results_root
+
+    st = state(ctx)
+    st.json = st.json or json_out
+    root = results_root(results_dir)
+    rid = resolve_run_id(root, run_id)
+    inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
+    results = fleet_run(st, inventory, chosen, collect_task(rid, root), title=f"bench collect {rid}", forks=forks)
+    manifest = write_manifest(root, rid, results)
+    if st.json:
+        emit_json("bench collect", results, {"run_id": rid, "manifest": str(manifest)})
+    else:
+        recap(results, columns=[("files", lambda r: str(len(r.data["manifest"]["files"])) if r.data.get("manifest")
+                                 else "")])
+        console.print(f"results: {escape(str(root / rid))}  (manifest: {escape(str(manifest))})")
+    finish(results)
+
+
+@bench_app.command("report")
+def report(ctx: typer.Context,
+           run_ids: Annotated[Optional[list[str]], typer.Argument(help="Collected run ids (default: the newest).",
+                                                                  show_default=False)] = None,
+           fmt: Annotated[str, typer.Option("--format", help="table, json, csv or md.")] = "table",
+           plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here.",
+                                                        show_default=False)] = None,
+           results_dir: ResultsDirOpt = None) -> None:
+    """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
+    from ddops.bench.collect import collected_run_ids, load_collected
+    from ddops.bench.report import build_report, to_csv, to_json, to_markdown
+    from ddops.bench.runs import MANIFEST, check_run_id, results_root
+    from ddops.errors import UsageError
+
+    st = state(ctx)
+    if st.json:
+        fmt = "json"
+    if fmt not in ("table", "json", "csv", "md"):
+        raise UsageError(f"--format {fmt}: use table, json, csv or md")
+    root = results_root(results_dir)
+    ids = [check_run_id(r) for r in run_ids or []]
+    if not ids:
+        newest = collected_run_ids(root)[:1]
+        if not newest:
+            raise UsageError(f"nothing collected under {root}: run `ddops bench collect RUN` first")
+        ids = newest
+    items, problems = load_collected(root, ids)
+    rep = build_report(items)
+    if fmt == "json":
+        sys.stdout.write(to_json(rep) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(to_csv(rep))
+    elif fmt == "md":
+        sys.stdout.write(to_markdown(rep))
+    else:
+        _report_table(rep, ids)
+    if plot is not None and rep.rows:
+        from ddops.bench.plot import plot_report
+
+        written = plot_report(rep, plot)
+        err_console.print(f"plot: {escape(str(written))}")
+    for problem in problems:
+        err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}")
+    if problems or not rep.rows:
+        if not rep.rows:
+            err_console.print("no result rows")
+        raise typer.Exit(1)
+
+
+def _report_table(rep: Any, run_ids: Sequence[str]) -> None:
+    from ddops.bench.report import report_columns
+
+    headers, rows = report_columns(rep)
+    table = Table(title=f"bench report: {', '.join(run_ids)}", header_style="bold")
+    for h in headers:
+        numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "T")
+        table.add_column(h, justify="right" if numeric else "left")
+    method_col = headers.index("Method")
+    for r, cells in zip(rep.rows, rows):
+        cells = [escape(c) for c in cells]
+        if r.best_budget:
+            cells[method_col] = f"[bold]{cells[method_col]}[/]"
+        table.add_row(*cells, style="red" if r.lossy else None)
+    console.print(table)
+    for r in rep.rows:
+        if r.lossy:
+            console.print(f"[red]{escape(r.host)} {escape(str(r.dataset))} {escape(r.method)}: {escape(r.note)}[/]")

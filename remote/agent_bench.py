@@ -1,0 +1,753 @@
+"""ddops agent extension: bench runs launched detached under <repo>/.ddops/runs/<run-id>/, polled, stopped, listed.
+
+A run directory holds: spec.json (what to run: commands, env, matrix params, provenance), state.json (status,
+times, per-run exit codes and log offsets), pid (the runner's pid and start time), log (every run's output,
+appended, with a header and a footer per run), exit-<index> (each run's exit code), results/ (what the commands
+save), agent.py + runner-request.json (the detached runner: this agent, written to disk, running `bench_runner`),
+runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked).
+"""
+
+import glob
+import signal
+
+RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+RUNS_DIR = "runs"
+TERMINAL_STATUSES = ("completed", "failed", "stopped", "error", "lost")
+RUNNER_BOOT = (
+    "import sys\n"
+    "path = sys.argv[1]\n"
+    "with open(path, 'rb') as handle:\n"
+    "    source = handle.read()\n"
+    "namespace = {'__name__': '__ddops_agent__', 'AGENT_SOURCE': source}\n"
+    "exec(compile(source, path, 'exec'), namespace)\n"
+    "namespace['main']()\n"
+)
+RUN_TAG_ID = "DDOPS_RUN_ID"
+RUN_TAG_DIR = "DDOPS_RUN_DIR"
+DEFAULT_STOP_GRACE = 5.0
+DEFAULT_POLL_BYTES = 256 * 1024
+MAX_POLL_BYTES = 4 * 1024 * 1024
+LOG_TAIL_BYTES = 4096
+TIMEOUT_EXIT_CODE = 124
+ADDED_ENV = ("PATH", "HF_HUB_OFFLINE", RUN_TAG_ID, RUN_TAG_DIR)
+
+
+# -- paths and small files --------------------------------------------------------------------------------------
+
+
+def require_run_id(payload):
+    """payload["run_id"], a plain name that cannot leave the runs directory."""
+    run_id = require_str(payload, "run_id")
+    if not RUN_ID_RE.match(run_id) or run_id in (".", ".."):
+        raise bad_request("run_id %r must be letters, digits, '.', '_' and '-'" % run_id)
+    return run_id
+
+
+def runs_root(repo):
+    """<repo>/.ddops/runs (which may not exist)."""
+    return os.path.join(state_dir(repo), RUNS_DIR)
+
+
+def open_run(payload):
+    """(repo, run_id, run_dir) of an existing run; fault `no_run` when it is not there."""
+    repo = open_repo(payload)
+    run_id = require_run_id(payload)
+    run_dir = os.path.join(runs_root(repo), run_id)
+    if os.path.islink(run_dir) or not os.path.isdir(run_dir):
+        raise AgentFault("no_run", "no bench run %s in %s" % (run_id, repo))
+    return repo, run_id, run_dir
+
+
+def read_json_file(path, default=None):
+    """The JSON object in `path`, or `default` when it is missing or unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            value = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return default
+    return value if isinstance(value, dict) else default
+
+
+def write_json_file(path, value):
+    """Atomically replace `path` with `value` as JSON."""
+    atomic_write(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8"), 0o600)
+
+
+def utc_seconds(iso):
+    """Seconds since the epoch for one of our ISO times, or None."""
+    if not iso:
+        return None
+    try:
+        parsed = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+# -- processes --------------------------------------------------------------------------------------------------
+
+
+def proc_start_time(pid):
+    """The process's start time in clock ticks since boot (Linux), to tell it from a recycled pid; else None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_state(pid):
+    """The one-letter state of a process (R, S, Z ...), or None when it is gone or unknown."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid, start_time=None):
+    """Whether `pid` still runs (not a zombie) and, when start_time is given, is the same process."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if proc_state(pid) == "Z":
+        return False
+    if start_time is not None:
+        found = proc_start_time(pid)
+        if found is not None and found != start_time:
+            return False
+    return True
+
+
+def tagged_pids(run_id, run_dir):
+    """Every live process whose environment carries this run's tags (survives setsid, e.g. torchrun workers)."""
+    wanted_id = ("%s=%s" % (RUN_TAG_ID, run_id)).encode()
+    wanted_dir = ("%s=%s" % (RUN_TAG_DIR, run_dir)).encode()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as handle:
+                entries = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted_id in entries and wanted_dir in entries and proc_state(int(name)) not in (None, "Z"):
+            found.append(int(name))
+    return found
+
+
+def children_map():
+    """{ppid: [pid]} for every process (Linux /proc)."""
+    children = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return children
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def descendants(pids):
+    """Every live process below any of `pids`."""
+    children = children_map()
+    found, stack = [], list(pids)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.append(child)
+                stack.append(child)
+    return found
+
+
+def signal_quietly(pid, sig, group=False):
+    """Send `sig` to a process (or its group), ignoring ones already gone."""
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- launch -----------------------------------------------------------------------------------------------------
+
+
+def parse_spec(payload):
+    """payload["spec"] checked: {runs: [{index, label, command, env, params}], workdir, env, ...}."""
+    spec = require_object(payload.get("spec"), "payload.spec")
+    runs = require_list(spec, "runs", "spec")
+    if not runs:
+        raise bad_request("spec.runs must not be empty")
+    for index, run in enumerate(runs):
+        where = "spec.runs[%d]" % index
+        require_object(run, where)
+        require_str(run, "command", where)
+        env = run.get("env") or {}
+        require_object(env, where + ".env")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise bad_request("%s.env must map names to strings" % where)
+    env = spec.get("env") or {}
+    require_object(env, "spec.env")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise bad_request("spec.env must map names to strings")
+    workdir = optional_str(spec, "workdir", ".") or "."
+    if workdir != ".":
+        check_relpath(workdir)
+    optional_number(spec, "timeout_s", None, "spec")
+    return spec
+
+
+def initial_state(run_id, spec):
+    """state.json as written at launch, before the runner starts."""
+    return {
+        "run_id": run_id, "plan": spec.get("plan"), "host": spec.get("host"), "status": "starting",
+        "created": now_iso(), "started": None, "ended": None, "updated": now_iso(), "message": None,
+        "total": len(spec["runs"]), "done": 0, "current": None, "runner_pid": None, "child_pid": None,
+        "runs": [{"index": i, "label": run.get("label") or "run %d" % i, "status": "pending", "exit_code": None,
+                  "signal": None, "started": None, "ended": None, "seconds": None, "log_start": None,
+                  "log_end": None} for i, run in enumerate(spec["runs"])],
+    }
+
+
+def runner_environment(run_id, run_dir, spec):
+    """The runner's environment: ours, the plan's, python's directory first on PATH, offline HF, run tags."""
+    env = dict(os.environ)
+    env.update(spec.get("env") or {})
+    python_dir = os.path.dirname(sys.executable)
+    path = env.get("PATH") or os.defpath
+    if python_dir and path.split(os.pathsep)[0] != python_dir:
+        path = python_dir + os.pathsep + path
+    env["PATH"] = path
+    env["HF_HUB_OFFLINE"] = "1"
+    env[RUN_TAG_ID] = run_id
+    env[RUN_TAG_DIR] = run_dir
+    return env
+
+
+def spawn_runner(run_dir, repo, run_id, env):
+    """Start `bench_runner` detached: own session, stdin from a file, output to runner.out; returns its pid."""
+    if not AGENT_SOURCE:
+        raise bad_request("bench_launch needs the shipped agent source (run it through the bootstrap)")
+    runner_path = os.path.join(run_dir, "agent.py")
+    atomic_write(runner_path, AGENT_SOURCE, 0o600)
+    request_path = os.path.join(run_dir, "runner-request.json")
+    request = {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}
+    atomic_write(request_path, json.dumps(request).encode("utf-8"), 0o600)
+    with open(request_path, "rb") as stdin, open(os.path.join(run_dir, "runner.out"), "ab") as out:
+        # start_new_session: setsid() in the child, so no hangup or signal to our ssh session reaches it; every
+        # descriptor is a file of ours, so the ssh channel closes as soon as this agent exits.
+        process = subprocess.Popen(
+            [sys.executable, "-c", RUNNER_BOOT, runner_path], cwd=run_dir, stdin=stdin, stdout=out,
+            stderr=subprocess.STDOUT, close_fds=True, start_new_session=True,
+            env=env,
+        )
+    # Keep Python from reaping (or warning about) a child we deliberately leave running.
+    process.returncode = 0
+    return process.pid
+
+
+@verb("bench_launch")
+def bench_launch(payload):
+    """Create the run directory and start its runner detached; answers as soon as the runner is going."""
+    repo = open_repo(payload)
+    run_id = require_run_id(payload)
+    spec = parse_spec(payload)
+    workdir = os.path.realpath(os.path.join(repo, spec.get("workdir") or "."))
+    if not is_inside(workdir, repo) or not os.path.isdir(workdir):
+        raise AgentFault("no_workdir", "workdir %s is not a directory inside %s" % (spec.get("workdir"), repo))
+    state = ensure_state_dir(repo)
+    make_private_dir(os.path.join(state, RUNS_DIR))
+    run_dir = os.path.join(runs_root(repo), run_id)
+    try:
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        raise AgentFault("run_exists", "bench run %s already exists in %s" % (run_id, repo)) from None
+    os.mkdir(os.path.join(run_dir, "results"), 0o755)
+    spec = dict(spec)
+    spec["run_id"] = run_id
+    spec["repo"] = repo
+    spec["launched"] = now_iso()
+    spec["python_executable"] = sys.executable
+    env = runner_environment(run_id, run_dir, spec)
+    # What ddops set on top of the login environment (the rest of it may hold secrets: not recorded).
+    spec["runner_env"] = dict((key, env[key]) for key in sorted(set(spec.get("env") or {}) | set(ADDED_ENV)))
+    write_json_file(os.path.join(run_dir, "spec.json"), spec)
+    write_json_file(os.path.join(run_dir, "state.json"), initial_state(run_id, spec))
+    with open(os.path.join(run_dir, "log"), "ab"):
+        pass
+    pid = spawn_runner(run_dir, repo, run_id, env)
+    # Wait (briefly) for the runner to record itself, so a poll right after launch finds it.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and read_json_file(os.path.join(run_dir, "pid")) is None:
+        time.sleep(0.02)
+    return {"run_id": run_id, "run_dir": run_dir, "result_dir": os.path.join(run_dir, "results"), "pid": pid,
+            "total": len(spec["runs"])}
+
+
+# -- the runner (runs detached) ---------------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs the spec's commands in order, recording each one's exit code and log offsets in state.json."""
+
+    def __init__(self, repo, run_id, run_dir):
+        self.repo, self.run_id, self.run_dir = repo, run_id, run_dir
+        self.spec = read_json_file(os.path.join(run_dir, "spec.json"))
+        if self.spec is None:
+            raise AgentFault("no_run", "bench run %s has no readable spec.json" % run_id)
+        self.state = read_json_file(os.path.join(run_dir, "state.json")) or initial_state(run_id, self.spec)
+        self.log_path = os.path.join(run_dir, "log")
+        self.workdir = os.path.realpath(os.path.join(repo, self.spec.get("workdir") or "."))
+        self.timeout = self.spec.get("timeout_s")
+
+    def save(self):
+        self.state["updated"] = now_iso()
+        write_json_file(os.path.join(self.run_dir, "state.json"), self.state)
+
+    def stop_requested(self):
+        return os.path.exists(os.path.join(self.run_dir, "stop"))
+
+    def log(self, text):
+        """Append one of our own lines to the log; returns the log size after it."""
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            write_all(fd, text.encode("utf-8"))
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def run(self):
+        pid = os.getpid()
+        write_json_file(os.path.join(self.run_dir, "pid"),
+                        {"pid": pid, "start_time": proc_start_time(pid), "pgid": os.getpgid(0), "since": now_iso()})
+        self.state.update({"status": "running", "started": now_iso(), "runner_pid": pid})
+        self.save()
+        runs = self.spec["runs"]
+        for index, run in enumerate(runs):
+            if self.stop_requested():
+                break
+            self.run_one(index, run)
+        self.finish()
+        return {"status": self.state["status"]}
+
+    def run_one(self, index, run):
+        record = self.state["runs"][index]
+        label = record.get("label") or "run %d" % index
+        header = "=== ddops run %d/%d: %s | %s ===\n$ %s\n" % (index + 1, len(self.spec["runs"]), label, now_iso(),
+                                                           run["command"])
+        start = self.log_size()
+        record.update({"status": "running", "started": now_iso(), "log_start": start})
+        self.log(("\n" if start else "") + header)
+        env = dict(os.environ)
+        env.update(run.get("env") or {})
+        env["DDOPS_RUN_INDEX"] = str(index)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as out:
+            child = subprocess.Popen(["/bin/sh", "-c", run["command"]], cwd=self.workdir, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     close_fds=True, start_new_session=True)
+        self.state.update({"current": index, "child_pid": child.pid})
+        self.save()
+        timed_out = False
+        try:
+            code = child.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.end_group(child, grace=10)
+            code = child.wait()
+        # Whatever the command left running in its group (a backgrounded helper) ends with it.
+        self.end_group(child, grace=0)
+        seconds = round(time.monotonic() - started, 3)
+        signal_number = -code if code < 0 else None
+        exit_code = TIMEOUT_EXIT_CODE if timed_out else (128 + signal_number if signal_number else code)
+        if self.stop_requested():
+            status = "stopped"
+        elif timed_out:
+            status = "timeout"
+        else:
+            status = "ok" if exit_code == 0 else "failed"
+        footer = "=== ddops run %d/%d %s: exit %d after %.1fs%s ===\n" % (
+            index + 1, len(self.spec["runs"]), status, exit_code, seconds,
+            " (timed out after %gs)" % self.timeout if timed_out else "")
+        size = self.log("\n" + footer if self.log_tail_needs_newline() else footer)
+        atomic_write(os.path.join(self.run_dir, "exit-%d" % index), ("%d\n" % exit_code).encode(), 0o600)
+        record.update({"status": status, "exit_code": exit_code, "signal": signal_number, "ended": now_iso(),
+                       "seconds": seconds, "log_end": size})
+        self.state.update({"done": self.state.get("done", 0) + 1, "child_pid": None})
+        self.save()
+
+    def log_tail_needs_newline(self):
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                if handle.tell() == 0:
+                    return False
+                handle.seek(-1, os.SEEK_END)
+                return handle.read(1) != b"\n"
+        except OSError:
+            return False
+
+    def end_group(self, child, grace):
+        """SIGTERM the command's process group, then SIGKILL what is left after `grace` seconds."""
+        if grace > 0:
+            signal_quietly(child.pid, signal.SIGTERM, group=True)
+            deadline = time.monotonic() + grace
+            # poll() reaps the leader: a zombie would keep the group looking alive.
+            while time.monotonic() < deadline and (child.poll() is None or group_alive(child.pid)):
+                time.sleep(0.05)
+        signal_quietly(child.pid, signal.SIGKILL, group=True)
+
+    def finish(self):
+        statuses = [r["status"] for r in self.state["runs"]]
+        if self.stop_requested() or "stopped" in statuses:
+            status = "stopped"
+        elif all(s == "ok" for s in statuses):
+            status = "completed"
+        else:
+            status = "failed"
+        self.state.update({"status": status, "ended": now_iso(), "current": None})
+        self.save()
+        self.log("=== ddops run %s %s at %s ===\n" % (self.run_id, status, now_iso()))
+
+
+def group_alive(pgid):
+    """Whether any process is left in process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@verb("bench_runner")
+def bench_runner(payload):
+    """The detached runner itself (started by bench_launch; never called over ssh)."""
+    repo, run_id, run_dir = open_run(payload)
+    runner = Runner(repo, run_id, run_dir)
+    try:
+        return runner.run()
+    except BaseException as error:
+        runner.state.update({"status": "error", "ended": now_iso(), "message": describe_error(error)})
+        try:
+            runner.save()
+        except OSError:
+            pass
+        raise
+
+
+# -- reading a run ------------------------------------------------------------------------------------------------
+
+
+def runner_alive(run_dir):
+    """Whether the runner recorded in `pid` still runs."""
+    info = read_json_file(os.path.join(run_dir, "pid"))
+    if info is None:
+        return False
+    return pid_alive(info.get("pid"), info.get("start_time"))
+
+
+def current_state(run_dir):
+    """state.json, with status `lost` when it says running but its runner is gone (killed, host rebooted)."""
+    state = read_json_file(os.path.join(run_dir, "state.json"))
+    if state is None:
+        return None
+    alive = runner_alive(run_dir)
+    state["runner_alive"] = alive
+    if state.get("status") in ("starting", "running") and not alive:
+        # A runner that has not written its pid yet is still starting; give it a moment before calling it lost.
+        created = utc_seconds(state.get("created"))
+        if state.get("status") == "running" or created is None or time.time() - created > 30:
+            state["status"] = "lost"
+            state["message"] = state.get("message") or "the runner is no longer running (killed, or host rebooted)"
+    return state
+
+
+def read_log_range(path, start, end):
+    """Bytes [start, end) of a file (end None: to its end)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, start))
+            if end is None:
+                return handle.read()
+            return handle.read(max(0, end - start))
+    except OSError:
+        return b""
+
+
+def failure_tails(run_dir, state):
+    """For every failed run: the last LOG_TAIL_BYTES of its own part of the log."""
+    tails = {}
+    log_path = os.path.join(run_dir, "log")
+    for run in state.get("runs") or []:
+        if run.get("status") in ("failed", "timeout") or (run.get("status") == "running"
+                                                          and state.get("status") == "lost"):
+            start = run.get("log_start") or 0
+            end = run.get("log_end")
+            data = read_log_range(log_path, start, end)
+            tails[str(run.get("index"))] = data[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+    return tails
+
+
+def log_size(run_dir):
+    try:
+        return os.path.getsize(os.path.join(run_dir, "log"))
+    except OSError:
+        return 0
+
+
+@verb("bench_poll")
+def bench_poll(payload):
+    """The run's state and the log from byte `offset` on (at most max_bytes)."""
+    repo, run_id, run_dir = open_run(payload)
+    offset = int(optional_number(payload, "offset", 0))
+    limit = int(min(optional_number(payload, "max_bytes", DEFAULT_POLL_BYTES), MAX_POLL_BYTES))
+    state = current_state(run_dir)
+    size = log_size(run_dir)
+    offset = min(offset, size)
+    data = read_log_range(os.path.join(run_dir, "log"), offset, min(size, offset + limit))
+    result = {"run_id": run_id, "state": state, "log_b64": base64.b64encode(data).decode("ascii"),
+              "offset": offset + len(data), "log_size": size}
+    if state is not None and state.get("status") in TERMINAL_STATUSES:
+        result["failures"] = failure_tails(run_dir, state)
+    return result
+
+
+@verb("bench_status")
+def bench_status(payload):
+    """The state of one run, with the log tail of every failed run."""
+    repo, run_id, run_dir = open_run(payload)
+    state = current_state(run_dir)
+    if state is None:
+        raise AgentFault("no_run", "bench run %s has no readable state.json" % run_id)
+    spec = read_json_file(os.path.join(run_dir, "spec.json")) or {}
+    return {"run_id": run_id, "state": state, "failures": failure_tails(run_dir, state), "log_size": log_size(run_dir),
+            "plan": spec.get("plan"), "run_dir": run_dir}
+
+
+@verb("bench_list")
+def bench_list(payload):
+    """Every run in the repo, newest first, each with its state summary."""
+    repo = open_repo(payload)
+    root = runs_root(repo)
+    try:
+        names = sorted(os.listdir(root), reverse=True)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    runs = []
+    for name in names:
+        run_dir = os.path.join(root, name)
+        if not RUN_ID_RE.match(name) or os.path.islink(run_dir) or not os.path.isdir(run_dir):
+            continue
+        state = current_state(run_dir) or {"status": "unknown"}
+        spec = read_json_file(os.path.join(run_dir, "spec.json")) or {}
+        runs.append({"run_id": name, "plan": spec.get("plan"), "status": state.get("status"),
+                     "done": state.get("done"), "total": state.get("total"), "created": state.get("created"),
+                     "started": state.get("started"), "ended": state.get("ended")})
+    return {"runs": runs}
+
+
+# -- stop -------------------------------------------------------------------------------------------------------
+
+
+def run_processes(run_id, run_dir, state):
+    """Every process that belongs to the run: runner, current command's group, their descendants, tagged ones."""
+    pids = set(tagged_pids(run_id, run_dir))
+    roots = []
+    info = read_json_file(os.path.join(run_dir, "pid")) or {}
+    if pid_alive(info.get("pid"), info.get("start_time")):
+        roots.append(info["pid"])
+    child = (state or {}).get("child_pid")
+    if isinstance(child, int) and pid_alive(child):
+        roots.append(child)
+    pids.update(roots)
+    pids.update(descendants(roots))
+    pids.discard(os.getpid())
+    return sorted(pids), roots
+
+
+@verb("bench_stop")
+def bench_stop(payload):
+    """End every process of the run (SIGTERM, then SIGKILL after `grace` s) and record it as stopped."""
+    repo, run_id, run_dir = open_run(payload)
+    grace = optional_number(payload, "grace", DEFAULT_STOP_GRACE)
+    state = current_state(run_dir) or {}
+    if state.get("status") in ("completed", "failed", "stopped", "error"):
+        return {"run_id": run_id, "status": state.get("status"), "killed": [], "already_ended": True}
+    # The runner looks for this file before every run and after each: it starts nothing more.
+    atomic_write(os.path.join(run_dir, "stop"), now_iso().encode("utf-8"), 0o600)
+    pids, roots = run_processes(run_id, run_dir, state)
+    child = state.get("child_pid")
+    for pid in pids:
+        signal_quietly(pid, signal.SIGTERM)
+    if isinstance(child, int):
+        signal_quietly(child, signal.SIGTERM, group=True)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    killed = list(pids)
+    # Several rounds: a process may have forked between our scan and its signal.
+    for _ in range(5):
+        left, _roots = run_processes(run_id, run_dir, state)
+        left = [pid for pid in left if pid_alive(pid)] + [pid for pid in pids if pid_alive(pid)]
+        if isinstance(child, int):
+            signal_quietly(child, signal.SIGKILL, group=True)
+        if not left:
+            break
+        for pid in left:
+            signal_quietly(pid, signal.SIGKILL)
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.05)
+    remaining = [pid for pid in run_processes(run_id, run_dir, state)[0] if pid_alive(pid)]
+    state = read_json_file(os.path.join(run_dir, "state.json")) or state
+    state.pop("runner_alive", None)
+    now = now_iso()
+    for run in state.get("runs") or []:
+        if run.get("status") == "running":
+            run.update({"status": "stopped", "ended": now, "log_end": log_size(run_dir)})
+            if run.get("exit_code") is None:
+                run["exit_code"] = 128 + signal.SIGTERM
+    state.update({"status": "stopped", "ended": now, "current": None, "child_pid": None, "updated": now,
+                  "message": "stopped by %s" % optional_str(payload, "actor", "ddops")})
+    write_json_file(os.path.join(run_dir, "state.json"), state)
+    fd = os.open(os.path.join(run_dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        write_all(fd, ("\n=== ddops run %s stopped at %s ===\n" % (run_id, now)).encode("utf-8"))
+    finally:
+        os.close(fd)
+    return {"run_id": run_id, "status": "stopped", "killed": killed, "remaining": remaining,
+            "already_ended": False}
+
+
+# -- files and provenance ---------------------------------------------------------------------------------------
+
+
+def hash_file(path):
+    """(sha256, size) of a regular file opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise AgentFault("not_file", "%s is not a regular file" % path)
+        while True:
+            block = handle.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def result_files(result_dir, pattern):
+    """(files, refused): regular files under result_dir matching `pattern`; symlinks and escapes refused."""
+    files, refused = [], []
+    real_root = os.path.realpath(result_dir)
+    for path in sorted(glob.glob(os.path.join(glob.escape(result_dir), pattern), recursive=True)):
+        rel = os.path.relpath(path, result_dir)
+        if os.path.isdir(path) and not os.path.islink(path):
+            continue
+        parts = rel.split(os.sep)
+        link = None
+        for depth in range(1, len(parts) + 1):
+            if os.path.islink(os.path.join(result_dir, *parts[:depth])):
+                link = os.sep.join(parts[:depth])
+                break
+        if link is not None:
+            refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % link})
+            continue
+        if not is_inside(os.path.realpath(path), real_root):
+            refused.append({"path": rel, "reason": "resolves outside the run's result dir"})
+            continue
+        try:
+            sha, size = hash_file(path)
+        except AgentFault as fault:
+            refused.append({"path": rel, "reason": fault.message})
+            continue
+        except OSError as error:
+            refused.append({"path": rel, "reason": describe_error(error)})
+            continue
+        files.append({"path": rel, "real_path": os.path.realpath(path), "sha256": sha, "size": size})
+    return files, refused
+
+
+@verb("bench_files")
+def bench_files(payload):
+    """The run's spec and state, and every result file (path, sha256, size) matching the plan's glob."""
+    repo, run_id, run_dir = open_run(payload)
+    spec = read_json_file(os.path.join(run_dir, "spec.json")) or {}
+    pattern = optional_str(payload, "pattern") or spec.get("results") or "*"
+    if pattern.startswith("/") or ".." in pattern.split("/"):
+        raise bad_request("results pattern %r must stay inside the run's result dir" % pattern)
+    result_dir = os.path.join(run_dir, "results")
+    files, refused = result_files(result_dir, pattern) if os.path.isdir(result_dir) else ([], [])
+    state = current_state(run_dir) or {}
+    return {"run_id": run_id, "spec": spec, "state": state, "files": files, "refused": refused,
+            "result_dir": result_dir, "failures": failure_tails(run_dir, state)}
+
+
+def journal_file_shas(repo, entries):
+    """{file: sha256 now (None when missing or unreadable)} for every file the journal names."""
+    shas = {}
+    for entry in entries:
+        rel = entry.get("file")
+        if not isinstance(rel, str) or rel in shas:
+            continue
+        try:
+            shas[rel] = current_sha(read_regular(resolve_target(repo, rel), rel))
+        except (AgentFault, OSError):
+            shas[rel] = None
+    return shas
+
+
+@verb("bench_facts")
+def bench_facts(payload):
+    """Facts plus what a bench needs: the repo's real path, the pinned commit resolved, the journal and file hashes."""
+    raw = optional_str(payload, "repo")
+    facts = collect_facts(raw)
+    repo = os.path.realpath(os.path.expanduser(raw)) if raw else None
+    facts["repo_real"] = repo if facts["repo_exists"] else None
+    facts["commit_resolved"] = None
+    facts["journal"] = []
+    facts["journal_files"] = {}
+    facts["journal_corrupt"] = 0
+    if not facts["repo_exists"]:
+        return facts
+    commit = optional_str(payload, "commit")
+    if commit and not commit.startswith("-") and facts.get("git_commit"):
+        facts["commit_resolved"] = run_quiet(["git", "rev-parse", "--verify", "--quiet", commit + "^{commit}"],
+                                             cwd=repo)
+    entries, corrupt = read_journal(state_dir(repo))
+    facts["journal"] = entries
+    facts["journal_files"] = journal_file_shas(repo, entries)
+    facts["journal_corrupt"] = len(corrupt)
+    return facts
