@@ -296,7 +296,14 @@ def bench_launch(payload):
     write_json_file(os.path.join(run_dir, "state.json"), initial_state(run_id, spec))
     with open(os.path.join(run_dir, "log"), "ab"):
         pass
-    pid = spawn_runner(run_dir, repo, run_id, env)
+    try:
+        pid = spawn_runner(run_dir, repo, run_id, env)
+    except BaseException as error:
+        state = initial_state(run_id, spec)
+        state.update({"status": "error", "ended": now_iso(), "message": "runner did not start: %s"
+                      % describe_error(error)})
+        write_json_file(os.path.join(run_dir, "state.json"), state)
+        raise
     # Wait (briefly) for the runner to record itself, so a poll right after launch finds it.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and read_json_file(os.path.join(run_dir, "pid")) is None:
@@ -485,7 +492,8 @@ def current_state(run_dir):
     if state.get("status") in ("starting", "running") and not alive:
         # A runner that has not written its pid yet is still starting; give it a moment before calling it lost.
         created = utc_seconds(state.get("created"))
-        if state.get("status") == "running" or created is None or time.time() - created > 30:
+        recorded = os.path.exists(os.path.join(run_dir, "pid"))
+        if recorded or created is None or time.time() - created > 30:
             state["status"] = "lost"
             state["message"] = state.get("message") or "the runner is no longer running (killed, or host rebooted)"
     return state
@@ -553,10 +561,19 @@ def bench_status(payload):
             "plan": spec.get("plan"), "run_dir": run_dir}
 
 
+def active_runs(repo):
+    """The runs of this repo still going (runner alive), as bench_list entries."""
+    return [run for run in list_runs(repo) if run["status"] in ("starting", "running")]
+
+
 @verb("bench_list")
 def bench_list(payload):
     """Every run in the repo, newest first, each with its state summary."""
-    repo = open_repo(payload)
+    return {"runs": list_runs(open_repo(payload))}
+
+
+def list_runs(repo):
+    """bench_list's entries for `repo`, newest first."""
     root = runs_root(repo)
     try:
         names = sorted(os.listdir(root), reverse=True)
@@ -572,7 +589,7 @@ def bench_list(payload):
         runs.append({"run_id": name, "plan": spec.get("plan"), "status": state.get("status"),
                      "done": state.get("done"), "total": state.get("total"), "created": state.get("created"),
                      "started": state.get("started"), "ended": state.get("ended")})
-    return {"runs": runs}
+    return runs
 
 
 # -- stop -------------------------------------------------------------------------------------------------------
@@ -737,6 +754,7 @@ def bench_facts(payload):
     repo = os.path.realpath(os.path.expanduser(raw)) if raw else None
     facts["repo_real"] = repo if facts["repo_exists"] else None
     facts["commit_resolved"] = None
+    facts["active_runs"] = []
     facts["journal"] = []
     facts["journal_files"] = {}
     facts["journal_corrupt"] = 0
@@ -746,6 +764,7 @@ def bench_facts(payload):
     if commit and not commit.startswith("-") and facts.get("git_commit"):
         facts["commit_resolved"] = run_quiet(["git", "rev-parse", "--verify", "--quiet", commit + "^{commit}"],
                                              cwd=repo)
+    facts["active_runs"] = active_runs(repo)
     entries, corrupt = read_journal(state_dir(repo))
     facts["journal"] = entries
     facts["journal_files"] = journal_file_shas(repo, entries)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ddops
 from ddops.bench.plan import BenchPlan, RunSpec, check_host, expand_runs, load_bench_plan
-from ddops.errors import PlaybookError
+from ddops.errors import DdopsError, PlaybookError
 from ddops.fleet import CHANGED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
 from ddops.yamlsrc import suggest
@@ -61,7 +61,7 @@ def journal_applications(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     shas = facts.get("journal_files") or {}
     try:
         active = active_applications(journal)
-    except ddops.errors.DdopsError:
+    except DdopsError:
         return []
     out = []
     for a in active:
@@ -142,6 +142,10 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
             problems.append(f"pinned commit {host.commit} is not in the repo (HEAD is {head[:12]}); run `ddops sync`")
         elif head != pinned:
             problems.append(f"repo is at {head[:12]}, not at the pinned commit {host.commit}; run `ddops sync`")
+    for other in facts.get("active_runs") or []:
+        problems.append(f"bench run {other.get('run_id')} is still {other.get('status')} here "
+                        f"({other.get('done')}/{other.get('total')} done): wait for it, or "
+                        f"`ddops bench stop {other.get('run_id')}`")
     not_applied = {p: s for p, s in patch_states.items() if s != APPLIED}
     disk = facts.get("disk_free_bytes")
     gpus = facts.get("gpus") or []

@@ -108,10 +108,6 @@ class HostRun:
         return self.status in RUNNING_STATUSES or self.status == "completed"
 
     @property
-    def failures(self) -> tuple[RunRecord, ...]:
-        return tuple(r for r in self.runs if r.failed or (r.log_tail is not None and r.status != "ok"))
-
-    @property
     def current_label(self) -> str | None:
         if self.current is None or not (0 <= self.current < len(self.runs)):
             return None

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
+from ddops.bench.launch import DEFAULT_PLAN
 from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, STATUS_STYLE, YesOpt,
                               console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
 from ddops.fleet import worst_exit_code
@@ -57,14 +58,16 @@ def register(app: typer.Typer) -> None:
 
 @bench_app.command("run")
 def run(ctx: typer.Context,
-        plan: Annotated[str, typer.Argument(help="Bench plan: a name from playbooks/ or a YAML path.")] = "ddtree-bench",
+        plan: Annotated[str, typer.Argument(help="Bench plan: a name from playbooks/ or a YAML path.")] = DEFAULT_PLAN,
         host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
         follow: FollowOpt = None,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
         check: CheckOpt = False, json_out: JsonOpt = False, forks: ForksOpt = None,
         results_dir: ResultsDirOpt = None) -> None:
-    """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached."""
+    """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
+
+    With --json: one JSON document with the run id and each host's launch result; never follows."""
     from ddops.bench.launch import check_task, launch_task, load_plan
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
@@ -296,9 +299,7 @@ def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None
     console.print(table)
     for run in runs:
         for rec in run.runs:
-            if rec.status not in ("failed", "timeout") and rec.log_tail is None:
-                continue
-            if rec.status == "ok":
+            if not (rec.failed or (rec.log_tail is not None and rec.status != "ok")):
                 continue
             console.print(f"[bold red]{escape(run.host)}: {escape(rec.label)} {escape(rec.status)} with exit code "
                           f"{rec.exit_code}[/]" + (f" (signal {rec.signal})" if rec.signal else ""))
@@ -371,9 +372,13 @@ def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
             raise
         return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
 
-    st.json = True  # no per-host progress lines between the logs
-    results = fleet_run(st, inventory, chosen, task, title=f"bench logs {rid}")
-    st.json = False
+    from ddops.fleet import run_fleet
+
+    connector = st.connector(inventory)
+    try:
+        results = run_fleet(chosen, task, connector.connect, forks=st.forks)
+    finally:
+        connector.close()
     view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
     view.tty = False
     for r in results:

@@ -221,12 +221,21 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
     assert (results_dir / "report.png").stat().st_size > 0
 
 
-def test_bench_stop_ends_every_process_of_the_run_including_torchrun_workers(mini_bed, results_dir):
+def test_ctrl_c_detaches_and_bench_stop_ends_every_process_including_torchrun_workers(mini_bed, results_dir):
     bed = mini_bed(1)
     run_id = "20261130-0000-stop"
-    proc = ddops(bed, results_dir, "bench", MINI_PLAN, "--all", "--no-follow", "--run-id", run_id)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"run {run_id}: launched on 1 host" in proc.stdout
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "ddops", "-i", str(bed.inventory_path), "bench", MINI_PLAN, "--all", "--follow",
+         "--run-id", run_id], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DDOPS_RESULTS_DIR": str(results_dir)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "=== ddops run 1/2" not in controller.stdout.readline():
+        pass
+    controller.send_signal(signal.SIGINT)  # Ctrl-C: stop following, leave the run alone
+    out, err = controller.communicate(timeout=30)
+    assert controller.returncode == 130, err
+    assert f"detached: run {run_id} keeps going" in err
+    assert f"ddops bench logs {run_id} --follow" in err and f"ddops bench status {run_id}" in err
     # torchrun starts its worker in a session of its own: wait for it, so stop has to find it.
     wait_until(lambda: any("benchmark.py" in cmdline(p) and "torch.distributed.run" not in cmdline(p)
                            for p in tagged(run_id)), timeout=60, interval=0.2)

@@ -264,3 +264,93 @@ def test_bench_facts_resolves_the_pinned_commit_and_returns_the_journal(bed, hos
     assert facts["journal"] == [] and facts["versions"]["torch"]
     assert session.call_agent("bench_facts", {"repo": host.repo, "commit": "0" * 40})["commit_resolved"] is None
     assert session.call_agent("bench_facts", {"repo": "/nope"})["repo_exists"] is False
+
+
+# --- the controller side over the same verbs -------------------------------------------------------------------------
+
+
+def write_plan(tmp_path: Path, text: str) -> "BenchPlan":
+    from ddops.bench.plan import load_bench_plan
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return load_bench_plan(path)
+
+
+def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_why(bed, host, tmp_path):
+    from dataclasses import replace
+
+    from ddops.bench.launch import launch_task
+    from ddops.fleet import run_fleet
+
+    inv = load_inventory(bed.inventory_path)
+    connect = Connector(inv.known_hosts).connect
+    gpu_plan = write_plan(tmp_path, "summarizer: ddtree\nresults: '*.pt'\ngpus: 2\nmin_free_disk_gb: 1000000\n"
+                                    "command: echo {gpus}\n")
+    (refused,) = run_fleet([replace(host, commit="0" * 40)], launch_task(gpu_plan, "r-refused"), connect)
+    assert refused.status == "failed"
+    assert f"pinned commit {'0' * 40} is not in the repo" in refused.message
+    assert "needs 2 GPU(s), host has 0" in refused.message and "GB free disk" in refused.message
+    assert not run_dir(bed, "r-refused").exists()
+
+    sleepy = write_plan(tmp_path, "summarizer: ddtree\nresults: '*.pt'\ncommand: sleep 30\n")
+    (first,) = run_fleet([host], launch_task(sleepy, "r-busy-1"), connect)
+    assert first.status == "changed" and first.data["total"] == 1
+    (second,) = run_fleet([host], launch_task(sleepy, "r-busy-2"), connect)
+    assert second.status == "failed" and "bench run r-busy-1 is still" in second.message
+    with connect(host) as session:
+        session.call_agent("bench_stop", {"repo": host.repo, "run_id": "r-busy-1", "grace": 0})
+    assert tagged("r-busy-1") == []
+
+
+def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, host, connect, tmp_path):
+    from ddops.bench.collect import collect_task, write_manifest
+    from ddops.fleet import run_fleet
+
+    session = connect()
+    launch(session, host, "r-collect", "printf abc > $DDOPS_RUN_DIR/results/a.pt")
+    wait_for_status(connect, host, "r-collect")
+    (tmp_path / "outside.pt").write_text("secret")
+    os.symlink(tmp_path / "outside.pt", run_dir(bed, "r-collect") / "results" / "link.pt")
+    root = tmp_path / "results"
+    inv = load_inventory(bed.inventory_path)
+    (result,) = run_fleet([host], collect_task("r-collect", root), Connector(inv.known_hosts).connect)
+    assert result.status == "failed" and "refused: link.pt" in result.message
+    assert sorted(p.name for p in (root / "r-collect" / "host1").iterdir()) == ["a.pt"]
+    assert (root / "r-collect" / "host1" / "a.pt").read_text() == "abc"
+    manifest = json.loads(write_manifest(root, "r-collect", [result]).read_text())
+    entry = manifest["hosts"]["host1"]
+    assert entry["files"] == [{"path": "a.pt", "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+                               "size": 3}]
+    assert entry["refused"][0]["path"] == "link.pt" and entry["exit_codes"] == {"0": 0}
+
+
+def test_follow_rides_out_the_host_going_away_and_the_run_keeps_going(bed, host, connect):
+    from ddops.bench.runs import Follower, HostUpdate, LogText
+
+    session = connect()
+    launch(session, host, "r-away", "echo before; sleep 3; echo after")
+    session.close()
+    inv = load_inventory(bed.inventory_path)
+    follower = Follower([host], "r-away", Connector(inv.known_hosts).connect, interval=0.2, give_up_after=60)
+    events = follower.events()
+    text, errors = "", []
+    for event in events:
+        if isinstance(event, LogText):
+            text += event.text
+            if "before" in text:
+                break
+    bed.stop_host("host1")  # sshd and its sessions go; the detached runner does not
+    assert tagged("r-away"), "the runner must survive its host's sshd going away"
+    for event in events:
+        if isinstance(event, HostUpdate) and event.error:
+            errors.append(event.error)
+            break
+    bed.start_host("host1")
+    for event in events:
+        if isinstance(event, LogText):
+            text += event.text
+        elif event.final:
+            assert event.run is not None and event.run.status == "completed", event
+    assert errors and "before" in text and "after" in text and "completed" in text
+    assert follower.final["host1"].run.done == 1
