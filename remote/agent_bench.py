@@ -1,5 +1,18 @@
 """ddops agent extension: bench runs launched detached under <repo>/.ddops/runs/<run-id>/, polled, stopped, listed.
 
+Verbs (payloads always carry `repo`; `run_id` is a plain name: letters, digits, '.', '_', '-'):
+  bench_facts  {repo, commit?}        facts + repo_real, commit_resolved (the pin as a full sha, or null),
+                                      active_runs, journal, journal_files ({file: sha256 now})
+  bench_launch {repo, run_id, spec}   create the run dir and start the runner detached -> {pid, run_dir, total}
+  bench_runner {repo, run_id}         the runner itself (started by bench_launch, never over ssh)
+  bench_poll   {repo, run_id, offset, max_bytes}  state + log bytes from offset -> {state, log_b64, offset, log_size}
+  bench_status {repo, run_id}         state + the log tail of every failed run
+  bench_stop   {repo, run_id, grace}  SIGTERM, then SIGKILL, every process of the run; state becomes stopped
+  bench_list   {repo}                 every run, newest first
+  bench_files  {repo, run_id, pattern?}  result files (path, real_path, sha256, size); symlinks refused
+State statuses: starting, running, completed, failed, stopped, error, and lost (computed on read: the state says
+running but the runner is gone). Run statuses: pending, running, ok, failed, timeout (exit 124), stopped.
+
 A run directory holds: spec.json (what to run: commands, env, matrix params, provenance), state.json (status,
 times, per-run exit codes and log offsets), pid (the runner's pid and start time), log (every run's output,
 appended, with a header and a footer per run), exit-<index> (each run's exit code), results/ (what the commands
@@ -617,11 +630,11 @@ def bench_stop(payload):
     repo, run_id, run_dir = open_run(payload)
     grace = optional_number(payload, "grace", DEFAULT_STOP_GRACE)
     state = current_state(run_dir) or {}
-    if state.get("status") in ("completed", "failed", "stopped", "error"):
-        return {"run_id": run_id, "status": state.get("status"), "killed": [], "already_ended": True}
+    pids, roots = run_processes(run_id, run_dir, state)
+    if state.get("status") in ("completed", "failed", "stopped", "error") and not pids:
+        return {"run_id": run_id, "status": state.get("status"), "killed": [], "remaining": [], "already_ended": True}
     # The runner looks for this file before every run and after each: it starts nothing more.
     atomic_write(os.path.join(run_dir, "stop"), now_iso().encode("utf-8"), 0o600)
-    pids, roots = run_processes(run_id, run_dir, state)
     child = state.get("child_pid")
     for pid in pids:
         signal_quietly(pid, signal.SIGTERM)

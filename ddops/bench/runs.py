@@ -193,7 +193,7 @@ def resolve_run_id(root: Path, run_id: str | None, needs: str = LAUNCH_RECORD) -
     found = latest_run_id(root, needs)
     if found is None:
         what = "launched from here" if needs == LAUNCH_RECORD else "collected"
-        raise UsageError(f"no run given and none {what} (in {root}); name one (see `ddops bench list --all`)")
+        raise UsageError(f"no run given and none {what} (in {root}); name one (see `ddops bench list`)")
     return found
 
 
