@@ -738,6 +738,11 @@ def disk_free_bytes(path):
 
 def distribution_version(name):
     """The installed version of distribution `name` without importing it, or None."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        # The bootstrap starts Python with -S (faster); package versions need site-packages on sys.path.
+        import site
+
+        site.main()
     try:
         from importlib import metadata
     except ImportError:

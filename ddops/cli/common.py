@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, 
 
 import typer
 from rich.console import Console
-from rich.table import Table
-
-from ddops.fleet import DEFAULT_FORKS, FleetEvent, HostResult, counts, worst_exit_code
 
 if TYPE_CHECKING:
+    from ddops.fleet import FleetEvent, HostResult
     from ddops.inventory import Host, Inventory
     from ddops.transport import Connector
+
+# ddops.fleet (and the inventory and YAML it imports) loads only when a command runs on hosts: `ddops --help` and
+# the testbed commands start faster without it. Tables and syntax highlighting load only when something is drawn.
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold magenta",
                 "drifted": "bold red", "skipped": "dim"}
@@ -38,7 +39,7 @@ class AppState:
     inventory: str | None = None
     json: bool = False
     verbose: int = 0
-    forks: int = DEFAULT_FORKS
+    forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
     accept_new: bool = False
     _inventory_cache: Any = field(default=None, repr=False)
 
@@ -68,6 +69,12 @@ CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change;
 ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.",
                                                  show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _fleet() -> Any:
+    import ddops.fleet
+
+    return ddops.fleet
 
 
 def state(ctx: typer.Context) -> AppState:
@@ -145,7 +152,8 @@ def escape(text: str) -> str:
 
 
 def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any] | None = None) -> None:
-    doc = {"command": command, "exit_code": worst_exit_code(results), "summary": counts(results),
+    fleet = _fleet()
+    doc = {"command": command, "exit_code": fleet.worst_exit_code(results), "summary": fleet.counts(results),
            "hosts": [r.to_json() for r in results]}
     if extra:
         doc.update(extra)
@@ -155,6 +163,8 @@ def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any]
 def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),
           title: str | None = None) -> None:
     """The final per-host table and a one-line summary."""
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False, header_style="bold")
     table.add_column("host", no_wrap=True)
     table.add_column("status", no_wrap=True)
@@ -168,11 +178,11 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
         table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells, f"{r.elapsed:.2f}s",
                       escape(r.message if r.status != "ok" or not columns else r.message))
     console.print(table)
-    summary = ", ".join(f"{n} {s}" for s, n in counts(results).items())
+    summary = ", ".join(f"{n} {s}" for s, n in _fleet().counts(results).items())
     console.print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}")
 
 
 def finish(results: Sequence[HostResult]) -> None:
-    code = worst_exit_code(results)
+    code = _fleet().worst_exit_code(results)
     if code:
         raise typer.Exit(code)

@@ -6,7 +6,6 @@ import shlex
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from ddops.cli.common import (AllOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, console, emit_json,
                               escape, finish, fleet_run, recap, selected_hosts, state)
@@ -33,6 +32,8 @@ def hosts(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_
                            "python": h.python, "groups": list(h.groups), "proxy_jump": h.proxy_jump}
                           for h in chosen], indent=2))
         return
+    from rich.table import Table
+
     table = Table(header_style="bold")
     for col in ("host", "address", "port", "user", "groups", "repo", "via"):
         table.add_column(col)

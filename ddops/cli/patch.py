@@ -6,8 +6,6 @@ import sys
 from typing import Annotated, Any, Optional, Sequence
 
 import typer
-from rich.syntax import Syntax
-from rich.table import Table
 
 from ddops.cli.common import (STATUS_STYLE, AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
                               AppState, console, emit_json, err_console, escape, finish, fleet_run, recap,
@@ -86,6 +84,8 @@ def show_diffs(results: Sequence[Any]) -> None:
         console.rule(f"[bold]{escape(title)}[/] ({escape(', '.join(hosts))})", align="left")
         if plain[diff]:
             console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(sorted(plain[diff])))}")
+        from rich.syntax import Syntax
+
         console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
 
 
@@ -168,6 +168,8 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
         emit_json("status", results)
     else:
         patch_ids = [p.id for b in books for p in b.patches]
+        from rich.table import Table
+
         table = Table(title="ddops status", header_style="bold")
         table.add_column("host", no_wrap=True)
         table.add_column("commit")

@@ -3,31 +3,90 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import shlex
 from pathlib import Path
 
 import ddops
 from ddops.errors import AgentError
 
-# Run as `python -c BOOTSTRAP N`: stdin holds N bytes of agent source, then the JSON request, which the
-# agent's main() reads. Kept free of anything newer than Python 3.8 since it runs on the hosts.
+# Run as `python -S -c BOOTSTRAP N [--sha256=HEX] [--serve]`: stdin holds N bytes of agent source, then requests.
+# One-shot (no --serve): one JSON request follows, which the agent's main() reads to EOF.
+# --serve: one JSON request per line, one JSON answer per line, until stdin ends (a session's calls share one Python).
+# --sha256: the source's hash; the compiled agent is cached on the host under it (compiling costs more than a verb).
+# -S: no site-packages scan at startup (the agent is stdlib only; `facts` loads site itself for package versions).
+# Kept free of anything newer than Python 3.8 since it runs on the hosts.
 BOOTSTRAP = """\
-import json, sys
+import sys
 def _ddops_fail(message):
+    import json
     sys.stdout.write(json.dumps({"ok": False, "error": {"kind": "bootstrap", "message": message}}) + "\\n")
     sys.stdout.flush()
 n = int(sys.argv[1])
-source = sys.stdin.buffer.read(n)
+serve = "--serve" in sys.argv[2:]
+digest = ([a[9:] for a in sys.argv[2:] if a.startswith("--sha256=")] or [None])[0]
+stdin = sys.stdin.buffer
+if serve:
+    import os
+    # Requests keep coming on the channel: read them from a descriptor of our own, and give fd 0 to /dev/null so
+    # that no child process can read them.
+    stdin = os.fdopen(os.dup(0), "rb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+source = stdin.read(n)
 if len(source) != n:
     _ddops_fail("agent source cut short: got %d of %d bytes" % (len(source), n))
     sys.exit(0)
-namespace = {"__name__": "__ddops_agent__", "AGENT_SOURCE": source}
+code = cache = None
+if digest:
+    import hashlib, marshal, os
+    if hashlib.sha256(source).hexdigest() == digest:
+        magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"").hex()
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddops",
+                             "agent-%s-%s-%s.marshal" % (digest[:32], sys.implementation.cache_tag, magic))
+        try:
+            with open(cache, "rb") as handle:
+                code = marshal.loads(handle.read())
+        except Exception:
+            code = None
+def _ddops_load():
+    namespace = {"__name__": "__ddops_agent__", "AGENT_SOURCE": source}
+    exec(code, namespace)
+    return namespace
 try:
-    exec(compile(source, "<ddops-agent>", "exec"), namespace)
+    if code is None:
+        code = compile(source, "<ddops-agent>", "exec")
+        if cache is not None:
+            try:
+                os.makedirs(os.path.dirname(cache), 0o700, exist_ok=True)
+                temp = "%s.%d.tmp" % (cache, os.getpid())
+                with open(temp, "wb") as handle:
+                    handle.write(marshal.dumps(code))
+                os.replace(temp, cache)
+                # Keep the newest few versions: every ddops upgrade leaves one behind.
+                folder = os.path.dirname(cache)
+                entries = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".marshal")]
+                for old in sorted(entries, key=os.path.getmtime, reverse=True)[8:]:
+                    os.unlink(old)
+            except OSError:
+                pass
+    namespace = _ddops_load()
 except Exception as error:
     _ddops_fail("agent source does not load on Python %s: %s: %s" % (sys.version.split()[0], type(error).__name__, error))
     sys.exit(0)
-namespace["main"]()
+if not serve:
+    namespace["main"]()
+    sys.exit(0)
+while True:
+    line = stdin.readline()
+    if not line:
+        break
+    sys.stdout.write(namespace["encode_response"](namespace["answer"](line)))
+    sys.stdout.flush()
+    # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
+    # controller's work on this answer.
+    namespace = _ddops_load()
 """
 
 
@@ -50,6 +109,21 @@ def agent_source() -> bytes:
                     for part in parts)
 
 
-def bootstrap_command(python: str, n: int) -> str:
-    """The shell command that runs the agent with `python`, reading `n` bytes of source from stdin."""
-    return " ".join(shlex.quote(word) for word in (python, "-c", BOOTSTRAP, str(n)))
+@functools.lru_cache(maxsize=1)
+def agent_digest() -> str:
+    """The sha256 of agent_source(): the key of the compiled agent cached on each host."""
+    return hashlib.sha256(agent_source()).hexdigest()
+
+
+def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False) -> str:
+    """The shell command that runs the agent with `python`, reading `n` bytes of source from stdin.
+
+    With `digest` (agent_digest()) the host caches the compiled agent; with `serve` it answers one request per line
+    until stdin ends, instead of one request.
+    """
+    words = [python, "-S", "-c", BOOTSTRAP, str(n)]
+    if digest:
+        words.append(f"--sha256={digest}")
+    if serve:
+        words.append("--serve")
+    return " ".join(shlex.quote(word) for word in words)

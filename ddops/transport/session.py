@@ -7,18 +7,37 @@ import json
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import paramiko
-
 from ddops.errors import AgentError, CommandTimeout, HostKeyError, TransportError
 from ddops.inventory import Host
 
+
+def _import_paramiko() -> Any:
+    """paramiko, without the `invoke` package that its ssh_config parser imports for `Match exec`.
+
+    ddops reads ssh_config itself (ddops.sshconfig), and importing invoke costs ~50 ms of every command's startup.
+    """
+    blocked = "invoke" not in sys.modules
+    if blocked:
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` now raises ImportError
+    try:
+        import paramiko as module
+    finally:
+        if blocked and "invoke" in sys.modules and sys.modules["invoke"] is None:
+            del sys.modules["invoke"]
+    return module
+
+
+paramiko = _import_paramiko()
+
 READ_CHUNK = 1 << 16
+MAX_AGENT_STDERR = 1 << 16
 _known_hosts_lock = threading.Lock()
 
 
@@ -67,15 +86,43 @@ def _append_known_host(path: Path, hostname: str, key: paramiko.PKey) -> None:
         os.fsync(fh.fileno())
 
 
+class _QuickAckSocket(socket.socket):
+    """A TCP socket that acknowledges what it reads at once (Linux: TCP_QUICKACK re-armed after every read).
+
+    sshd leaves Nagle's algorithm on for sessions without a tty, and right after authentication it sends a
+    hostkeys-00@openssh.com notice that a client never answers: the kernel holds back its ACK (delayed ACK, 40 ms),
+    and sshd holds back its next small packet, the confirmation of our first channel, until that ACK arrives. So the
+    first command on every connection cost ~45 ms more than the later ones; with this it costs the same.
+    """
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        try:
+            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
+        return data
+
+
+def _quick_ack(sock: socket.socket) -> socket.socket:
+    if not hasattr(socket, "TCP_QUICKACK") or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return sock
+    timeout = sock.gettimeout()
+    quick = _QuickAckSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    quick.settimeout(timeout)
+    return quick
+
+
 class Session:
     """An open SSH connection to one host: run commands, move bytes, call the remote agent."""
 
     def __init__(self, host: Host, client: paramiko.SSHClient, connect_time: float) -> None:
         self.host = host
         self.connect_time = connect_time
-        self.round_trips = 0
+        self.round_trips = 0  # request/answer exchanges after connecting: each `run` and each agent call
         self._client = client
         self._sftp: paramiko.SFTPClient | None = None
+        self._agent: _AgentChannel | None = None
 
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
@@ -189,16 +236,65 @@ class Session:
 
     # -- agent ------------------------------------------------------------------------------------------------
     def call_agent(self, verb: str, payload: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Run one agent verb on the host (source shipped on stdin) and return its result."""
-        from ddops.transport.agent import agent_source, bootstrap_command
+        """Run one agent verb on the host and return its result.
+
+        The first call starts the agent (source shipped on stdin, `--serve`); later calls of the session send their
+        request on the same channel, so a snapshot and the commit that follows cost one Python start on the host,
+        not two. Each request still gets a freshly loaded agent there.
+        """
+        timeout = self.host.command_timeout if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        request = json.dumps({"verb": verb, "payload": payload}).encode() + b"\n"
+        self.round_trips += 1
+        agent = self._agent
+        try:
+            if agent is None:
+                agent = self._agent = self._start_agent(timeout)
+                data = agent.pending_source + request
+            else:
+                data = request
+            self._send_all(agent.channel, data, deadline)
+            line = agent.read_line(deadline, timeout)
+        except CommandTimeout:
+            self._drop_agent()
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._drop_agent()
+            raise TransportError(f"{self.host.name}: connection lost: {exc or type(exc).__name__}") from None
+        if line is None:  # the agent exited without answering: say why, as a one-shot run would
+            result = agent.ended(deadline, time.monotonic() - started)
+            self._drop_agent()
+            if result.exit_code == -1 and not agent.channel.eof_received:
+                raise TransportError(f"{self.host.name}: connection lost: the connection closed while the agent ran")
+            return parse_agent_reply(self.host.name, verb, result)
+        return parse_agent_reply(self.host.name, verb,
+                                 CommandResult(0, line.decode("utf-8", "replace"), "", time.monotonic() - started))
+
+    def _start_agent(self, timeout: float) -> "_AgentChannel":
+        from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
 
         source = agent_source()
-        request = json.dumps({"verb": verb, "payload": payload}).encode()
-        result = self.run(bootstrap_command(self.host.python, len(source)), stdin=source + request, timeout=timeout)
-        return parse_agent_reply(self.host.name, verb, result)
+        channel = self._client.get_transport().open_session(timeout=timeout)
+        channel.exec_command(bootstrap_command(self.host.python, len(source), digest=agent_digest(), serve=True))
+        return _AgentChannel(channel, source, self.host.name)
+
+    def _drop_agent(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            try:
+                agent.channel.close()
+            except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
+                pass
 
     def close(self) -> None:
         try:
+            if self._agent is not None:
+                try:
+                    self._agent.channel.shutdown_write()  # EOF: the agent, idle between requests, exits
+                except Exception:  # noqa: BLE001
+                    pass
+                self._drop_agent()
             if self._sftp is not None:
                 self._sftp.close()
         finally:
@@ -209,6 +305,57 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _AgentChannel:
+    """The agent running in `--serve` mode on one exec channel: a JSON request per line in, a JSON answer per line out."""
+
+    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str) -> None:
+        self.channel = channel
+        self.host_name = host_name
+        self.pending_source = source  # sent once, ahead of the first request
+        self.out = bytearray()
+        self.err = bytearray()
+
+    def read_line(self, deadline: float, timeout: float) -> bytes | None:
+        """The next answer line; None when the agent's output ended first."""
+        channel = self.channel
+        self.pending_source = b""
+        while True:
+            end = self.out.find(b"\n")
+            if end >= 0:
+                line = bytes(self.out[:end + 1])
+                del self.out[:end + 1]
+                return line
+            progressed = False
+            while channel.recv_ready():
+                chunk = channel.recv(READ_CHUNK)
+                if not chunk:
+                    break
+                self.out += chunk
+                progressed = True
+            while channel.recv_stderr_ready():
+                self.err += channel.recv_stderr(READ_CHUNK)
+                del self.err[:-MAX_AGENT_STDERR]
+                progressed = True
+            if progressed:
+                continue
+            if channel.eof_received or channel.closed:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(f"{self.host_name}: agent request timed out after {timeout:g}s and was cut off")
+            select.select([channel], [], [], min(remaining, 0.2))
+
+    def ended(self, deadline: float, duration: float) -> CommandResult:
+        """What the agent left behind when it stopped without an answer: exit status, output, stderr."""
+        channel = self.channel
+        channel.status_event.wait(max(0.0, min(deadline - time.monotonic(), 5.0)))
+        while channel.recv_stderr_ready():
+            self.err += channel.recv_stderr(READ_CHUNK)
+        code = channel.exit_status if channel.exit_status_ready() else -1
+        return CommandResult(code, self.out.decode("utf-8", "replace"), self.err.decode("utf-8", "replace"),
+                             duration)
 
 
 def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
@@ -294,7 +441,7 @@ class Connector:
                                  f"{exc.strerror or exc}") from None
         # paramiko's small writes otherwise wait on Nagle's algorithm: ~50 ms per command round trip.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        return _quick_ack(sock)
 
     def _jump_channel(self, host: Host, timeout: float) -> paramiko.Channel:
         hops = [h.strip() for h in host.proxy_jump.split(",") if h.strip()]
