@@ -22,6 +22,23 @@ def _ddops_fail(message):
     import json
     sys.stdout.write(json.dumps({"ok": False, "error": {"kind": "bootstrap", "message": message}}) + "\\n")
     sys.stdout.flush()
+class _DdopsLazyModule(object):
+    # Stands in sys.modules for a standard module until first used: most verbs never touch these, and importing
+    # them costs about a third of an agent start. `import x` returns the stand-in (its __spec__ is None, so the
+    # import system does not touch anything else); the first attribute read imports the real module.
+    __spec__ = None
+    def __init__(self, name):
+        self.__dict__["_ddops_name"] = name
+    def __getattr__(self, attr):
+        name = self.__dict__["_ddops_name"]
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        module = __import__(name)
+        sys.modules[name] = module
+        return getattr(module, attr)
+for _name in ("datetime", "platform", "shlex", "shutil", "socket", "subprocess", "tempfile", "uuid"):
+    if _name not in sys.modules:
+        sys.modules[_name] = _DdopsLazyModule(_name)
 n = int(sys.argv[1])
 serve = "--serve" in sys.argv[2:]
 digest = ([a[9:] for a in sys.argv[2:] if a.startswith("--sha256=")] or [None])[0]
