@@ -14,6 +14,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -35,8 +36,13 @@ STATE_DIR = ".ddops"
 EXCLUDE_LINE = "/.ddops/"
 PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+TEMP_SUFFIX = ".ddops-tmp"
 
 VERBS = {}
+# Test-only fault points (see remote/README.md, "Fault injection"): stage -> action, loaded by arm_faults from
+# the repo's own .ddops/faults.json; WRITE_TARGETS maps the files being written to their repo-relative paths.
+FAULTS = {}
+WRITE_TARGETS = {}
 
 Change = collections.namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
 Restore = collections.namedtuple("Restore", "path target patch_ids expected restore force")
@@ -273,7 +279,7 @@ def chown_quietly(fd, uid, gid):
 def atomic_write(path, data, mode, owner=None):
     """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix."""
     directory, name = os.path.split(path)
-    fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=".ddops-tmp", dir=directory)
+    fd, temp = tempfile.mkstemp(prefix="." + name + ".", suffix=TEMP_SUFFIX, dir=directory)
     try:
         try:
             write_all(fd, data)
@@ -284,12 +290,16 @@ def atomic_write(path, data, mode, owner=None):
             os.fsync(fd)
         finally:
             os.close(fd)
+        fault_point("temp-written", path)
         os.replace(temp, path)
-    except BaseException:
+        fault_point("renamed", path)
+    except BaseException as error:
         try:
             os.unlink(temp)
         except OSError:
             pass
+        if isinstance(error, OSError) and not error.filename:
+            raise OSError(error.errno, error.strerror, path) from None  # say which file could not be written
         raise
     fsync_dir(directory)
 
@@ -449,14 +459,31 @@ def append_journal(state, entries):
         blob = b"\n" + blob  # keep our entries parseable after a torn line
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        write_all(fd, blob)
-        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, blob)
+            os.fsync(fd)
+        except OSError as error:
+            os.ftruncate(fd, size)  # undo a partial append (a full disk), rather than leave a torn line
+            raise OSError(error.errno, error.strerror, path) from None
     finally:
         os.close(fd)
 
 
 def read_journal(state):
-    """(entries, corrupt): parsed journal objects, and {line, error} for lines that do not parse."""
+    """(entries, corrupt): parsed journal objects, and {line, error} for lines that do not parse.
+
+    The entries of a write whose agent was cut off after the rename but before its journal line are included, as
+    that write's pending note describes them (see journalled_write), so readers see the file as it is.
+    """
+    landed = [entry for _, entries in pending_notes(state) for entry in entries]  # before the journal: no gap
+    entries, corrupt = read_journal_lines(state)
+    known = set(entry.get("id") for entry in entries)
+    return entries + [entry for entry in landed if entry.get("id") not in known], corrupt
+
+
+def read_journal_lines(state):
+    """(entries, corrupt): the journal file's objects, and {line, error} for lines that do not parse."""
     entries, corrupt = [], []
     try:
         handle = open(journal_path(state), "rb")
@@ -477,6 +504,86 @@ def read_journal(state):
             else:
                 corrupt.append({"line": number, "error": "not a JSON object"})
     return entries, corrupt
+
+
+def pending_notes(state):
+    """(note path, entries) for every pending note: the entries if the note's write landed, else []."""
+    notes = []
+    repo = os.path.dirname(state)
+    folder = os.path.join(state, "pending")
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    for path in (os.path.join(folder, name) for name in names):
+        try:
+            with open(path, "rb") as handle:
+                note = json.loads(handle.read().decode("utf-8"))
+            target = resolve_target(repo, note["file"])
+            landed = current_sha(read_regular(target, note["file"])) == note["after"]
+            entries = [entry for entry in note["entries"] if isinstance(entry, dict)] if landed else []
+        except (OSError, ValueError, KeyError, TypeError, AgentFault):
+            entries = []
+        notes.append((path, entries))
+    return notes
+
+
+def settle_pending(state):
+    """Under the lock: journal what cut-off writes that landed left unjournalled, then drop every pending note."""
+    notes = pending_notes(state)
+    known = set(entry.get("id") for entry in read_journal_lines(state)[0])
+    append_journal(state, [entry for _, entries in notes for entry in entries if entry.get("id") not in known])
+    for path, _ in notes:
+        os.unlink(path)
+    release_space(os.path.join(state, "reserve"))
+    remove_stale_temps(os.path.join(state, "pending"))
+    remove_stale_temps(os.path.join(state, "backups"))
+
+
+def remove_stale_temps(directory, name=""):
+    """Temp files a killed agent left in `directory` (beside `name` only, if given); callers hold the repo lock."""
+    prefix = "." + (name + "." if name else "")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for stale in names:
+        if stale.startswith(prefix) and stale.endswith(TEMP_SUFFIX):
+            try:
+                os.unlink(os.path.join(directory, stale))
+            except OSError:
+                pass
+
+
+def journalled_write(state, target, rel, data, original, entries):
+    """write_like, then journal `entries`; a pending note written first lets readers and the next call account for
+    a write whose agent was cut off between the rename and the journal line (see read_journal, settle_pending)."""
+    folder = os.path.join(state, "pending")
+    make_private_dir(folder)
+    note = os.path.join(folder, entries[0]["id"] + ".json")
+    after = sha256_hex(data)
+    atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
+    WRITE_TARGETS[target] = rel
+    fault_point("pending", target)
+    write_like(target, data, original)
+    verify_written(target, rel, after)
+    fault_point("before-journal", target)
+    append_journal(state, entries)
+    os.unlink(note)
+    fault_point("journalled", target)
+
+
+def refuse_unwritable(original, rel):
+    """Fault `not_writable` unless we may write the file in place and can keep its owner (nothing written yet)."""
+    st = original.stat
+    mode = stat.S_IMODE(st.st_mode)
+    owner = user_name(st.st_uid)
+    if not mode & 0o222:
+        raise AgentFault("not_writable", "%s is read-only (mode %04o, owner %s): nothing written; make it "
+                                         "writable first if it should be patched" % (rel, mode, owner))
+    if os.geteuid() != 0 and (st.st_uid != os.geteuid() or not mode & stat.S_IWUSR):
+        raise AgentFault("not_writable", "%s belongs to %s (mode %04o): %s could not write it in place and keep "
+                                         "its owner, so nothing was written" % (rel, owner, mode, current_user()))
 
 
 # -- the repo lock --------------------------------------------------------------------------------------------
@@ -583,6 +690,51 @@ def lock_timeout(payload):
     return optional_number(payload, "lock_timeout", DEFAULT_LOCK_TIMEOUT)
 
 
+# -- fault injection, for tests ---------------------------------------------------------------------------------
+
+
+def arm_faults(state, verb_name):
+    """Load this verb's fault points from <repo>/.ddops/faults.json and delete it (one shot); absent normally."""
+    path = os.path.join(state, "faults.json")
+    FAULTS.clear()
+    try:
+        with open(path, "rb") as handle:
+            table = json.loads(handle.read().decode("utf-8"))
+        os.unlink(path)
+    except (OSError, ValueError):
+        return
+    if isinstance(table, dict) and isinstance(table.get(verb_name), dict):
+        FAULTS.update(table[verb_name])
+
+
+def fault_point(stage, target=None):
+    """Do what an armed fault asks at this stage ("kill": cut the SSH connection and die; "drop": cut it only)."""
+    if not FAULTS or (target is not None and target not in WRITE_TARGETS):
+        return
+    action = FAULTS.pop("%s:%s" % (stage, WRITE_TARGETS.get(target)), None) or FAULTS.pop(stage, None)
+    if action in ("kill", "drop"):
+        session = ssh_session_pid()
+        if session is not None:
+            os.kill(session, signal.SIGKILL)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def ssh_session_pid():
+    """The nearest sshd (or sshd-session) process above us: the one serving our connection (Linux), or None."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as handle:
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        if text[text.index("(") + 1:text.rindex(")")].startswith("sshd"):
+            return pid
+        pid = int(text[text.rindex(")") + 2:].split()[1])
+    return None
+
+
 # -- processes ------------------------------------------------------------------------------------------------
 
 
@@ -671,6 +823,14 @@ def current_user():
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return os.environ.get("USER") or str(os.geteuid())
+
+
+def user_name(uid):
+    """The name of user `uid`, or the number when it has no passwd entry."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def os_pretty_name():
@@ -867,7 +1027,8 @@ def parse_changes(repo, payload):
 
 
 def read_originals(changes):
-    """The current bytes of every file, faulting `conflict` when one is not what the plan was made from."""
+    """The current bytes of every file, faulting `conflict` when one is not what the plan was made from (or
+    `not_writable` when it could not be replaced keeping its owner)."""
     originals = {}
     for change in changes:
         original = read_regular(change.target, change.path)
@@ -876,25 +1037,29 @@ def read_originals(changes):
             state = "is missing" if found is None else "has sha256 %s" % found
             raise AgentFault("conflict", "%s changed since it was read: expected sha256 %s, it now %s"
                              % (change.path, change.expected, state))
+        refuse_unwritable(original, change.path)
+        remove_stale_temps(os.path.dirname(change.target), os.path.basename(change.target))
         originals[change.path] = original
     return originals
 
 
-def apply_change(state, change, original):
+def apply_change(state, change, original, who):
     """Back the original up, write the new bytes in its place, check them, journal it."""
     store_backup(state, original.data, change.expected)
-    write_like(change.target, change.new_bytes, original)
-    verify_written(change.target, change.path, change.new_sha)
+    journalled_write(state, change.target, change.path, change.new_bytes, original,
+                     journal_entries("apply", who, change.path, change.patch_ids,
+                                     before=change.expected, after=change.new_sha))
 
 
 def restore_original(state, change, original, who):
     """Put the backed-up original bytes back after a failed check or write, and journal the revert."""
-    data = read_backup_bytes(state, change.expected)
     before = current_sha(read_regular(change.target, change.path))
-    write_like(change.target, data, original)
-    verify_written(change.target, change.path, change.expected)
-    append_journal(state, journal_entries("revert", who, change.path, change.patch_ids,
-                                          before=before, after=change.expected))
+    if before == change.expected:
+        return  # its write never landed: nothing to put back
+    data = read_backup_bytes(state, change.expected)
+    journalled_write(state, change.target, change.path, data, original,
+                     journal_entries("revert", who, change.path, change.patch_ids,
+                                     before=before, after=change.expected))
 
 
 def revert_all(state, written, originals, who):
@@ -905,21 +1070,52 @@ def revert_all(state, written, originals, who):
 
 def write_changes(state, changes, originals, who):
     """Apply every change; if one fails, put the ones already written back before reporting it."""
+    reserve = reserve_space(state, sum(len(originals[change.path].data) + 8192 for change in changes))
     written = []
     try:
         for change in changes:
-            apply_change(state, change, originals[change.path])
-            written.append(change)
-            append_journal(state, journal_entries("apply", who, change.path, change.patch_ids,
-                                                  before=change.expected, after=change.new_sha))
+            written.append(change)  # first: a write that fails half way is put back too
+            apply_change(state, change, originals[change.path], who)
     except BaseException as error:
+        release_space(reserve)
         try:
             revert_all(state, written, originals, who)
         except Exception as revert_error:
             raise AgentFault("io", "%s; restoring the files already written also failed: %s"
                              % (describe_error(error), describe_error(revert_error))) from error
         raise
+    release_space(reserve)
     return written
+
+
+def reserve_space(state, size):
+    """Hold `size` bytes in .ddops/reserve while a commit writes: freed before putting originals back, so that a
+    disk filling up cannot stop a revert half way. None where the filesystem cannot preallocate."""
+    path = os.path.join(state, "reserve")
+    if not hasattr(os, "posix_fallocate"):
+        return None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        release_space(path)
+        if error.errno != errno.ENOSPC:
+            return None
+        raise AgentFault("io", "No space left on device: %s needs about %d KiB free to write the patched files and "
+                               "to be sure it can put the originals back; nothing was written"
+                         % (os.path.dirname(state), size // 1024 + 1)) from None
+    finally:
+        os.close(fd)
+    return path
+
+
+def release_space(path):
+    """Give back what reserve_space held."""
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @verb("commit")
@@ -931,7 +1127,10 @@ def commit_verb(payload):
     checks = parse_post_checks(payload)
     timeout = lock_timeout(payload)
     state = ensure_state_dir(repo)
+    arm_faults(state, "commit")
     with RepoLock(state, timeout, who, "commit"):
+        fault_point("locked")
+        settle_pending(state)
         originals = read_originals(changes)
         written = write_changes(state, changes, originals, who)
         results = [run_check(repo, check) for check in checks]
@@ -960,7 +1159,10 @@ def rollback_one(state, restore, who, result):
     """Restore one file from its backup, or record why not; the result lists are filled in place."""
     original = read_regular(restore.target, restore.path)
     found = current_sha(original)
+    entries = journal_entries("rollback", who, restore.path, restore.patch_ids, before=found, after=restore.restore)
     if found == restore.restore:
+        # Already the original (restored by hand): journal it, so that the journal stops calling it applied.
+        append_journal(state, entries)
         result["unchanged"].append(restore.path)
         return
     if found != restore.expected and not restore.force:
@@ -968,15 +1170,15 @@ def rollback_one(state, restore, who, result):
         result["refused"].append({"path": restore.path, "reason": reason, "current_sha256": found})
         return
     data = read_backup_bytes(state, restore.restore)
+    if original is not None:
+        refuse_unwritable(original, restore.path)
+        remove_stale_temps(os.path.dirname(restore.target), os.path.basename(restore.target))
     if found != restore.expected and original is not None:
         store_backup(state, original.data, found)
         append_journal(state, journal_entries("save-foreign", who, restore.path, [], sha256=found,
                                               expected=restore.expected))
         result["saved"].append({"path": restore.path, "sha256": found})
-    write_like(restore.target, data, original)
-    verify_written(restore.target, restore.path, restore.restore)
-    append_journal(state, journal_entries("rollback", who, restore.path, restore.patch_ids,
-                                          before=found, after=restore.restore))
+    journalled_write(state, restore.target, restore.path, data, original, entries)
     result["restored"].append(restore.path)
 
 
@@ -989,7 +1191,10 @@ def rollback_verb(payload):
     timeout = lock_timeout(payload)
     state = ensure_state_dir(repo)
     result = {"restored": [], "refused": [], "saved": [], "unchanged": [], "failed": []}
+    arm_faults(state, "rollback")
     with RepoLock(state, timeout, who, "rollback"):
+        fault_point("locked")
+        settle_pending(state)
         for restore in restores:
             try:
                 rollback_one(state, restore, who, result)

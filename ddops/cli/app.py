@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
-        err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}")
+        # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
+        err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except click.exceptions.ClickException as exc:
         exc.show()

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 # libcst (~0.5 s to import) and the transforms load only when a plan must really be computed: a rerun whose plans
 # are all in the on-disk cache never pays for the parser.
 
+# libcst needs minutes for a few MB of code (~60 KB/s per transform here): bigger Python files are refused so that a
+# generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB; text_replace has no limit.
+MAX_PYTHON_TRANSFORM_BYTES = 1024 * 1024
+
 # Worst first: a file's (or a patch's) state is the worst of its parts.
 SEVERITY = (ERROR, AMBIGUOUS, DRIFTED, BLOCKED, PARTIAL, PENDING, APPLIED)
 
@@ -197,6 +201,10 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
         if outcome.changes:
             work.set_data(data)
         return outcome
+    size = len(work.data())
+    if size > MAX_PYTHON_TRANSFORM_BYTES:
+        return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
+                              "transforms (parsing it would take minutes)", expected=expect)
     try:
         module = work.module()
     except cst.ParserSyntaxError as exc:

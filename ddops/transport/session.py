@@ -140,6 +140,10 @@ class Session:
             channel.shutdown_write()
             out, err = self._drain(channel, deadline, timeout)
             code = channel.recv_exit_status()
+            if code == -1 and not channel.eof_received:
+                # Closed with neither EOF nor exit status: the connection died under the command, which may or
+                # may not have finished on the host.
+                raise EOFError("the connection closed while the command ran")
         except CommandTimeout:
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
