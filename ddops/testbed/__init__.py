@@ -214,6 +214,11 @@ def _prepare_host(host: TestbedHost, root: Path, seed: str | os.PathLike[str] | 
     else:
         host.repo_dir.mkdir()
     (hdir / "bashrc").write_text(MINIMAL_BASHRC)
+    try:
+        system_hosts = Path("/etc/hosts").read_text()
+    except OSError:
+        system_hosts = "127.0.0.1 localhost\n"
+    (hdir / "etc-hosts").write_text(system_hosts.rstrip("\n") + f"\n127.0.1.1 {host.name}\n")
     config = f"""# ddops testbed host {host.name}
 ListenAddress {host.address}:{host.port}
 HostKey {hdir / 'ssh_host_ed25519_key'}
@@ -243,11 +248,13 @@ def _start(host: TestbedHost, repo_path: str, user_home: str, sshd: str | None =
     # Paths go in as positional arguments, never spliced into the script text.
     script = 'mount --bind "$1" "$2" || exit 1; ' \
              'if [ -e "$4" ]; then mount --bind "$3" "$4" || exit 1; fi; ' \
+             'mount --bind "$8" /etc/hosts || exit 1; ' \
              'hostname "$7" 2>/dev/null; exec "$5" -f "$6"'
-    # A private UTS namespace too, so that each host reports its own hostname.
+    # A private UTS namespace too, so that each host reports its own hostname; its own /etc/hosts resolves that
+    # name, as a real host's does (torchrun's rendezvous, for one, connects back to it).
     argv = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script, "ddops-testbed",
             str(host.repo_dir), repo_path, str(Path(host.dir) / "bashrc"), str(bashrc_target), sshd, str(host.config),
-            host.name]
+            host.name, str(Path(host.dir) / "etc-hosts")]
     try:
         host.pid_file.unlink()
     except FileNotFoundError:

@@ -43,18 +43,12 @@ def models(tmp_path_factory) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def with_host_vars(bed) -> None:
-    """Every testbed host shares this machine's network: give each its own torchrun port; keep the runs tiny."""
+    """Keep the runs tiny (the plan's torchrun --standalone already picks a free port per run)."""
     lines = []
     for line in bed.inventory_path.read_text().splitlines():
         if line.rstrip().endswith("groups: [testbed]}"):
-            line = line.rstrip()[:-1] + f", vars: {{master_port: {free_port()}, max_samples: 1, max_new_tokens: 8}}}}"
+            line = line.rstrip()[:-1] + ", vars: {max_samples: 1, max_new_tokens: 8}}"
         lines.append(line)
     bed.inventory_path.write_text("\n".join(lines) + "\n")
 
