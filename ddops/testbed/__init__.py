@@ -274,8 +274,10 @@ def _stop(host: TestbedHost) -> bool:
     pid = host.pid()
     if pid is None:
         return False
-    # Sessions forked by this sshd ("sshd: root@notty" and what they run) outlive the listener: end them too.
-    sessions = _descendants(pid)
+    # Sessions forked by this sshd ("sshd: root@notty" and what they run) outlive the listener, and so do detached
+    # processes (bench runs) that left its process tree: end everything in the host's mount namespace too.
+    sessions = set(_descendants(pid)) | set(_in_mount_namespace(pid))
+    sessions.discard(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -295,6 +297,25 @@ def _stop(host: TestbedHost) -> bool:
     except FileNotFoundError:
         pass
     return True
+
+
+def _in_mount_namespace(pid: int) -> list[int]:
+    """Every process sharing pid's mount namespace (a testbed host's namespace is its own, never ours)."""
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+        if namespace == os.readlink("/proc/self/ns/mnt"):
+            return []
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def _descendants(pid: int) -> list[int]:

@@ -208,3 +208,27 @@ def test_testbed_refuses_clearly_without_sshd(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(TestbedError, match="apt-get install -y openssh-server"):
         testbed.preflight()
+
+
+def test_testbed_down_ends_detached_processes_left_on_its_hosts(make_testbed):
+    from ddops import testbed
+
+    bed = make_testbed(1)
+    inv = load_inventory(bed.inventory_path)
+    marker = f"sleep {1000 + os.getpid() % 1000}"
+    with Connector(inv.known_hosts).connect(inv.hosts[0]) as session:
+        session.run(f"setsid sh -c '{marker}' </dev/null >/dev/null 2>&1 &")
+
+    def sleepers() -> list[str]:
+        return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == marker]
+
+    assert sleepers()
+    testbed.down(bed.root)
+    assert sleepers() == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
