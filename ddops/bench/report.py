@@ -187,7 +187,7 @@ def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
             _s(r.dataset), _num(r.temperature, "g"), r.method, _num(r.tokens_per_s, ".1f"),
             _num(r.speedup, ".2f", "x"), _num(r.acceptance_length, ".2f"),
             _num(None if r.mean_ttft_s is None else r.mean_ttft_s * 1000, ".1f", " ms"), str(r.n_responses),
-            _pct(r.fidelity), ", ".join(r.flags)]
+            _fidelity_cell(r), ", ".join(r.flags)]
         rows.append(cells)
     return headers, rows
 
@@ -212,6 +212,13 @@ def to_markdown(report: Report) -> str:
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _fidelity_cell(row: "ReportRow") -> str:
+    """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
+    if row.temperature not in (None, 0) and row.method != "baseline":
+        return "— (sampled)"
+    return _pct(row.fidelity)
 
 
 def _pct(value: float | None) -> str:

@@ -218,3 +218,13 @@ def test_vllm_summaries_from_json_feed_the_report(tmp_path):
     rows = rows_by(build_report(items))
     assert rows["h1", "gsm8k", 0.0, "vllm:mtp"].speedup == pytest.approx(2.0)
     assert rows["h1", "gsm8k", 0.0, "vllm:mtp"].fidelity == 1.0
+
+
+def test_sampled_runs_show_no_output_match_rate_in_the_table():
+    from ddops.bench.report import ReportRow, _fidelity_cell
+
+    fields = {f: None for f in ReportRow.__dataclass_fields__}
+    greedy = ReportRow(**{**fields, "method": "ddtree_tb4", "temperature": 0.0, "fidelity": 0.5, "lossy": True})
+    sampled = ReportRow(**{**fields, "method": "ddtree_tb4", "temperature": 1.0, "fidelity": 0.0, "lossy": False})
+    assert _fidelity_cell(greedy) == "50.0%"
+    assert _fidelity_cell(sampled) == "— (sampled)"
