@@ -452,9 +452,11 @@ class Runner:
             status = "completed"
         else:
             status = "failed"
-        self.state.update({"status": status, "ended": now_iso(), "current": None})
+        ended = now_iso()
+        # The log's last line goes first: a follower stops reading once the state says the run has ended.
+        self.log("=== ddops run %s %s at %s ===\n" % (self.run_id, status, ended))
+        self.state.update({"status": status, "ended": ended, "current": None})
         self.save()
-        self.log("=== ddops run %s %s at %s ===\n" % (self.run_id, status, now_iso()))
 
 
 def group_alive(pgid):
