@@ -97,14 +97,21 @@ def take_snapshot(host: Host, session: Any, files: Sequence[str], *, facts: bool
 
 def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> dict[str, str]:
     """Per patch: the plan's state, except `modified` where ddops applied it and the file was edited since."""
+    # The journal is read once per host, not once per (patch, file): a 1000-file playbook made that quadratic.
+    entries = journal_mod.parse_journal(snap.journal)
+    active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
+    last_written: dict[str, str | None] = {}
     states: dict[str, str] = {}
     for patch in patches:
         state = plan.patch_state(patch.id)
         for path in patch.files:
             if path in snap.errors:
                 state = ERROR
-            elif journal_mod.patch_state(snap.journal, patch.id, path, snap.shas.get(path)) == MODIFIED:
-                state = journal_mod.effective_state(state, MODIFIED)
+            elif (patch.id, path) in active:
+                if path not in last_written:
+                    last_written[path] = journal_mod.last_written(entries, path)
+                if snap.shas.get(path) != last_written[path]:  # what journal.patch_state calls MODIFIED
+                    state = journal_mod.effective_state(state, MODIFIED)
         states[patch.id] = state
     return states
 
@@ -165,7 +172,9 @@ def patch_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *, 
     for f in changing:
         touching = [p for p in patches if f.path in p.files]
         checks = [c for p in touching for c in p.checks_for(f.path)]
-        results += run_checks(f.path, snap.files[f.path], f.new or b"", checks)
+        # Pure, so once per distinct (before, after) content in a run, like the plan itself; not once per host.
+        results += planner.memo(("checks", f.path, f.before_sha, f.after_sha, tuple(checks)),
+                                lambda f=f, checks=checks: run_checks(f.path, snap.files[f.path], f.new or b"", checks))
         for c in host_checks(checks, f.path):
             post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": with_host_python(host, c.run or ""),
                                                            "timeout": c.timeout})

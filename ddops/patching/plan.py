@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
                                   Outcome)
@@ -260,6 +260,23 @@ class Planner:
         self._cache: OrderedDict[tuple[str | None, str], FilePlan] = OrderedDict()
         self._in_flight: dict[tuple[str | None, str], threading.Event] = {}
         self._lock = threading.Lock()
+        self._memo: OrderedDict[Any, Any] = OrderedDict()
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """Other pure work on planned contents (the checks over the new bytes), once per run like the plans.
+
+        `key` must identify the inputs (content hashes, not hosts); two threads may both compute a missing key.
+        """
+        with self._lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        value = compute()
+        with self._lock:
+            self._memo[key] = value
+            while len(self._memo) > 4 * self.max_entries:
+                self._memo.popitem(last=False)
+        return value
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
                   blocked: Mapping[str, str] | None = None) -> FilePlan:

@@ -16,7 +16,7 @@ from ddops.errors import CommandTimeout, HostKeyError
 from ddops.fleet import TaskOutcome, run_fleet
 from ddops.inventory import Selection, load_inventory, select
 from ddops.transport import Connector
-from tests.conftest import requires_sshd, run_ddops
+from tests.conftest import requires_sshd, run_ddops, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -222,7 +222,7 @@ def test_testbed_down_ends_detached_processes_left_on_its_hosts(make_testbed):
     def sleepers() -> list[str]:
         return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == marker]
 
-    assert sleepers()
+    wait_until(sleepers, timeout=10)  # `run` returns when the shell exits, maybe before the sleeper has started
     testbed.down(bed.root)
     assert sleepers() == []
 
