@@ -95,8 +95,8 @@ class Testbed:
         (Path(self.root) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
     def stop_host(self, name: str) -> None:
-        """Stop one host's sshd (by the PID it wrote), e.g. to simulate a host going away."""
-        _stop(self.host(name))
+        """Stop one host's sshd and its sessions (by the PID it wrote), as when sshd dies: detached processes live on."""
+        _stop(self.host(name), whole_namespace=False)
 
     def start_host(self, name: str) -> None:
         _start(self.host(name), self.repo_path, self.user_home)
@@ -270,13 +270,13 @@ def _start(host: TestbedHost, repo_path: str, user_home: str, sshd: str | None =
     raise TestbedError(f"{host.name}: sshd did not start listening on {host.address}:{host.port} within 10s")
 
 
-def _stop(host: TestbedHost) -> bool:
+def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
     pid = host.pid()
     if pid is None:
         return False
     # Sessions forked by this sshd ("sshd: root@notty" and what they run) outlive the listener, and so do detached
-    # processes (bench runs) that left its process tree: end everything in the host's mount namespace too.
-    sessions = set(_descendants(pid)) | set(_in_mount_namespace(pid))
+    # processes (bench runs) that left its process tree: taking the host down ends everything in its namespace.
+    sessions = set(_descendants(pid)) | (set(_in_mount_namespace(pid)) if whole_namespace else set())
     sessions.discard(pid)
     try:
         os.kill(pid, signal.SIGTERM)
