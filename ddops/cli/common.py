@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, Sequence
 
@@ -77,10 +78,15 @@ def _fleet() -> Any:
     return ddops.fleet
 
 
+# The running command's global options, for renderers deep in a command (the recap's -v columns).
+_current_state: ContextVar[AppState | None] = ContextVar("ddops_app_state", default=None)
+
+
 def state(ctx: typer.Context) -> AppState:
     root = ctx.find_root()
     if root.obj is None:
         root.obj = AppState()
+    _current_state.set(root.obj)
     return root.obj
 
 
@@ -171,15 +177,27 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
     for name, _ in columns:
         table.add_column(name)
     table.add_column("time", justify="right")
+    detail = _verbosity() > 0  # -v: where the time went, and how many remote round trips it took
+    if detail:
+        table.add_column("connect", justify="right")
+        table.add_column("round trips", justify="right")
     table.add_column("message", overflow="fold")
     for r in results:
         style = STATUS_STYLE.get(r.status, "")
         cells = [escape(fn(r)) for _, fn in columns]
-        table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells, f"{r.elapsed:.2f}s",
-                      escape(r.message if r.status != "ok" or not columns else r.message))
+        if detail:
+            cells += ["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips)]
+        table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells[:len(columns)], f"{r.elapsed:.2f}s",
+                      *cells[len(columns):], escape(r.message))
     console.print(table)
     summary = ", ".join(f"{n} {s}" for s, n in _fleet().counts(results).items())
     console.print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}")
+
+
+def _verbosity() -> int:
+    """-v count of the running command (0 outside one)."""
+    current = _current_state.get()
+    return current.verbose if current is not None else 0
 
 
 def finish(results: Sequence[HostResult]) -> None:

@@ -232,3 +232,27 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def test_proxy_jump_reaches_a_host_through_another_inventory_host(make_testbed):
+    bed = make_testbed(2)
+    jumped = Path(bed.root) / "jump.yaml"
+    jumped.write_text(bed.inventory_path.read_text().replace(
+        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed]}}",
+        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed], "
+        f"proxy_jump: host1}}"))
+    inv = load_inventory(jumped)
+    assert inv.host("host2").proxy_jump == "host1"
+    connector = Connector(inv.known_hosts, jump_hosts=inv.hosts)
+    try:
+        with connector.connect(inv.host("host2")) as session:
+            assert session.run("hostname").stdout.strip() == "host2"
+        assert list(connector._jumps) == ["host1"]  # the connection went through host1
+    finally:
+        connector.close()
+    # With the jump host gone, the target is unreachable, and the message says through which host.
+    bed.stop_host("host1")
+    proc = run_ddops("--json", "ping", "--host", "host2", inventory=jumped)
+    entry = json.loads(proc.stdout)["hosts"][0]
+    assert proc.returncode == 1 and entry["status"] == "unreachable"
+    assert "host1" in entry["message"]
