@@ -425,10 +425,9 @@ class Connector:
         except paramiko.AuthenticationException as exc:
             sock.close()
             raise TransportError(f"{host.name}: authentication failed for {host.user}@{host.address}: {exc}") from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
+        except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
             sock.close()
-            raise TransportError(f"{host.name}: SSH handshake with {host.address}:{host.port} failed: "
-                                 f"{exc or type(exc).__name__}") from None
+            raise TransportError(_handshake_failure(host, key_file, timeout, exc)) from None
         transport = client.get_transport()
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started)
@@ -473,6 +472,18 @@ class Connector:
             for session in self._jumps.values():
                 session.close()
             self._jumps.clear()
+
+
+def _handshake_failure(host: Host, key_file: str | None, timeout: float, exc: BaseException) -> str:
+    """One line saying what went wrong while opening the SSH session, in the user's terms."""
+    text = str(exc) or type(exc).__name__
+    where = f"{host.address}:{host.port}"
+    # A listener that never sends the SSH banner makes paramiko give up with one of these.
+    if "banner" in text.lower() or text == "No existing session" or isinstance(exc, (EOFError, socket.timeout)):
+        return f"{host.name}: {where} accepted the connection but did not speak SSH within {timeout:g}s"
+    if key_file and ("key" in text.lower() or isinstance(exc, ValueError)):
+        return f"{host.name}: identity_file {host.identity_file} is not a usable private key: {text}"
+    return f"{host.name}: SSH handshake with {where} failed: {text}"
 
 
 def _known_hosts_target(host: Host) -> str:

@@ -148,8 +148,9 @@ def test_silent_listener_is_unreachable_within_the_connect_timeout(make_testbed)
         elapsed = time.monotonic() - started
     finally:
         listener.close()
-    statuses = {h["host"]: h["status"] for h in json.loads(proc.stdout)["hosts"]}
-    assert statuses == {"host1": "ok", "silent": "unreachable"}
+    hosts = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    assert {name: h["status"] for name, h in hosts.items()} == {"host1": "ok", "silent": "unreachable"}
+    assert "accepted the connection but did not speak SSH within 1s" in hosts["silent"]["message"]
     assert elapsed < 8
 
 
@@ -256,3 +257,15 @@ def test_proxy_jump_reaches_a_host_through_another_inventory_host(make_testbed):
     entry = json.loads(proc.stdout)["hosts"][0]
     assert proc.returncode == 1 and entry["status"] == "unreachable"
     assert "host1" in entry["message"]
+
+
+def test_an_identity_file_that_is_not_a_key_is_named_in_the_error(make_testbed):
+    bed = make_testbed(1)
+    bogus = Path(bed.root) / "not-a-key"
+    bogus.write_text("this is not a private key\n")
+    inv_path = Path(bed.root) / "bogus-key.yaml"
+    inv_path.write_text(bed.inventory_path.read_text().replace(str(bed.client_key), str(bogus)))
+    proc = run_ddops("--json", "ping", "--all", inventory=inv_path)
+    entry = json.loads(proc.stdout)["hosts"][0]
+    assert proc.returncode == 1 and entry["status"] == "unreachable"
+    assert f"identity_file {bogus} is not a usable private key" in entry["message"]
