@@ -78,7 +78,7 @@ try:
             try:
                 os.makedirs(os.path.dirname(cache), 0o700, exist_ok=True)
                 temp = "%s.%d.tmp" % (cache, os.getpid())
-                with open(temp, "wb") as handle:
+                with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
                     handle.write(marshal.dumps(code))
                 os.replace(temp, cache)
                 # Keep the newest few versions: every ddops upgrade leaves one behind.
