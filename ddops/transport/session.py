@@ -38,6 +38,7 @@ paramiko = _import_paramiko()
 
 READ_CHUNK = 1 << 16
 MAX_AGENT_STDERR = 1 << 16
+AGENT_EXIT_WAIT = 2.0  # seconds close() waits for the agent to exit after EOF
 _known_hosts_lock = threading.Lock()
 
 
@@ -295,7 +296,10 @@ class Session:
         try:
             if self._agent is not None:
                 try:
-                    self._agent.channel.shutdown_write()  # EOF: the agent, idle between requests, exits
+                    # EOF: the agent, idle between requests, exits. Wait (briefly) for that, so that it has ended,
+                    # reaped by sshd, when the connection goes, rather than being left to finish as an orphan.
+                    self._agent.channel.shutdown_write()
+                    self._agent.channel.status_event.wait(AGENT_EXIT_WAIT)
                 except Exception:  # noqa: BLE001
                     pass
                 self._drop_agent()
