@@ -292,6 +292,9 @@ def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
         time.sleep(0.02)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
+    # SIGKILL is delivered asynchronously: return only once every process we ended is really gone.
+    while time.monotonic() < deadline and any(_alive(p) for p in sessions):
+        time.sleep(0.02)
     try:
         host.pid_file.unlink()
     except FileNotFoundError:
