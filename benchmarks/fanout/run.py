@@ -756,8 +756,8 @@ def render(meta: dict[str, Any], tools: list[Tool], results: dict[str, dict[int,
             if s and s.get("ok"):
                 out.append(f"| {t.label} | {n} | {s['cpu']:.2f} | {s['host_cpu']:.2f} | {s['rss']:.0f} | "
                            f"{fmt_rt(s['round_trips']) if t.group == 'ddops' else '–'} |")
-    out += ["", "Round trips are ddops' own counter (`round_trips` in `--json`: one per exec channel, i.e. per "
-            "agent call), after connecting.", ""]
+    out += ["", "Round trips are ddops' own counter (`round_trips` in `--json`), after connecting: one per request "
+            "and answer, i.e. per agent call; a session's agent calls share one exec channel (see the notes).", ""]
     # ratios
     anchors = [t for t in tools if t.group in ("anchor", "floor")]
     mains = [t for t in tools if t.key in ("ddops-cold", "ddops")]
