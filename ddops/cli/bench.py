@@ -14,10 +14,9 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from ddops.bench.launch import DEFAULT_PLAN
+from ddops.bench import DEFAULT_PLAN
 from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, STATUS_STYLE, YesOpt,
                               console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
-from ddops.fleet import worst_exit_code
 
 if TYPE_CHECKING:
     from ddops.bench.runs import FollowEvent, HostRun
@@ -105,6 +104,8 @@ def run(ctx: typer.Context,
         finish(results)
         return
     code = follow_run(st, inventory, launched, rid)
+    from ddops.fleet import worst_exit_code
+
     raise typer.Exit(max(code, worst_exit_code(results)))
 
 
