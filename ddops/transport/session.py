@@ -273,8 +273,7 @@ class Session:
             if result.exit_code == -1 and not agent.channel.eof_received:
                 raise TransportError(f"{self.host.name}: connection lost: the connection closed while the agent ran")
             return parse_agent_reply(self.host.name, verb, result)
-        return parse_agent_reply(self.host.name, verb,
-                                 CommandResult(0, line.decode("utf-8", "replace"), "", time.monotonic() - started))
+        return parse_agent_reply(self.host.name, verb, CommandResult(0, line, "", time.monotonic() - started))
 
     def _start_agent(self, timeout: float) -> "_AgentChannel":
         from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
@@ -325,16 +324,19 @@ class _AgentChannel:
         self.out = bytearray()
         self.err = bytearray()
 
-    def read_line(self, deadline: float, timeout: float) -> bytes | None:
-        """The next answer line; None when the agent's output ended first."""
+    def read_line(self, deadline: float, timeout: float) -> str | None:
+        """The next answer line, decoded; None when the agent's output ended first."""
         channel = self.channel
         self.pending_source = b""
+        scanned = 0  # answers can be megabytes (a snapshot of many files): look for the newline in new bytes only
         while True:
-            end = self.out.find(b"\n")
+            end = self.out.find(b"\n", scanned)
             if end >= 0:
-                line = bytes(self.out[:end + 1])
+                with memoryview(self.out) as view:
+                    line = str(view[:end + 1], "utf-8", "replace")
                 del self.out[:end + 1]
                 return line
+            scanned = len(self.out)
             progressed = False
             while channel.recv_ready():
                 chunk = channel.recv(READ_CHUNK)
