@@ -153,7 +153,8 @@ def test_run_past_its_timeout_is_killed_with_its_children_and_reported_as_timeou
     first, second = final["state"]["runs"]
     assert first["status"] == "timeout" and first["exit_code"] == 124
     assert second["status"] == "ok"
-    assert not tagged("r-timeout")
+    # The runner itself exits just after recording the end: give it that moment, then nothing tagged may remain.
+    wait_until(lambda: not tagged("r-timeout"), timeout=10)
 
 
 def test_poll_streams_the_log_by_byte_offset(bed, host, connect):
