@@ -71,22 +71,19 @@ def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = Non
 
 def show_diffs(results: Sequence[Any]) -> None:
     """Each distinct diff once, with the hosts that share it."""
-    groups: dict[str, list[str]] = {}
-    plain: dict[str, set[str]] = {}
-    for r in results:
-        diff = (r.data or {}).get("diff") or ""
-        if diff and r.status in ("changed", "ok"):
-            groups.setdefault(diff, []).append(r.host)
-            plain.setdefault(diff, set()).update(
-                f["path"] for f in r.data.get("files", []) if any(p.get("plain_text") for p in f["patches"]))
-    for diff, hosts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        title = f"{len(hosts)} hosts: identical diff" if len(hosts) > 1 else f"{hosts[0]}: diff"
-        console.rule(f"[bold]{escape(title)}[/] ({escape(', '.join(hosts))})", align="left")
-        if plain[diff]:
-            console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(sorted(plain[diff])))}")
-        from rich.syntax import Syntax
+    from rich.syntax import Syntax
 
-        console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
+    from ddops.patching.plan import group_diffs
+
+    shown = [r for r in results if r.status in ("changed", "ok") and (r.data or {}).get("diff")]
+    plain_text_files = {r.host: {f["path"] for f in r.data.get("files", [])
+                                 if any(p.get("plain_text") for p in f["patches"])} for r in shown}
+    for group in group_diffs({r.host: r.data["diff"] for r in shown}):
+        console.rule(f"[bold]{escape(group.title)}[/] ({escape(', '.join(group.hosts))})", align="left")
+        plain = sorted(set().union(*(plain_text_files[h] for h in group.hosts)))
+        if plain:
+            console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(plain))}")
+        console.print(Syntax(group.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
 
 
 def verify(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,

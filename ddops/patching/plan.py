@@ -429,13 +429,16 @@ class DiffGroup:
         return f"{n} hosts: identical diff"
 
 
-def group_diffs(plans: Mapping[str, FilePlan | HostPlan | Iterable[FilePlan]]) -> list[DiffGroup]:
-    """Group hosts by identical diff (all their files together): biggest group first, then by first host."""
+def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePlan]]) -> list[DiffGroup]:
+    """Group hosts by identical diff (all their files together): biggest group first, then by first host.
+
+    A host's value is its plan(s), or the diff text itself (what a host's result carries back to the CLI).
+    """
     groups: dict[str, list[str]] = {}
     for host, plan in plans.items():
-        if isinstance(plan, FilePlan):
-            diff = plan.diff
-        elif isinstance(plan, HostPlan):
+        if isinstance(plan, str):
+            diff = plan
+        elif isinstance(plan, (FilePlan, HostPlan)):
             diff = plan.diff
         else:
             diff = "".join(f.diff for f in sorted(plan, key=lambda f: f.path))

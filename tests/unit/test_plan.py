@@ -197,3 +197,9 @@ print(planner.disk_hits, "libcst" in sys.modules)
     assert first.stdout.split() == ["0", "True"]
     second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert second.stdout.split() == ["1", "False"]
+
+
+def test_group_diffs_takes_diff_text_as_hosts_report_it():
+    groups = group_diffs({"h1": "-a\n+b\n", "h2": "-a\n+b\n", "h3": "-x\n+y\n"})
+    assert [(g.hosts, g.title) for g in groups] == [(("h1", "h2"), "2 hosts: identical diff"),
+                                                    (("h3",), "h3: diff")]
