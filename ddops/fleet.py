@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ddops.errors import DdopsError, TransportError
 from ddops.inventory import Host
@@ -57,13 +57,6 @@ class FleetEvent:
     host: str
     phase: str
     result: HostResult | None = None
-
-
-class SessionLike(Protocol):
-    connect_time: float
-    round_trips: int
-
-    def close(self) -> None: ...
 
 
 Task = Callable[[Host, Any], TaskOutcome]

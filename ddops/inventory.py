@@ -5,9 +5,9 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ddops.errors import InventoryError, UsageError
 from ddops.sshconfig import SshConfig, load_ssh_config
@@ -353,10 +353,3 @@ def matches_limit(host: Host, pattern: str) -> bool:
         return False
     return not any(hit(p) for p in exclude)
 
-
-def with_overrides(host: Host, **changes: Any) -> Host:
-    return replace(host, **changes)
-
-
-def hosts_by_name(hosts: Iterable[Host]) -> dict[str, Host]:
-    return {h.name: h for h in hosts}

@@ -16,7 +16,6 @@ from ddops.fleet import CHANGED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
 from ddops.yamlsrc import suggest
 
-from ddops.bench import DEFAULT_PLAN  # noqa: F401 - re-exported for callers of this module
 APPLIED = "applied"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from ddops.bench import DEFAULT_PLAN
-from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, STATUS_STYLE, YesOpt,
+from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
                               console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
 
 if TYPE_CHECKING:
@@ -315,7 +314,7 @@ def status(ctx: typer.Context,
            host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import HostRun, resolve_run_id, results_root, status_task
+    from ddops.bench.runs import resolve_run_id, results_root, status_task
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -487,7 +486,7 @@ def report(ctx: typer.Context,
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
     from ddops.bench.report import build_report, to_csv, to_json, to_markdown
-    from ddops.bench.runs import MANIFEST, check_run_id, results_root
+    from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 
     st = state(ctx)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import typer
@@ -72,7 +71,6 @@ def ping_task(host: Any, session: Any) -> Any:
         overhead = max(0.0, with_rc - without_rc) if without_rc else None
     except ValueError:
         pass
-    gpus = facts.get("gpus") or []
     data = {"rtt_s": round(rtt, 4), "shell_rc_overhead_s": None if overhead is None else round(overhead, 4), **facts}
     message = ""
     if overhead is not None and overhead > 0.05:

@@ -7,9 +7,8 @@ from typing import Annotated, Any, Optional, Sequence
 
 import typer
 
-from ddops.cli.common import (STATUS_STYLE, AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
-                              AppState, console, emit_json, err_console, escape, finish, fleet_run, recap,
-                              selected_hosts, state)
+from ddops.cli.common import (AllOpt, AppState, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
+                              console, emit_json, escape, finish, fleet_run, recap, selected_hosts, state)
 from ddops.errors import UsageError
 
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(

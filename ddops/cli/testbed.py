@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ddops.cli.common import console, escape, state
+from ddops.cli.common import console, escape
 
 testbed_app = typer.Typer(help="Local sshd hosts in their own mount namespaces (needs root).", no_args_is_help=True)
 RootOpt = Annotated[Path, typer.Option("--root", help="Where the testbed keeps its state.")]

@@ -242,12 +242,8 @@ def verify_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
                 commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
     for command, item in commands.items():
         check = item["check"]
-        try:
-            ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host, command)}",
-                              timeout=check.timeout)
-            ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
-        except AgentError as exc:  # pragma: no cover - run() raises transport errors, not agent ones
-            ok, output, code = False, str(exc), None
+        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host, command)}", timeout=check.timeout)
+        ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
         results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],
                         "message": output[-400:], "matches": [], "grep": [], "exit_code": code})
         if not ok:
@@ -312,10 +308,6 @@ def rollback_host(host: Host, session: Any, patch_ids: Sequence[str] | None = No
     return TaskOutcome(CHANGED, f"restored {', '.join(data['restored'])}{saved}", data)
 
 
-def has_applied_patches(host: Host, session: Any) -> bool:
-    entries = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
-    return bool(journal_mod.active_applications(entries))
 
-
-__all__ = ["Snapshot", "all_files", "all_patches", "default_actor", "has_applied_patches", "make_planner",
+__all__ = ["Snapshot", "all_files", "all_patches", "default_actor", "make_planner",
            "patch_host", "patch_states", "rollback_host", "status_host", "take_snapshot", "verify_host", "sha256"]

@@ -414,7 +414,7 @@ class Connector:
             raise TransportError(f"{host.name}: identity_file {host.identity_file} does not exist")
         try:
             client.connect(
-                _known_hosts_target(host), port=host.port, username=host.user, key_filename=key_file,
+                host.address, port=host.port, username=host.user, key_filename=key_file,
                 look_for_keys=key_file is None, allow_agent=True, sock=sock, timeout=timeout,
                 banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
             )
@@ -490,10 +490,6 @@ def _handshake_failure(host: Host, key_file: str | None, timeout: float, exc: Ba
     if key_file and ("key" in text.lower() or isinstance(exc, ValueError)):
         return f"{host.name}: identity_file {host.identity_file} is not a usable private key: {text}"
     return f"{host.name}: SSH handshake with {where} failed: {text}"
-
-
-def _known_hosts_target(host: Host) -> str:
-    return host.address
 
 
 def _host_from_spec(spec: str, template: Host) -> Host:

@@ -6,15 +6,14 @@ import json
 import os
 import shlex
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from ddops.errors import CommandTimeout, HostKeyError
+from ddops.errors import HostKeyError
 from ddops.fleet import TaskOutcome, run_fleet
-from ddops.inventory import Selection, load_inventory, select
+from ddops.inventory import load_inventory
 from ddops.transport import Connector
 from tests.conftest import requires_sshd, run_ddops, wait_until
 

@@ -6,7 +6,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -170,7 +169,6 @@ def test_concurrent_patch_runs_on_one_host_keep_files_consistent(bed, seed):
 
 def test_a_held_lock_is_reported_with_its_holder(bed):
     import fcntl
-    import os
 
     state = bed.hosts[0].repo_dir / ".ddops"
     state.mkdir(mode=0o700)
@@ -192,7 +190,7 @@ def test_verify_prints_grep_style_matches(bed):
     assert ddops_json(bed, "patch", "--all")[0] == 0
     proc = run_ddops("verify", "--host", "host1", "hybrid-cache", inventory=bed.inventory_path)
     assert proc.returncode == 0, proc.stderr
-    assert f"ddtree.py:" in proc.stdout and TARGET_NEW in proc.stdout
+    assert "ddtree.py:" in proc.stdout and TARGET_NEW in proc.stdout
     # On an unpatched host the same checks fail.
     assert ddops_json(bed, "rollback", "--all")[0] == 0
     proc = run_ddops("verify", "--host", "host1", "hybrid-cache", inventory=bed.inventory_path)
