@@ -209,18 +209,31 @@ def _shared_planner(plan: BenchPlan) -> Any:
     return make_planner()
 
 
-def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
-
+def _preflight(plan: BenchPlan) -> Callable[[Host, Any], tuple[dict, dict, TaskOutcome | None]]:
+    """(facts, patch states, the FAILED outcome when the host is refused, else None) for one host."""
     planner = _shared_planner(plan)
 
-    def task(host: Host, session: Any) -> TaskOutcome:
+    def check(host: Host, session: Any) -> tuple[dict, dict, TaskOutcome | None]:
         facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
         states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
         problems = preflight_problems(plan, host, facts, states)
-        if problems:
-            return TaskOutcome(FAILED, "refused: " + "; ".join(problems), {"problems": problems,
-                                                                          "patches": states})
+        if not problems:
+            return facts, states, None
+        return facts, states, TaskOutcome(FAILED, "refused: " + "; ".join(problems),
+                                          {"problems": problems, "patches": states})
+
+    return check
+
+
+def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutcome]:
+    """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
+
+    preflight = _preflight(plan)
+
+    def task(host: Host, session: Any) -> TaskOutcome:
+        facts, states, refused = preflight(host, session)
+        if refused is not None:
+            return refused
         result_dir = f"{facts['repo_real']}/.ddops/runs/{run_id}/results"
         runs = expand_runs(plan, host_values(host, facts), result_dir=result_dir)
         spec = run_spec(plan, host, runs, provenance_of(facts, states))
@@ -236,14 +249,12 @@ def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutco
 def check_task(plan: BenchPlan) -> Callable[[Host, Any], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    planner = _shared_planner(plan)
+    preflight = _preflight(plan)
 
     def task(host: Host, session: Any) -> TaskOutcome:
-        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
-        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
-        problems = preflight_problems(plan, host, facts, states)
-        if problems:
-            return TaskOutcome(FAILED, "refused: " + "; ".join(problems), {"problems": problems, "patches": states})
+        facts, states, refused = preflight(host, session)
+        if refused is not None:
+            return refused
         runs = expand_runs(plan, host_values(host, facts), result_dir="<result_dir>")
         return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}",
                            {"patches": states, "commands": [r.command for r in runs]})
