@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -63,29 +64,38 @@ def _fresh_prefix() -> str:
             return prefix
 
 
-@pytest.fixture
-def make_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
-    """Factory: make_testbed(n, seed=None, patches=()) -> a running Testbed, torn down after the test."""
+@contextmanager
+def testbeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
+    """start(n, **testbed.up options) -> a running Testbed on a loopback /24 of its own; all taken down on exit."""
     from ddops import testbed as tb
 
     made = []
 
-    def make(count: int = 3, seed: Path | None = None, patches: tuple[str, ...] = (), **kwargs: object):
+    def start(count: int = 3, **kwargs: object):
         reason = testbed_unavailable()
         if reason:
             pytest.skip(reason)
         root = tmp_path_factory.mktemp("testbed")
         shutil.rmtree(root)
-        bed = tb.up(count, root=root, seed=seed, address_prefix=_fresh_prefix(), patches=patches, **kwargs)
+        bed = tb.up(count, root=root, address_prefix=_fresh_prefix(), **kwargs)
         made.append(bed)
         return bed
 
-    yield make
-    for bed in made:
-        try:
-            tb.down(bed.root)
-        except Exception:  # noqa: BLE001 - a test may already have taken it down
-            pass
+    try:
+        yield start
+    finally:
+        for bed in made:
+            try:
+                tb.down(bed.root)
+            except Exception:  # noqa: BLE001 - a test may already have taken it down
+                pass
+
+
+@pytest.fixture
+def make_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
+    """Factory: make_testbed(n, seed=None, patches=()) -> a running Testbed, torn down after the test."""
+    with testbeds(tmp_path_factory) as start:
+        yield lambda count=3, seed=None, patches=(), **kwargs: start(count, seed=seed, patches=patches, **kwargs)
 
 
 def git_seed(source: Path, dest: Path) -> Path:

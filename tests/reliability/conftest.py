@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, _fresh_prefix, git_seed, run_ddops, testbed_unavailable
+from tests.conftest import MINI_DDTREE, git_seed, run_ddops, testbeds
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 FILES = ("ddtree.py", "dflash.py")
@@ -235,26 +235,9 @@ def reset_repo(repo: Path, seed: Path) -> None:
 def make_fleet(tmp_path_factory: pytest.TempPathFactory, seed: Path, books: list[Any], planner: Any,
                patched: dict[str, bytes]) -> Iterator[Callable[..., Fleet]]:
     """Factory for testbeds that live as long as the test module: make_fleet(n, **testbed options) -> Fleet."""
-    from ddops import testbed as tb
-
-    made = []
-
-    def make(count: int = 3, **kwargs: Any) -> Fleet:
-        reason = testbed_unavailable()
-        if reason:
-            pytest.skip(reason)
-        root = tmp_path_factory.mktemp("testbed")
-        shutil.rmtree(root)
-        bed = tb.up(count, root=root, seed=seed, address_prefix=_fresh_prefix(), patches=PLAYBOOKS, **kwargs)
-        made.append(bed)
-        return Fleet(bed, seed, books, planner, patched, {})
-
-    yield make
-    for bed in made:
-        try:
-            tb.down(bed.root)
-        except Exception:  # noqa: BLE001 - a test may already have taken it down
-            pass
+    with testbeds(tmp_path_factory) as start:
+        yield lambda count=3, **kwargs: Fleet(start(count, seed=seed, patches=PLAYBOOKS, **kwargs), seed, books,
+                                              planner, patched, {})
 
 
 def with_inventory(fleet: Fleet, path: Path, extra_hosts: str = "", **replacements: str) -> Path:
