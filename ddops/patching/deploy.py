@@ -100,18 +100,15 @@ def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> di
     # The journal is read once per host, not once per (patch, file): a 1000-file playbook made that quadratic.
     entries = journal_mod.parse_journal(snap.journal)
     active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
-    last_written: dict[str, str | None] = {}
+    modified = journal_mod.modified_files(entries, snap.shas)
     states: dict[str, str] = {}
     for patch in patches:
         state = plan.patch_state(patch.id)
         for path in patch.files:
             if path in snap.errors:
                 state = ERROR
-            elif (patch.id, path) in active:
-                if path not in last_written:
-                    last_written[path] = journal_mod.last_written(entries, path)
-                if snap.shas.get(path) != last_written[path]:  # what journal.patch_state calls MODIFIED
-                    state = journal_mod.effective_state(state, MODIFIED)
+            elif (patch.id, path) in active and path in modified:
+                state = journal_mod.effective_state(state, MODIFIED)
         states[patch.id] = state
     return states
 

@@ -87,11 +87,16 @@ def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> 
 
 def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str) -> str | None:
     """The sha256 ddops last wrote to file (the `after` of its latest apply/rollback/revert), or None."""
-    sha = None
-    for e in parse_journal(journal):
-        if e.file == file and e.event in WRITING_EVENTS and e.after:
-            sha = e.after
-    return sha
+    return _last_written_by_file(parse_journal(journal)).get(file)
+
+
+def _last_written_by_file(entries: Sequence[JournalEntry]) -> dict[str, str]:
+    """Every file's last written sha256, in one pass over the journal."""
+    written: dict[str, str] = {}
+    for e in entries:
+        if e.event in WRITING_EVENTS and e.after:
+            written[e.file] = e.after
+    return written
 
 
 def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str, file: str,
@@ -112,9 +117,10 @@ def modified_files(journal: Iterable[Mapping[str, Any] | JournalEntry],
                    current_sha_by_file: Mapping[str, str | None]) -> dict[str, tuple[str, str | None]]:
     """Files with an active application whose sha is not what ddops last wrote: file -> (expected, current)."""
     entries = parse_journal(journal)
+    written = _last_written_by_file(entries)
     out: dict[str, tuple[str, str | None]] = {}
     for a in active_applications(entries):
-        expected = last_written(entries, a.file)
+        expected = written.get(a.file)
         current = current_sha_by_file.get(a.file)
         if expected is not None and current != expected:
             out[a.file] = (expected, current)
