@@ -1,7 +1,6 @@
 """ddops host agent: one JSON request on stdin, one JSON answer on stdout (stdlib only, Python >= 3.8)."""
 
-import base64
-import collections
+import binascii
 import datetime
 import errno
 import fcntl
@@ -11,7 +10,6 @@ import os
 import platform
 import posixpath
 import pwd
-import re
 import shlex
 import shutil
 import signal
@@ -34,7 +32,6 @@ LOCK_POLL_SECONDS = 0.05
 STATE_DIR = ".ddops"
 EXCLUDE_LINE = "/.ddops/"
 PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
-SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 TEMP_SUFFIX = ".ddops-tmp"
 
 VERBS = {}
@@ -43,9 +40,149 @@ VERBS = {}
 FAULTS = {}
 WRITE_TARGETS = {}
 
-Change = collections.namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
-Restore = collections.namedtuple("Restore", "path target patch_ids expected restore force")
-Original = collections.namedtuple("Original", "data stat")
+# -- encodings without their packages ---------------------------------------------------------------------------
+# Every request, answer and journal line is JSON, yet `import json` costs more than the rest of an agent start (it
+# compiles regular expressions, and `re` pulls in enum); hashlib loads OpenSSL and base64 pulls in `re` too. Their
+# C cores import nothing, so the agent calls those directly and leaves the packages to the bootstrap's lazy
+# stand-ins, which a Python lacking a core still falls back on.
+try:
+    import _json
+except ImportError:
+    _json = None
+try:
+    from _sha2 import sha256 as BUILTIN_SHA256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256 as BUILTIN_SHA256
+    except ImportError:
+        BUILTIN_SHA256 = None
+
+
+class _JsonScanContext(object):
+    """The settings json.loads gives the C scanner."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+
+_JSON_SCAN = None if _json is None else _json.make_scanner(_JsonScanContext())
+_JSON_WHITESPACE = " \t\n\r"
+
+
+def from_json(text):
+    """The value of the JSON document `text`, as json.loads(text) gives it; ValueError when it is not one."""
+    if _JSON_SCAN is None:
+        return json.loads(text)
+    document = text.strip(_JSON_WHITESPACE)
+    try:
+        value, end = _JSON_SCAN(document, 0)
+    except Exception:
+        end = None
+    if end != len(document):
+        # Not one JSON document. The scanner reports errors through the json package, which it expects to be
+        # loaded already (else SystemError): let the package parse it and say what is wrong.
+        return json.loads(text)
+    return value
+
+
+def to_json(value, sort_keys=False):
+    """`value` as json.dumps(value, sort_keys=sort_keys) writes it, character for character."""
+    if _json is None:
+        return json.dumps(value, sort_keys=sort_keys)
+    chunks = []
+    _encode_json(value, chunks, sort_keys)
+    return "".join(chunks)
+
+
+def _json_float(value):
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+def _json_key(key):
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None:
+        return {True: "true", False: "false", None: "null"}[key]
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float):
+        return _json_float(key)
+    raise TypeError("keys must be str, int, float, bool or None, not %s" % type(key).__name__)
+
+
+def _encode_json(value, chunks, sort_keys):
+    if isinstance(value, str):
+        chunks.append(_json.encode_basestring_ascii(value))
+    elif value is None:
+        chunks.append("null")
+    elif value is True:
+        chunks.append("true")
+    elif value is False:
+        chunks.append("false")
+    elif isinstance(value, int):
+        chunks.append(int.__repr__(value))
+    elif isinstance(value, float):
+        chunks.append(_json_float(value))
+    elif isinstance(value, dict):
+        items = [(_json_key(key), item) for key, item in value.items()]
+        if sort_keys:
+            items.sort(key=lambda pair: pair[0])
+        chunks.append("{")
+        for index, (key, item) in enumerate(items):
+            chunks.append(", " if index else "")
+            chunks.append(_json.encode_basestring_ascii(key))
+            chunks.append(": ")
+            _encode_json(item, chunks, sort_keys)
+        chunks.append("}")
+    elif isinstance(value, (list, tuple)):
+        chunks.append("[")
+        for index, item in enumerate(value):
+            chunks.append(", " if index else "")
+            _encode_json(item, chunks, sort_keys)
+        chunks.append("]")
+    else:
+        raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
+
+
+def b64_text(data):
+    """`data` in standard base64, as text."""
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def is_hex(value, *lengths):
+    """Whether `value` is a string of lowercase hex digits, of one of `lengths` when any are given."""
+    return (isinstance(value, str) and bool(value) and not value.strip("0123456789abcdef")
+            and (not lengths or len(value) in lengths))
+
+
+
+def record_type(name, fields):
+    """A small immutable-by-convention record class (collections.namedtuple without importing collections)."""
+    fields = tuple(fields.split())
+
+    def __init__(self, *values):
+        if len(values) != len(fields):
+            raise TypeError("%s takes %d values, got %d" % (name, len(fields), len(values)))
+        for field, value in zip(fields, values):
+            setattr(self, field, value)
+
+    def __repr__(self):
+        return "%s(%s)" % (name, ", ".join("%s=%r" % (field, getattr(self, field)) for field in fields))
+
+    return type(name, (object,), {"__slots__": fields, "__init__": __init__, "__repr__": __repr__})
+
+
+Change = record_type("Change", "path target patch_ids expected new_bytes new_sha")
+Restore = record_type("Restore", "path target patch_ids expected restore force")
+Original = record_type("Original", "data stat")
 
 
 class AgentFault(Exception):
@@ -108,7 +245,7 @@ def optional_number(payload, key, default, where="payload"):
 def require_sha(payload, key, where="payload"):
     """payload[key] as a lowercase hex sha256."""
     value = payload.get(key)
-    if not isinstance(value, str) or not SHA256_RE.match(value):
+    if not is_hex(value, 64):
         raise bad_request("%s.%s must be a lowercase hex sha256" % (where, key))
     return value
 
@@ -142,9 +279,13 @@ def decode_b64(payload, key, where):
     if not isinstance(value, str):
         raise bad_request("%s.%s must be a base64 string" % (where, key))
     try:
-        return base64.b64decode(value.encode("ascii"), validate=True)
+        data = binascii.a2b_base64(value)
     except (ValueError, UnicodeEncodeError):
-        raise bad_request("%s.%s is not valid base64" % (where, key)) from None
+        data = None
+    # a2b_base64 skips characters outside the alphabet; only the canonical encoding of its result is accepted.
+    if data is None or b64_text(data) != value:
+        raise bad_request("%s.%s is not valid base64" % (where, key))
+    return data
 
 
 def identity(payload):
@@ -212,6 +353,9 @@ def resolve_target(repo, rel):
 
 def sha256_hex(data):
     """The hex sha256 of `data`."""
+    # OpenSSL's hashlib costs a few ms to load and only pays that back on large inputs.
+    if BUILTIN_SHA256 is not None and len(data) < 1 << 20:
+        return BUILTIN_SHA256(data).hexdigest()
     return hashlib.sha256(data).hexdigest()
 
 
@@ -474,7 +618,7 @@ def append_journal(state, entries):
     if not entries:
         return
     path = journal_path(state)
-    blob = b"".join(json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n" for entry in entries)
+    blob = b"".join(to_json(entry, sort_keys=True).encode("utf-8") + b"\n" for entry in entries)
     if ends_without_newline(path):
         blob = b"\n" + blob  # keep our entries parseable after a torn line
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -515,7 +659,7 @@ def read_journal_lines(state):
             if not text:
                 continue
             try:
-                entry = json.loads(text.decode("utf-8"))
+                entry = from_json(text.decode("utf-8"))
             except (ValueError, UnicodeDecodeError) as error:
                 corrupt.append({"line": number, "error": str(error)})
                 continue
@@ -538,7 +682,7 @@ def pending_notes(state):
     for path in (os.path.join(folder, name) for name in names):
         try:
             with open(path, "rb") as handle:
-                note = json.loads(handle.read().decode("utf-8"))
+                note = from_json(handle.read().decode("utf-8"))
             target = resolve_target(repo, note["file"])
             landed = current_sha(read_regular(target, note["file"])) == note["after"]
             entries = [entry for entry in note["entries"] if isinstance(entry, dict)] if landed else []
@@ -582,7 +726,7 @@ def journalled_write(state, target, rel, data, original, entries):
     make_private_dir(folder)
     note = os.path.join(folder, entries[0]["id"] + ".json")
     after = sha256_hex(data)
-    atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
+    atomic_write(note, to_json({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
     WRITE_TARGETS[target] = rel
     fault_point("pending", target)
     write_like(target, data, original)
@@ -618,7 +762,7 @@ def read_lock_info(state):
     """The holder description in lock.info, or None when absent or unreadable."""
     try:
         with open(lock_info_path(state), "rb") as handle:
-            info = json.loads(handle.read().decode("utf-8"))
+            info = from_json(handle.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
@@ -683,7 +827,7 @@ class RepoLock:
         self.fd = fd
         self.info["since"] = now_iso()
         try:
-            atomic_write(lock_info_path(self.state), json.dumps(self.info).encode("utf-8"), 0o600)
+            atomic_write(lock_info_path(self.state), to_json(self.info).encode("utf-8"), 0o600)
         except BaseException:
             self.release()
             raise
@@ -719,7 +863,7 @@ def arm_faults(state, verb_name):
     FAULTS.clear()
     try:
         with open(path, "rb") as handle:
-            table = json.loads(handle.read().decode("utf-8"))
+            table = from_json(handle.read().decode("utf-8"))
         os.unlink(path)
     except (OSError, ValueError):
         return
@@ -981,7 +1125,7 @@ def file_record(original, error=None):
         "sha256": sha256_hex(original.data),
         "mode": stat.S_IMODE(original.stat.st_mode),
         "size": len(original.data),
-        "content_b64": base64.b64encode(original.data).decode("ascii"),
+        "content_b64": b64_text(original.data),
         "error": error,
     }
 
@@ -1234,7 +1378,7 @@ def read_backup_verb(payload):
     repo = open_repo(payload)
     sha = require_sha(payload, "sha256")
     data = read_backup_bytes(state_dir(repo), sha)
-    return {"sha256": sha, "size": len(data), "content_b64": base64.b64encode(data).decode("ascii")}
+    return {"sha256": sha, "size": len(data), "content_b64": b64_text(data)}
 
 
 @verb("journal")
@@ -1264,7 +1408,7 @@ def failure(kind, message):
 def parse_request(raw):
     """(verb name, payload) from the request bytes."""
     try:
-        request = json.loads(raw.decode("utf-8"))
+        request = from_json(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request("request is not JSON: %s" % error) from None
     if not isinstance(request, dict) or not isinstance(request.get("verb"), str):
@@ -1305,9 +1449,9 @@ def answer(raw):
 def encode_response(response):
     """The response as one JSON line; a result that cannot be encoded becomes an `internal` error."""
     try:
-        return json.dumps(response) + "\n"
+        return to_json(response) + "\n"
     except (TypeError, ValueError) as error:
-        return json.dumps(failure("internal", "result is not JSON: %s" % error)) + "\n"
+        return to_json(failure("internal", "result is not JSON: %s" % error)) + "\n"
 
 
 def main():

@@ -21,9 +21,10 @@ runner.out (the runner's own output: a traceback if it ever crashes), stop (pres
 """
 
 import glob
+import re
 import signal
 
-RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"  # compiled on first use, like the other lazy imports
 RUNS_DIR = "runs"
 TERMINAL_STATUSES = ("completed", "failed", "stopped", "error", "lost")
 RUNNER_BOOT = (
@@ -51,7 +52,7 @@ ADDED_ENV = ("PATH", "HF_HUB_OFFLINE", RUN_TAG_ID, RUN_TAG_DIR)
 def require_run_id(payload):
     """payload["run_id"], a plain name that cannot leave the runs directory."""
     run_id = require_str(payload, "run_id")
-    if not RUN_ID_RE.match(run_id) or run_id in (".", ".."):
+    if not re.fullmatch(RUN_ID_PATTERN, run_id) or run_id in (".", ".."):
         raise bad_request("run_id %r must be letters, digits, '.', '_' and '-'" % run_id)
     return run_id
 
@@ -75,7 +76,7 @@ def read_json_file(path, default=None):
     """The JSON object in `path`, or `default` when it is missing or unreadable."""
     try:
         with open(path, "rb") as handle:
-            value = json.loads(handle.read().decode("utf-8"))
+            value = from_json(handle.read().decode("utf-8"))
     except (OSError, ValueError):
         return default
     return value if isinstance(value, dict) else default
@@ -266,7 +267,7 @@ def spawn_runner(run_dir, repo, run_id, env):
     atomic_write(runner_path, AGENT_SOURCE, 0o600)
     request_path = os.path.join(run_dir, "runner-request.json")
     request = {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}
-    atomic_write(request_path, json.dumps(request).encode("utf-8"), 0o600)
+    atomic_write(request_path, to_json(request).encode("utf-8"), 0o600)
     with open(request_path, "rb") as stdin, open(os.path.join(run_dir, "runner.out"), "ab") as out:
         # start_new_session: setsid() in the child, so no hangup or signal to our ssh session reaches it; every
         # descriptor is a file of ours, so the ssh channel closes as soon as this agent exits.
@@ -557,7 +558,7 @@ def bench_poll(payload):
     size = log_size(run_dir)
     offset = min(offset, size)
     data = read_log_range(os.path.join(run_dir, "log"), offset, min(size, offset + limit))
-    result = {"run_id": run_id, "state": state, "log_b64": base64.b64encode(data).decode("ascii"),
+    result = {"run_id": run_id, "state": state, "log_b64": b64_text(data),
               "offset": offset + len(data), "log_size": size}
     if state is not None and state.get("status") in TERMINAL_STATUSES:
         result["failures"] = failure_tails(run_dir, state)
@@ -597,7 +598,7 @@ def list_runs(repo):
     runs = []
     for name in names:
         run_dir = os.path.join(root, name)
-        if not RUN_ID_RE.match(name) or os.path.islink(run_dir) or not os.path.isdir(run_dir):
+        if not re.fullmatch(RUN_ID_PATTERN, name) or os.path.islink(run_dir) or not os.path.isdir(run_dir):
             continue
         state = current_state(run_dir) or {"status": "unknown"}
         spec = read_json_file(os.path.join(run_dir, "spec.json")) or {}

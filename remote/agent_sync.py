@@ -2,9 +2,11 @@
 
 # Concatenated after remote/agent.py: it shares the core's globals (verb, AgentFault, RepoLock, ...).
 
+import re
+
 SYNC_LOG = "sync.jsonl"
-SYNC_COMMIT_RE = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
-SYNC_BUNDLE_NAME_RE = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle\Z")
+# Compiled (and `re` imported) on first use: most agent calls are not syncs.
+SYNC_BUNDLE_NAME_PATTERN = r"(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle"
 SYNC_DEFAULT_FETCH_TIMEOUT = 600.0
 SYNC_DEFAULT_PROBE_TIMEOUT = 10.0
 SYNC_STALE_BUNDLE_SECONDS = 24 * 3600
@@ -14,7 +16,7 @@ SYNC_GIT_ERROR_CHARS = 2000
 def sync_require_commit(payload, key="commit"):
     """payload[key] as a full lowercase hex commit id (sha1 or sha256 repositories)."""
     value = payload.get(key)
-    if not isinstance(value, str) or not SYNC_COMMIT_RE.match(value):
+    if not is_hex(value, 40, 64):
         raise bad_request("payload.%s must be a full lowercase hex commit id" % key)
     return value
 
@@ -208,11 +210,16 @@ def sync_staging_dir(create):
     return os.path.realpath(path)
 
 
+def sync_is_bundle_name(name):
+    """Whether `name` is a bundle name ddops makes: <commit>-<nonce>.bundle."""
+    return re.fullmatch(SYNC_BUNDLE_NAME_PATTERN, name) is not None
+
+
 def sync_remove_stale_bundles(directory):
     """Bundles left behind by interrupted runs, older than a day (names ddops made only)."""
     cutoff = time.time() - SYNC_STALE_BUNDLE_SECONDS
     for name in os.listdir(directory):
-        if SYNC_BUNDLE_NAME_RE.match(name) or name.endswith(".bundle.part"):
+        if sync_is_bundle_name(name) or name.endswith(".bundle.part"):
             path = os.path.join(directory, name)
             try:
                 if os.lstat(path).st_mtime < cutoff:
@@ -224,7 +231,7 @@ def sync_remove_stale_bundles(directory):
 def sync_bundle_target(raw):
     """The real path of an uploaded bundle: only a ddops-named file directly in the staging directory."""
     path = require_str(raw, "path", "bundle")
-    if os.path.dirname(path) != sync_staging_dir(False) or not SYNC_BUNDLE_NAME_RE.match(os.path.basename(path)):
+    if os.path.dirname(path) != sync_staging_dir(False) or not sync_is_bundle_name(os.path.basename(path)):
         raise unsafe_path(path, "bundles are only read from ddops' staging directory")
     if os.path.islink(path) or not os.path.isfile(path):
         raise AgentFault("no_bundle", "the uploaded bundle %s is missing" % path)
@@ -366,7 +373,7 @@ def sync_append_log(repo, record):
     path = os.path.join(state, SYNC_LOG)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        write_all(fd, json.dumps(record, sort_keys=True).encode("utf-8") + b"\n")
+        write_all(fd, to_json(record, sort_keys=True).encode("utf-8") + b"\n")
         os.fsync(fd)
     finally:
         os.close(fd)

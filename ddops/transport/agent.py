@@ -36,7 +36,8 @@ class _DdopsLazyModule(object):
         module = __import__(name)
         sys.modules[name] = module
         return getattr(module, attr)
-for _name in ("datetime", "platform", "shlex", "shutil", "socket", "subprocess", "tempfile", "uuid"):
+for _name in ("base64", "datetime", "glob", "hashlib", "json", "platform", "re", "shlex", "shutil", "signal", "socket",
+              "subprocess", "tempfile", "uuid"):
     if _name not in sys.modules:
         sys.modules[_name] = _DdopsLazyModule(_name)
 n = int(sys.argv[1])
@@ -57,8 +58,15 @@ if len(source) != n:
     sys.exit(0)
 code = cache = None
 if digest:
-    import hashlib, marshal, os
-    if hashlib.sha256(source).hexdigest() == digest:
+    import marshal, os
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        try:
+            from _sha256 import sha256
+        except ImportError:
+            from hashlib import sha256
+    if sha256(source).hexdigest() == digest:
         magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"").hex()
         cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddops",
                              "agent-%s-%s-%s.marshal" % (digest[:32], sys.implementation.cache_tag, magic))

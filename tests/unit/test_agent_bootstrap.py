@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.metadata
 import json
@@ -147,3 +148,25 @@ def test_the_cache_keeps_only_the_newest_versions(tmp_path, repo_dir):
     assert len(kept) == 8
     assert any(agent_digest()[:32] in path.name for path in kept)
     assert (folder / f"agent-{11:032d}-old.marshal") in kept and (folder / f"agent-{0:032d}-old.marshal") not in kept
+
+
+def test_a_patch_s_snapshot_and_commit_load_no_heavy_standard_module(tmp_path, repo_dir):
+    # Each of these costs milliseconds per host and per command (json and base64 pull in re, and re pulls in enum);
+    # the agent reaches the C cores behind them directly.
+    before, after = b"past_key_values_target = DynamicCache()\n", b"past_key_values_target = DynamicCache(config=c)\n"
+    change = {"path": "ddtree.py", "patch_ids": ["hybrid-cache"], "expected_sha256": digest_of(before),
+              "new_content_b64": base64.b64encode(after).decode(), "new_sha256": digest_of(after)}
+    requests = (request("snapshot", {"repo": str(repo_dir), "files": ["ddtree.py"]})
+                + request("commit", {"repo": str(repo_dir), "actor": "t", "changes": [change], "post_checks": []}))
+    source = agent_source()
+    command = bootstrap_command(sys.executable, len(source), digest=agent_digest(), serve=True)
+    command = command.replace(" -S ", " -X importtime -S ", 1)
+    for _ in range(2):  # the second run loads the cached compiled agent, as every run after a host's first does
+        (repo_dir / "ddtree.py").write_bytes(before)
+        done = subprocess.run(["/bin/sh", "-c", command], input=source + requests, capture_output=True, timeout=60,
+                              env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert [json.loads(line)["ok"] for line in done.stdout.decode().splitlines()] == [True, True]
+    assert (repo_dir / "ddtree.py").read_bytes() == after
+    imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert imported & {"json", "re", "enum", "base64", "hashlib", "_hashlib", "collections", "signal"} == set()
