@@ -38,6 +38,7 @@ class HostResult:
     elapsed: float = 0.0
     connect_time: float | None = None
     round_trips: int = 0
+    agent: str | None = None  # how the host's agent was reached: "resident", "started", or None (not called)
 
     @property
     def failed(self) -> bool:
@@ -47,7 +48,7 @@ class HostResult:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
                 "elapsed_s": round(self.elapsed, 4),
                 "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
-                "round_trips": self.round_trips, "data": self.data}
+                "round_trips": self.round_trips, "agent": self.agent, "data": self.data}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
             pass
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
-                        round_trips=getattr(session, "round_trips", 0))
+                        round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None))
     emit(FleetEvent(host.name, "done", result))
     return result
 

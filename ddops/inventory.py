@@ -34,6 +34,7 @@ HOST_KEYS: dict[str, type | tuple[type, ...]] = {
     "sync": str,
     "connect_timeout": (int, float),
     "command_timeout": (int, float),
+    "agent_linger": (int, float),
 }
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "defaults": dict,
@@ -51,6 +52,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "sync": "auto",
     "connect_timeout": 10.0,
     "command_timeout": 120.0,
+    "agent_linger": 300.0,
 }
 
 
@@ -73,6 +75,9 @@ class Host:
     sync: str = "auto"
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
+    # Seconds the host's agent stays on after a session to serve the next command without starting Python
+    # (remote/agent.py, "resident"); 0: never.
+    agent_linger: float = 300.0
 
     @property
     def label(self) -> str:
@@ -224,6 +229,7 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
         sync=merged["sync"],
         connect_timeout=float(merged["connect_timeout"]),
         command_timeout=float(merged["command_timeout"]),
+        agent_linger=float(merged["agent_linger"]),
     )
 
 
@@ -248,6 +254,8 @@ def _check_host_values(doc: YamlDoc, keypath: tuple, values: dict) -> None:
     for key in ("connect_timeout", "command_timeout"):
         if key in values and values[key] <= 0:
             raise _err(doc, keypath + (key,), "must be a positive number of seconds")
+    if "agent_linger" in values and not 0 <= values["agent_linger"] <= 86400:
+        raise _err(doc, keypath + ("agent_linger",), "must be between 0 (never) and 86400 seconds")
     if "sync" in values and values["sync"] not in SYNC_MODES:
         raise _err(doc, keypath + ("sync",), f"must be one of {', '.join(SYNC_MODES)}{suggest(values['sync'], SYNC_MODES)}")
     if "repo" in values:

@@ -181,12 +181,14 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
     if detail:
         table.add_column("connect", justify="right")
         table.add_column("round trips", justify="right")
+        table.add_column("agent")
     table.add_column("message", overflow="fold")
     for r in results:
         style = STATUS_STYLE.get(r.status, "")
         cells = [escape(fn(r)) for _, fn in columns]
         if detail:
-            cells += ["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips)]
+            cells += ["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips),
+                      r.agent or ""]
         table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells[:len(columns)], f"{r.elapsed:.2f}s",
                       *cells[len(columns):], escape(r.message))
     console.print(table)

@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from ddops.cache import cache_root
 from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
                                   Outcome)
 from ddops.playbook import Patch, fingerprint
@@ -359,9 +360,7 @@ def default_cache_dir() -> Path | None:
     """$DDOPS_CACHE_DIR/plans or ~/.cache/ddops/plans; None when DDOPS_PLAN_CACHE=0."""
     if os.environ.get("DDOPS_PLAN_CACHE", "1") == "0":
         return None
-    base = os.environ.get("DDOPS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddops")
-    return Path(base) / "plans"
+    return cache_root() / "plans"
 
 
 class PlanStore:

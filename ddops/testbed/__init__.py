@@ -246,15 +246,22 @@ def _start(host: TestbedHost, repo_path: str, user_home: str, sshd: str | None =
     sshd = sshd or preflight()
     bashrc_target = Path(user_home) / ".bashrc"
     # Paths go in as positional arguments, never spliced into the script text.
+    # The agent's own files (its compiled-code cache, its resident's socket) live in ~/.cache/ddops: each host
+    # gets its own, as separate machines would have, so that one host's resident never answers for another.
+    agent_cache_target = Path(user_home) / ".cache" / "ddops"
+    agent_cache_target.mkdir(parents=True, exist_ok=True)  # the mount point, in the outer namespace
+    host_agent_cache = Path(host.dir) / "agent-cache"
+    host_agent_cache.mkdir(mode=0o700, exist_ok=True)
     script = 'mount --bind "$1" "$2" || exit 1; ' \
              'if [ -e "$4" ]; then mount --bind "$3" "$4" || exit 1; fi; ' \
              'mount --bind "$8" /etc/hosts || exit 1; ' \
+             'mount --bind "$9" "${10}" || exit 1; ' \
              'hostname "$7" 2>/dev/null; exec "$5" -f "$6"'
     # A private UTS namespace too, so that each host reports its own hostname; its own /etc/hosts resolves that
     # name, as a real host's does (torchrun's rendezvous, for one, connects back to it).
     argv = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script, "ddops-testbed",
             str(host.repo_dir), repo_path, str(Path(host.dir) / "bashrc"), str(bashrc_target), sshd, str(host.config),
-            host.name, str(Path(host.dir) / "etc-hosts")]
+            host.name, str(Path(host.dir) / "etc-hosts"), str(host_agent_cache), str(agent_cache_target)]
     try:
         host.pid_file.unlink()
     except FileNotFoundError:

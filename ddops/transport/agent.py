@@ -10,10 +10,14 @@ from pathlib import Path
 import ddops
 from ddops.errors import AgentError
 
-# Run as `python -S -c BOOTSTRAP N [--sha256=HEX] [--serve]`: stdin holds N bytes of agent source, then requests.
+# Run as `python -S -c BOOTSTRAP N [--sha256=HEX] [--serve] [--linger=SECONDS]`: stdin holds N bytes of agent
+# source, then requests.
 # One-shot (no --serve): one JSON request follows, which the agent's main() reads to EOF.
 # --serve: one JSON request per line, one JSON answer per line, until stdin ends (a session's calls share one Python).
 # --sha256: the source's hash; the compiled agent is cached on the host under it (compiling costs more than a verb).
+# --linger (with --serve and --sha256): when stdin ends, leave a resident agent behind for later sessions, serving
+#   on a unix socket until idle for SECONDS (see the agent's "resident" section); the first answer carries the
+#   socket's path as "resident".
 # -S: no site-packages scan at startup (the agent is stdlib only; `facts` loads site itself for package versions).
 # Kept free of anything newer than Python 3.8 since it runs on the hosts.
 BOOTSTRAP = """\
@@ -43,6 +47,7 @@ for _name in ("base64", "datetime", "glob", "hashlib", "json", "platform", "re",
 n = int(sys.argv[1])
 serve = "--serve" in sys.argv[2:]
 digest = ([a[9:] for a in sys.argv[2:] if a.startswith("--sha256=")] or [None])[0]
+linger = float(([a[9:] for a in sys.argv[2:] if a.startswith("--linger=")] or [0])[0])
 stdin = sys.stdin.buffer
 if serve:
     import os
@@ -103,15 +108,24 @@ except Exception as error:
 if not serve:
     namespace["main"]()
     sys.exit(0)
+# Only a verified hash names a resident (as it names the cache).
+resident = namespace["resident_socket_path"](digest) if linger > 0 and cache is not None else None
+announce = resident
 while True:
     line = stdin.readline()
     if not line:
         break
-    sys.stdout.write(namespace["encode_response"](namespace["answer"](line)))
+    response = namespace["answer"](line)
+    if announce:
+        response["resident"], announce = announce, None
+    sys.stdout.write(namespace["encode_response"](response))
     sys.stdout.flush()
     # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
     # controller's work on this answer.
     namespace = _ddops_load()
+if resident:
+    stdin.close()
+    namespace["become_resident"](resident, linger, _ddops_load)
 """
 
 
@@ -140,15 +154,18 @@ def agent_digest() -> str:
     return hashlib.sha256(agent_source()).hexdigest()
 
 
-def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False) -> str:
+def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False,
+                      linger: float = 0) -> str:
     """The shell command that runs the agent with `python`, reading `n` bytes of source from stdin.
 
     With `digest` (agent_digest()) the host caches the compiled agent; with `serve` it answers one request per line
-    until stdin ends, instead of one request.
+    until stdin ends, instead of one request; with `linger` (and both of those) it then stays on as a resident.
     """
     words = [python, "-S", "-c", BOOTSTRAP, str(n)]
     if digest:
         words.append(f"--sha256={digest}")
     if serve:
         words.append("--serve")
+    if linger > 0 and digest and serve:
+        words.append(f"--linger={linger:g}")
     return " ".join(shlex.quote(word) for word in words)

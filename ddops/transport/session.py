@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from ddops.errors import AgentError, CommandTimeout, HostKeyError, TransportError
 from ddops.inventory import Host
+from ddops.transport.resident import ResidentBook, resident_key
 
 
 def _import_paramiko() -> Any:
@@ -117,11 +118,14 @@ def _quick_ack(sock: socket.socket) -> socket.socket:
 class Session:
     """An open SSH connection to one host: run commands, move bytes, call the remote agent."""
 
-    def __init__(self, host: Host, client: paramiko.SSHClient, connect_time: float) -> None:
+    def __init__(self, host: Host, client: paramiko.SSHClient, connect_time: float,
+                 residents: ResidentBook | None = None) -> None:
         self.host = host
         self.connect_time = connect_time
         self.round_trips = 0  # request/answer exchanges after connecting: each `run` and each agent call
+        self.agent_mode: str | None = None  # "resident" or "started" once the agent was called
         self._client = client
+        self._residents = residents
         self._sftp: paramiko.SFTPClient | None = None
         self._agent: _AgentChannel | None = None
 
@@ -273,15 +277,38 @@ class Session:
             if result.exit_code == -1 and not agent.channel.eof_received:
                 raise TransportError(f"{self.host.name}: connection lost: the connection closed while the agent ran")
             return parse_agent_reply(self.host.name, verb, result)
-        return parse_agent_reply(self.host.name, verb, CommandResult(0, line, "", time.monotonic() - started))
+        reply = decode_agent_reply(self.host.name, verb, CommandResult(0, line, "", time.monotonic() - started))
+        if agent.resident_key is not None and isinstance(reply.get("resident"), str):
+            self._residents.record(agent.resident_key, reply["resident"])
+            agent.resident_key = None
+        return agent_result(self.host.name, reply)
 
     def _start_agent(self, timeout: float) -> "_AgentChannel":
+        """The agent for this session: the host's resident when it has one, else a new one started by exec."""
         from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
 
+        transport = self._client.get_transport()
+        host, linger = self.host, 0.0
+        key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
+        if self._residents is not None and host.agent_linger > 0:
+            socket_path = self._residents.socket_for(key)
+            if socket_path is not None:
+                try:
+                    channel = open_unix_socket_channel(transport, socket_path, timeout)
+                except paramiko.ChannelException as exc:
+                    # Gone (it idled out, the host rebooted) or refused by sshd's configuration.
+                    self._residents.forget(key, prohibited=exc.code == OPEN_ADMINISTRATIVELY_PROHIBITED)
+                else:
+                    self.agent_mode = "resident"
+                    return _AgentChannel(channel, b"", host.name, resident=True)
+            if self._residents.may_linger(key):
+                linger = host.agent_linger
         source = agent_source()
-        channel = self._client.get_transport().open_session(timeout=timeout)
-        channel.exec_command(bootstrap_command(self.host.python, len(source), digest=agent_digest(), serve=True))
-        return _AgentChannel(channel, source, self.host.name)
+        channel = transport.open_session(timeout=timeout)
+        channel.exec_command(bootstrap_command(host.python, len(source), digest=agent_digest(), serve=True,
+                                               linger=linger))
+        self.agent_mode = "started"
+        return _AgentChannel(channel, source, host.name, resident_key=key if linger else None)
 
     def _drop_agent(self) -> None:
         agent, self._agent = self._agent, None
@@ -297,8 +324,10 @@ class Session:
                 try:
                     # EOF: the agent, idle between requests, exits. Wait (briefly) for that, so that it has ended,
                     # reaped by sshd, when the connection goes, rather than being left to finish as an orphan.
+                    # A resident's session process ends the same way, but a socket channel has no exit status.
                     self._agent.channel.shutdown_write()
-                    self._agent.channel.status_event.wait(AGENT_EXIT_WAIT)
+                    if not self._agent.resident:
+                        self._agent.channel.status_event.wait(AGENT_EXIT_WAIT)
                 except Exception:  # noqa: BLE001
                     pass
                 self._drop_agent()
@@ -317,10 +346,13 @@ class Session:
 class _AgentChannel:
     """The agent running in `--serve` mode on one exec channel: a JSON request per line in, a JSON answer per line out."""
 
-    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str) -> None:
+    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str, *, resident: bool = False,
+                 resident_key: str | None = None) -> None:
         self.channel = channel
         self.host_name = host_name
         self.pending_source = source  # sent once, ahead of the first request
+        self.resident = resident  # a channel to the host's resident agent rather than an exec'd one
+        self.resident_key = resident_key  # until the first answer says where the agent will stay on
         self.out = bytearray()
         self.err = bytearray()
 
@@ -370,6 +402,11 @@ class _AgentChannel:
 
 def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
     """The agent's `result`, or an AgentError saying what went wrong on which host."""
+    return agent_result(host, decode_agent_reply(host, verb, result))
+
+
+def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
+    """The agent's whole reply document, or an AgentError when its output is not one."""
     try:
         reply = json.loads(result.stdout)
     except ValueError:
@@ -379,6 +416,11 @@ def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, 
         raise AgentError(f"{host}: agent {verb} failed (exit {result.exit_code}): {tail[0]}") from None
     if not isinstance(reply, dict) or "ok" not in reply:
         raise AgentError(f"{host}: agent {verb} answered something that is not its protocol")
+    return reply
+
+
+def agent_result(host: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The `result` of a decoded reply, or the AgentError it reports."""
     if not reply["ok"]:
         error = reply.get("error") or {}
         raise AgentError(f"{host}: {error.get('message', 'agent error')}", kind=error.get("kind", "error"))
@@ -389,10 +431,12 @@ class Connector:
     """Opens Sessions: verifies host keys, honours ProxyJump through inventory hosts, sets TCP_NODELAY."""
 
     def __init__(self, known_hosts: str | os.PathLike[str], *, accept_new: bool = False,
-                 jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None) -> None:
+                 jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None,
+                 residents: ResidentBook | None = None) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
         self.accept_new = accept_new
         self.connect_timeout = connect_timeout
+        self.residents = residents if residents is not None else ResidentBook()
         self._jump_hosts = {h.name: h for h in jump_hosts}
         self._jumps: dict[str, Session] = {}
         self._jump_lock = threading.Lock()
@@ -436,7 +480,7 @@ class Connector:
             raise TransportError(_handshake_failure(host, key_file, timeout, exc)) from None
         transport = client.get_transport()
         transport.set_keepalive(15)
-        return Session(host, client, time.monotonic() - started)
+        return Session(host, client, time.monotonic() - started, self.residents)
 
     def _open_socket(self, host: Host, timeout: float) -> Any:
         if host.proxy_jump:
@@ -478,6 +522,56 @@ class Connector:
             for session in self._jumps.values():
                 session.close()
             self._jumps.clear()
+        self.residents.save()
+
+
+# SSH_MSG_CHANNEL_OPEN_FAILURE reason (RFC 4254 5.1): sshd's configuration forbids the channel.
+OPEN_ADMINISTRATIVELY_PROHIBITED = 1
+UNIX_SOCKET_CHANNEL = "direct-streamlocal@openssh.com"
+
+
+def open_unix_socket_channel(transport: paramiko.Transport, socket_path: str, timeout: float) -> paramiko.Channel:
+    """A channel to a unix socket on the host, which sshd connects for us (OpenSSH's direct-streamlocal).
+
+    paramiko's open_channel builds the open message only for the channel kinds it knows, so this does what it
+    does for those (same message, window and bookkeeping) with the streamlocal fields: path, reserved string,
+    reserved uint32. Raises paramiko.ChannelException when sshd refuses (no such socket, or forbidden).
+    """
+    from paramiko.channel import Channel
+    from paramiko.common import cMSG_CHANNEL_OPEN
+    from paramiko.message import Message
+
+    if not transport.active:
+        raise paramiko.SSHException("SSH session not active")
+    with transport.lock:
+        window_size = transport._sanitize_window_size(None)
+        max_packet_size = transport._sanitize_packet_size(None)
+        channel_id = transport._next_channel()
+        message = Message()
+        message.add_byte(cMSG_CHANNEL_OPEN)
+        message.add_string(UNIX_SOCKET_CHANNEL)
+        message.add_int(channel_id)
+        message.add_int(window_size)
+        message.add_int(max_packet_size)
+        message.add_string(socket_path)
+        message.add_string("")
+        message.add_int(0)
+        channel = Channel(channel_id)
+        transport._channels.put(channel_id, channel)
+        transport.channel_events[channel_id] = opened = threading.Event()
+        transport.channels_seen[channel_id] = True
+        channel._set_transport(transport)
+        channel._set_window(window_size, max_packet_size)
+    transport._send_user_message(message)
+    if not opened.wait(timeout):
+        raise paramiko.SSHException(f"timed out opening a channel to {socket_path}")
+    channel = transport._channels.get(channel_id)
+    if channel is not None:
+        return channel
+    failure = transport.get_exception()
+    if isinstance(failure, paramiko.ChannelException):
+        raise failure
+    raise paramiko.SSHException(f"cannot open a channel to {socket_path}: {failure or 'refused'}")
 
 
 def _handshake_failure(host: Host, key_file: str | None, timeout: float, exc: BaseException) -> str:
