@@ -65,8 +65,8 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, clock ticks: utime + stime + cutime + cstime)."""
+def _proc_table() -> dict[int, tuple[int, int, bool]]:
+    """pid -> (ppid, clock ticks: utime + stime + cutime + cstime, ended: a zombie not yet reaped)."""
     table = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -76,40 +76,49 @@ def _proc_table() -> dict[int, tuple[int, int]]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        table[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+        table[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]), fields[0] == b"Z")
     return table
 
 
+def _mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _is_resident_agent(pid: int, parent_inside: bool) -> bool:
+    """ddops' resident agent server: started to linger, and no longer under the session that started it."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return not parent_inside and any(word.startswith(b"--linger=") for word in command)
+
+
 class HostMeter:
-    """CPU spent on the hosts' side: every sshd listener, its reaped sessions and its live ones."""
+    """CPU spent on the hosts' side: every process in a testbed host's mount namespace (its sshd listener, the
+    sessions, ddops' resident agent and the sessions it forks), live, ended or reaped by one of them."""
 
     def __init__(self, listeners: list[int]) -> None:
         self.listeners = set(listeners)
-
-    def _below(self, table: dict[int, tuple[int, int]]) -> set[int]:
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        found, stack = set(), list(self.listeners)
-        while stack:
-            for child in children.get(stack.pop(), []):
-                if child not in found:
-                    found.add(child)
-                    stack.append(child)
-        return found
+        self.namespaces = {ns for ns in map(_mount_namespace, listeners) if ns}
 
     def read(self) -> tuple[float, set[int]]:
+        """(CPU seconds so far, the pids still at work: neither a listener, an idle resident, nor ended)."""
         table = _proc_table()
-        below = self._below(table)
-        ticks = sum(table[p][1] for p in self.listeners | below if p in table)
-        return ticks / CLK_TCK, below
+        members = {pid for pid in table if _mount_namespace(pid) in self.namespaces}
+        ticks = sum(table[pid][1] for pid in members)
+        working = {pid for pid in members - self.listeners
+                   if not table[pid][2] and not _is_resident_agent(pid, table[pid][0] in members)}
+        return ticks / CLK_TCK, working
 
     def settle(self, baseline: set[int], timeout: float = 3.0) -> float:
-        """Wait until the sessions a run opened have ended (their CPU is then reaped), then read."""
+        """Wait until the processes a run started have ended (their CPU is then counted), then read."""
         deadline = time.monotonic() + timeout
         while True:
-            cpu, below = self.read()
-            if below <= baseline or time.monotonic() > deadline:
+            cpu, working = self.read()
+            if working <= baseline or time.monotonic() > deadline:
                 return cpu
             time.sleep(0.02)
 
@@ -180,12 +189,14 @@ class Bed:
                    for h in self.hosts[:n] for name in SEED_FILES)
 
     # inventories and specs, one per size
-    def ddops_inventory(self, n: int) -> Path:
-        path = self.work / f"inventory-{n}.yaml"
+    def ddops_inventory(self, n: int, *, resident: bool = True) -> Path:
+        """ddops' inventory for the first n hosts; resident=False: `agent_linger: 0` (an agent started per run)."""
+        path = self.work / f"inventory-{n}{'' if resident else '-no-resident'}.yaml"
         if not path.exists():
             lines = ["defaults:", "  user: root", f"  repo: {json.dumps(self.tb.repo_path)}",
                      f"  identity_file: {json.dumps(str(self.tb.client_key))}",
                      f"  python: {json.dumps(self.host_python)}", "  connect_timeout: 20", "  command_timeout: 600",
+                     f"  agent_linger: {300 if resident else 0}",
                      f"known_hosts: {json.dumps(str(self.tb.known_hosts))}", "ssh_config: /dev/null",
                      f"patches: [{PLAYBOOK}]", "hosts:"]
             lines += [f"  {h.name}: {{address: {h.address}, port: {h.port}}}" for h in self.hosts[:n]]
@@ -236,6 +247,9 @@ def grep_command(repo: str) -> str:
 
 
 # --- the tools ------------------------------------------------------------------------------------------------
+
+# The first-apply rows that the targets are checked on, and the ratio table's cells, in this order.
+MAIN_ROWS = ("ddops-cold", "ddops", "ddops-fresh")
 
 @dataclass
 class Tool:
@@ -303,6 +317,9 @@ class Runner:
             Tool("ddops", "ddops patch, first apply (plan cache warm)", "ddops",
                  lambda n: d + ["-i", str(inv(n)), "patch", PLAYBOOK, "--all", "--json"], self._ddops_env(False),
                  leaves="applied", verify=expect("changed")),
+            Tool("ddops-fresh", "ddops patch, first apply (plan cache warm, no resident agent: agent_linger 0)",
+                 "ddops", lambda n: d + ["-i", str(inv(n, resident=False)), "patch", PLAYBOOK, "--all", "--json"],
+                 self._ddops_env(False), leaves="applied", verify=expect("changed")),
             Tool("ddops-rerun", "ddops patch, idempotent rerun", "ddops",
                  lambda n: d + ["-i", str(inv(n)), "patch", PLAYBOOK, "--all", "--json"], self._ddops_env(False),
                  needs="applied", leaves="same", verify=expect("ok")),
@@ -760,10 +777,11 @@ def render(meta: dict[str, Any], tools: list[Tool], results: dict[str, dict[int,
             "and answer, i.e. per agent call; a session's agent calls share one exec channel (see the notes).", ""]
     # ratios
     anchors = [t for t in tools if t.group in ("anchor", "floor")]
-    mains = [t for t in tools if t.key in ("ddops-cold", "ddops")]
+    mains = [t for t in tools if t.key in MAIN_ROWS]
     if anchors and mains:
         out += ["## Ratios: ddops patch (first apply) / anchor, median wall", "",
-                "Each cell: plan cache off / plan cache warm. Below 1: ddops is faster.", "",
+                "Each cell: plan cache off / plan cache warm / plan cache warm without a resident agent "
+                "(`agent_linger: 0`: Python started on every host by every command). Below 1: ddops is faster.", "",
                 "| anchor | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
         for a in anchors:
             cells = []
@@ -816,7 +834,7 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
         s = stats.get(key, {}).get(size)
         return s["median"] if s and s.get("ok") else None
 
-    for main in ("ddops-cold", "ddops"):
+    for main in MAIN_ROWS:
         if main not in keys or med(main) is None:
             continue
         for anchor, limit in (("fabric", 1.3), ("pyinfra", 0.67), ("ansible", 0.1), ("ansible-warm", 0.1)):
@@ -825,7 +843,7 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
             ratio = med(main) / med(anchor)
             lines.append(f"| {main} ≤ {limit}× {anchor} | {med(main):.2f} s / {med(anchor):.2f} s = {ratio:.2f}× | "
                          f"{'yes' if ratio <= limit else 'NO'} |")
-    for key, want in (("ddops", 2), ("ddops-cold", 2), ("ddops-rerun", 1), ("ddops-check", 1),
+    for key, want in (("ddops", 2), ("ddops-cold", 2), ("ddops-fresh", 2), ("ddops-rerun", 1), ("ddops-check", 1),
                       ("ddops-rollback", 2)):
         runs = [s for s in stats.get(key, {}).values() if s.get("ok")]
         if runs:
@@ -834,7 +852,7 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
                          f"{fmt_rt(seen)} | {'yes' if seen == [want] else 'NO'} |")
     big = max((size for size in stats.get("ddops", {})), default=None)
     if big is not None:
-        rss = max(stats[k][big]["rss"] for k in ("ddops", "ddops-cold", "ddops-rerun", "ddops-check",
+        rss = max(stats[k][big]["rss"] for k in ("ddops", "ddops-cold", "ddops-fresh", "ddops-rerun", "ddops-check",
                                                   "ddops-rollback") if k in stats and big in stats[k]
                   and stats[k][big].get("ok"))
         lines.append(f"| controller peak RSS < 150 MB at N={big} | {rss:.0f} MB | {'yes' if rss < 150 else 'NO'} |")
@@ -888,8 +906,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="Timed runs per tool and size (default 5).")
     p.add_argument("--slow-repeats", type=int, default=3, help="At most this many for Ansible (default 3).")
     p.add_argument("--only", help="Tools or groups, comma-separated: ddops, anchor, floor, ddops-cold, ddops, "
-                                  "ddops-rerun, ddops-check, ddops-rollback, fabric, openssh, pyinfra, ansible, "
-                                  "ansible-warm.")
+                                  "ddops-fresh, ddops-rerun, ddops-check, ddops-rollback, fabric, openssh, pyinfra, "
+                                  "ansible, ansible-warm.")
     p.add_argument("--no-scaling", action="store_true", help="Skip the 1000-file transform-cache case.")
     p.add_argument("--scaling-repeats", type=int, default=2, help="Runs per scaling case (default 2).")
     p.add_argument("--no-startup", action="store_true", help="Skip `ddops --help` and `ddops ping`.")

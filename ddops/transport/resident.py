@@ -86,7 +86,7 @@ class ResidentBook:
                 else:
                     entries[key] = entry
             self._changes = {}
-            newest = sorted(entries.items(), key=lambda item: item[1].get("seen_at") or item[1].get("prohibited_at") or 0)
+            newest = sorted(entries.items(), key=lambda item: _stamp(item[1]))
             entries = self._entries = dict(newest[-MAX_ENTRIES:])
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,3 +97,9 @@ class ResidentBook:
                 os.replace(temp, self.path)
             except OSError:
                 pass  # only a hint: the next command starts agents the usual way
+
+
+def _stamp(entry: dict) -> float:
+    """When an entry was written (the oldest are dropped first once the book is full)."""
+    stamp = entry.get("seen_at") or entry.get("prohibited_at") or 0
+    return stamp if isinstance(stamp, (int, float)) else 0
