@@ -1536,6 +1536,8 @@ def serve_resident(path, linger, load):
     server.listen(RESIDENT_BACKLOG)
     bound = os.stat(path).st_ino
     sessions = set()
+    # Reap each session process as it ends rather than at the next accept (until then it would be a zombie).
+    signal.signal(signal.SIGCHLD, lambda number, frame: reap_sessions(sessions))
     idle_until = time.monotonic() + linger
     while True:
         reap_sessions(sessions)
@@ -1583,6 +1585,7 @@ def fork_resident_session(server, connection, load):
     pid = os.fork()
     if pid == 0:
         try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper is not ours
             server.close()
             serve_connection(connection, load)
         finally:

@@ -59,18 +59,20 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench"):
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
-    import click
-
     try:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
         # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
         err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.ClickException as exc:
-        exc.show()
+    except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("ddops: aborted")
         sys.exit(130)
     except KeyboardInterrupt:

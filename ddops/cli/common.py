@@ -163,7 +163,10 @@ def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any]
            "hosts": [r.to_json() for r in results]}
     if extra:
         doc.update(extra)
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    # Indented for a person at a terminal; compact otherwise, which the json module writes in C (indented output
+    # goes through its pure-Python encoder: a quarter of a 32-host `patch --check --json` run's CPU).
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(doc, indent=indent, default=str) + "\n")
 
 
 def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),

@@ -26,3 +26,24 @@ def test_help_lists_every_command_group():
 def test_version():
     out = subprocess.run([sys.executable, "-m", "ddops", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("ddops ")
+
+
+def test_parsing_a_command_s_options_imports_no_validation_library():
+    # Some typer releases build a pydantic TypeAdapter per option on every command (~0.15 s of startup).
+    code = ("import sys\n"
+            "from ddops.cli.app import main\n"
+            "try:\n"
+            "    main(['--inventory', '/nonexistent/inventory.yaml', 'inventory', 'check'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('pydantic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
+
+
+def test_a_bad_option_or_value_is_a_usage_error_not_a_traceback():
+    for argv, says in ((["patch", "--bogus"], "No such option: --bogus"),
+                       (["patch", "--all", "--forks", "0"], "0 is not in the range x>=1")):
+        proc = subprocess.run([sys.executable, "-m", "ddops", *argv], capture_output=True, text=True)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert says in proc.stderr and "Traceback" not in proc.stderr
