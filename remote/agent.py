@@ -1484,6 +1484,19 @@ def resident_socket_path(digest):
     return path if os.path.isabs(path) and len(path.encode("utf-8")) <= MAX_UNIX_SOCKET_PATH else None
 
 
+def resident_alive(path):
+    """Whether a resident accepts connections on `path` now (one that is sent nothing just ends the session)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2.0)
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def private_directory(folder):
     """Make `folder` (mode 0700) if needed; whether it is a real directory of ours that nobody else can enter."""
     try:

@@ -108,6 +108,45 @@ def git_seed(source: Path, dest: Path) -> Path:
     return dest
 
 
+def exited(pid: int) -> bool:
+    """Gone, or a zombie: past closing its files and sockets (a dying process loses its environ before that)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def host_processes(bed, name: str) -> dict[int, int]:
+    """pid -> parent pid of every process in a testbed host's mount namespace, but its sshd listener."""
+    listener = bed.host(name).pid()
+    assert listener is not None, f"{name}: sshd is not running"
+    namespace = os.readlink(f"/proc/{listener}/ns/mnt")
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != listener:
+            try:
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def resident_agents(bed, name: str) -> list[int]:
+    """The host's resident agent servers: agents started to linger, no longer under the session that started them
+    (their session processes are their children, so they are not listed)."""
+    members = host_processes(bed, name)
+    found = []
+    for pid, parent in members.items():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if parent not in members and any(word.startswith(b"--linger=") for word in command):
+            found.append(pid)
+    return found
+
+
 def run_ddops(*args: str, inventory: Path | str | None = None, input: str | None = None,
               env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""

@@ -17,7 +17,8 @@ from ddops.errors import AgentError
 # --sha256: the source's hash; the compiled agent is cached on the host under it (compiling costs more than a verb).
 # --linger (with --serve and --sha256): when stdin ends, leave a resident agent behind for later sessions, serving
 #   on a unix socket until idle for SECONDS (see the agent's "resident" section); the first answer carries the
-#   socket's path as "resident".
+#   socket's path as "resident". With --probe-resident as well, it also says whether a resident accepts
+#   connections there now ("resident_alive"): the controller asks after sshd refused it a channel to that socket.
 # -S: no site-packages scan at startup (the agent is stdlib only; `facts` loads site itself for package versions).
 # Kept free of anything newer than Python 3.8 since it runs on the hosts.
 BOOTSTRAP = """\
@@ -48,6 +49,7 @@ n = int(sys.argv[1])
 serve = "--serve" in sys.argv[2:]
 digest = ([a[9:] for a in sys.argv[2:] if a.startswith("--sha256=")] or [None])[0]
 linger = float(([a[9:] for a in sys.argv[2:] if a.startswith("--linger=")] or [0])[0])
+probe_resident = "--probe-resident" in sys.argv[2:]
 stdin = sys.stdin.buffer
 if serve:
     import os
@@ -118,6 +120,8 @@ while True:
     response = namespace["answer"](line)
     if announce:
         response["resident"], announce = announce, None
+        if probe_resident:
+            response["resident_alive"] = namespace["resident_alive"](resident)
     sys.stdout.write(namespace["encode_response"](response))
     sys.stdout.flush()
     # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
@@ -155,11 +159,12 @@ def agent_digest() -> str:
 
 
 def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False,
-                      linger: float = 0) -> str:
+                      linger: float = 0, probe_resident: bool = False) -> str:
     """The shell command that runs the agent with `python`, reading `n` bytes of source from stdin.
 
     With `digest` (agent_digest()) the host caches the compiled agent; with `serve` it answers one request per line
-    until stdin ends, instead of one request; with `linger` (and both of those) it then stays on as a resident.
+    until stdin ends, instead of one request; with `linger` (and both of those) it then stays on as a resident, and
+    with `probe_resident` its first answer says whether a resident already listens.
     """
     words = [python, "-S", "-c", BOOTSTRAP, str(n)]
     if digest:
@@ -168,4 +173,6 @@ def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: 
         words.append("--serve")
     if linger > 0 and digest and serve:
         words.append(f"--linger={linger:g}")
+        if probe_resident:
+            words.append("--probe-resident")
     return " ".join(shlex.quote(word) for word in words)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import select
 import socket
@@ -36,6 +37,9 @@ def _import_paramiko() -> Any:
 
 
 paramiko = _import_paramiko()
+# paramiko logs what it also raises (a refused channel is an ERROR record); with no handler configured, Python would
+# print those on stderr. ddops reports failures itself, in one line per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 READ_CHUNK = 1 << 16
 MAX_AGENT_STDERR = 1 << 16
@@ -278,17 +282,25 @@ class Session:
                 raise TransportError(f"{self.host.name}: connection lost: the connection closed while the agent ran")
             return parse_agent_reply(self.host.name, verb, result)
         reply = decode_agent_reply(self.host.name, verb, CommandResult(0, line, "", time.monotonic() - started))
-        if agent.resident_key is not None and isinstance(reply.get("resident"), str):
-            self._residents.record(agent.resident_key, reply["resident"])
+        if agent.resident_key is not None:
+            self._note_resident(agent.resident_key, reply)
             agent.resident_key = None
         return agent_result(self.host.name, reply)
+
+    def _note_resident(self, key: str, reply: dict[str, Any]) -> None:
+        """Remember what the first answer of an agent started to linger says about the host's resident."""
+        if reply.get("resident_alive"):
+            # sshd would not connect us to a resident that is there: it forbids unix-socket channels.
+            self._residents.forget(key, prohibited=True)
+        elif isinstance(reply.get("resident"), str):
+            self._residents.record(key, reply["resident"])
 
     def _start_agent(self, timeout: float) -> "_AgentChannel":
         """The agent for this session: the host's resident when it has one, else a new one started by exec."""
         from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
 
         transport = self._client.get_transport()
-        host, linger = self.host, 0.0
+        host, linger, refused = self.host, 0.0, False
         key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
         if self._residents is not None and host.agent_linger > 0:
             socket_path = self._residents.socket_for(key)
@@ -296,7 +308,9 @@ class Session:
                 try:
                     channel = open_unix_socket_channel(transport, socket_path, timeout)
                 except paramiko.ChannelException as exc:
-                    # Gone (it idled out, the host rebooted) or refused by sshd's configuration.
+                    # Gone (it idled out, the host rebooted), or refused by sshd's configuration: OpenSSH says
+                    # "connect failed" for both, so the agent started now checks whether the resident is there.
+                    refused = True
                     self._residents.forget(key, prohibited=exc.code == OPEN_ADMINISTRATIVELY_PROHIBITED)
                 else:
                     self.agent_mode = "resident"
@@ -306,7 +320,7 @@ class Session:
         source = agent_source()
         channel = transport.open_session(timeout=timeout)
         channel.exec_command(bootstrap_command(host.python, len(source), digest=agent_digest(), serve=True,
-                                               linger=linger))
+                                               linger=linger, probe_resident=refused))
         self.agent_mode = "started"
         return _AgentChannel(channel, source, host.name, resident_key=key if linger else None)
 

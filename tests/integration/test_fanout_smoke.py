@@ -27,6 +27,6 @@ def test_fanout_benchmark_runs_on_two_hosts_and_reports_round_trips(tmp_path):
     assert "| ddops patch, first apply (plan cache warm) | **" in report
     raw = json.loads(output.with_suffix(".json").read_text())["results"]
     round_trips = {key: sorted({r for s in runs["2"] for r in s["round_trips"]}) for key, runs in raw.items()}
-    assert round_trips == {"ddops-cold": [2], "ddops": [2], "ddops-rerun": [1], "ddops-rollback": [2],
-                           "ddops-check": [1]}
+    assert round_trips == {"ddops-cold": [2], "ddops": [2], "ddops-fresh": [2], "ddops-rerun": [1],
+                           "ddops-rollback": [2], "ddops-check": [1]}
     assert all(s["ok"] for runs in raw.values() for s in runs["2"])

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git_seed, run_ddops, testbeds
+from tests.conftest import MINI_DDTREE, git_seed, host_processes, resident_agents, run_ddops, testbeds
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 FILES = ("ddtree.py", "dflash.py")
@@ -261,30 +261,9 @@ def session_pids(fleet: Fleet, name: str) -> list[int]:
 
 def quiet(fleet: Fleet, name: str) -> bool:
     """Nothing runs on the host but its sshd listener and its idle resident agent (an agent whose connection was
-    cut may still be finishing): no other process is in the host's mount namespace."""
-    listener = fleet.bed.host(name).pid()
-    assert listener is not None, f"{name}: sshd is not running"
-    namespace = os.readlink(f"/proc/{listener}/ns/mnt")
-    members = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != listener:
-            try:
-                if os.readlink(entry / "ns" / "mnt") == namespace:
-                    members.add(int(entry.name))
-            except OSError:
-                continue
-    return all(is_resident_server(pid, members) for pid in members)
-
-
-def is_resident_server(pid: int, namespace_members: set[int]) -> bool:
-    """The agent's resident server: an agent started to linger, no longer under the sshd session that started it.
-    (Its session processes are its children, so they are not.)"""
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return True  # gone since we listed it
-    return any(word.startswith(b"--linger=") for word in command) and parent not in namespace_members
+    cut may still be finishing)."""
+    residents = set(resident_agents(fleet.bed, name))
+    return all(pid in residents for pid in host_processes(fleet.bed, name))
 
 
 def all_output(*procs: subprocess.CompletedProcess[str]) -> str:

@@ -1,0 +1,120 @@
+"""The resident agent through real sshd: later commands reach each host's own resident over a direct-streamlocal
+channel and start no Python; when it is gone or refused, ddops starts the agent as usual."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import MINI_DDTREE, exited, host_processes, requires_sshd, resident_agents, run_ddops, wait_until
+
+pytestmark = [pytest.mark.sshd, requires_sshd]
+
+OLD_LINE = "past_key_values_target = DynamicCache()"
+FILES = ("ddtree.py", "dflash.py")
+
+
+@pytest.fixture
+def bed(make_testbed):
+    return make_testbed(2, seed=MINI_DDTREE, patches=("hybrid-cache",))
+
+
+def lingering(bed, seconds: float):
+    """The testbed inventory with agent_linger set for every host."""
+    path = bed.inventory_path
+    path.write_text(path.read_text().replace("defaults:\n", f"defaults:\n  agent_linger: {seconds}\n", 1))
+    return bed
+
+
+def ddops(bed, *args: str) -> dict:
+    proc = run_ddops("--json", *args, inventory=bed.inventory_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "Traceback" not in proc.stderr and "open FAILED" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def agents(doc: dict) -> dict[str, str]:
+    return {h["host"]: h["agent"] for h in doc["hosts"]}
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {h["host"]: h["status"] for h in doc["hosts"]}
+
+
+def test_the_next_command_reaches_each_host_s_own_resident(bed):
+    # host2 already carries half the fix: its resident must see host2's files, not host1's.
+    ddtree2 = bed.host("host2").repo_dir / "ddtree.py"
+    ddtree2.write_text(ddtree2.read_text().replace(OLD_LINE, "past_key_values_target = DynamicCache(config=target."
+                                                  "config if hasattr(target, \"config\") else None)"))
+    first = ddops(bed, "patch", "--all", "--check")
+    assert agents(first) == {"host1": "started", "host2": "started"}
+    wait_until(lambda: all(resident_agents(bed, h.name) for h in bed.hosts))
+
+    applied = ddops(bed, "patch", "--all")
+    assert agents(applied) == {"host1": "resident", "host2": "resident"}
+    assert statuses(applied) == {"host1": "changed", "host2": "changed"}
+    messages = {h["host"]: h["message"] for h in applied["hosts"]}
+    assert "ddtree.py, dflash.py" in messages["host1"] and "dflash.py" in messages["host2"] \
+        and "ddtree.py" not in messages["host2"]
+    for host in bed.hosts:
+        for name in FILES:
+            assert OLD_LINE not in (host.repo_dir / name).read_text(), (host.name, name)
+    assert [h["round_trips"] for h in applied["hosts"]] == [2, 2]
+
+    back = ddops(bed, "rollback", "--all", "--yes")
+    assert statuses(back) == {"host1": "changed", "host2": "changed"} and set(agents(back).values()) == {"resident"}
+
+
+def test_agent_linger_0_leaves_nothing_running_on_the_hosts(bed):
+    lingering(bed, 0)
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "started", "host2": "started"}
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "started", "host2": "started"}
+    wait_until(lambda: not any(host_processes(bed, h.name) for h in bed.hosts))
+
+
+def test_a_resident_that_is_gone_costs_only_a_fresh_start(bed):
+    ddops(bed, "patch", "--all", "--check")
+    wait_until(lambda: resident_agents(bed, "host1"))
+    killed = resident_agents(bed, "host1")
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)  # as a reboot would: the socket file stays behind
+    wait_until(lambda: all(map(exited, killed)))
+
+    after = ddops(bed, "patch", "--all")
+    assert agents(after) == {"host1": "started", "host2": "resident"}
+    assert statuses(after) == {"host1": "changed", "host2": "changed"}
+    wait_until(lambda: resident_agents(bed, "host1"))
+    assert agents(ddops(bed, "status", "--all")) == {"host1": "resident", "host2": "resident"}
+
+
+def test_a_resident_idles_out_after_agent_linger_seconds(bed):
+    lingering(bed, 1)
+    ddops(bed, "patch", "--all", "--check")
+    wait_until(lambda: resident_agents(bed, "host1"))
+    wait_until(lambda: not any(host_processes(bed, h.name) for h in bed.hosts), timeout=20)
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "started", "host2": "started"}
+
+
+def test_a_host_whose_sshd_refuses_socket_channels_is_served_without_a_resident(bed):
+    host = bed.host("host1")
+    host.config.write_text(host.config.read_text() + "AllowStreamLocalForwarding no\n")
+    bed.stop_host("host1")
+    bed.start_host("host1")
+
+    ddops(bed, "patch", "--all", "--check")  # leaves a resident, which sshd will not let us reach
+    wait_until(lambda: resident_agents(bed, "host1"))
+    refused = ddops(bed, "patch", "--all", "--check")
+    assert agents(refused) == {"host1": "started", "host2": "resident"}
+    assert statuses(refused) == {"host1": "changed", "host2": "changed"}
+
+    killed = resident_agents(bed, "host1")
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(map(exited, killed)))
+    assert agents(ddops(bed, "patch", "--all", "--check"))["host1"] == "started"
+    time.sleep(0.5)
+    assert not host_processes(bed, "host1")  # not asked to linger again: nothing left behind

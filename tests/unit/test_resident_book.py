@@ -1,0 +1,89 @@
+"""The controller's note of where each host's resident agent listens: a hint kept between commands."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+
+from ddops.transport import resident
+from ddops.transport.resident import ResidentBook, resident_key
+
+KEY = resident_key("root", "10.0.0.7", 22, "python3", "ab" * 32)
+
+
+def test_a_recorded_socket_is_found_by_the_next_command(tmp_path):
+    book = ResidentBook(tmp_path / "residents.json")
+    book.record(KEY, "/root/.cache/ddops/run/agent-x.sock")
+    book.save()
+    assert ResidentBook(tmp_path / "residents.json").socket_for(KEY) == "/root/.cache/ddops/run/agent-x.sock"
+    assert stat.S_IMODE((tmp_path / "residents.json").stat().st_mode) == 0o600
+
+
+def test_the_key_names_user_host_port_python_and_agent_version():
+    keys = {resident_key("root", "h", 22, "python3", "ab" * 32), resident_key("alice", "h", 22, "python3", "ab" * 32),
+            resident_key("root", "h", 2222, "python3", "ab" * 32), resident_key("root", "h", 22, "python3.12", "ab" * 32),
+            resident_key("root", "h", 22, "python3", "cd" * 32), resident_key("root", "g", 22, "python3", "ab" * 32)}
+    assert len(keys) == 6
+
+
+def test_forgetting_a_gone_resident_removes_it(tmp_path):
+    book = ResidentBook(tmp_path / "residents.json")
+    book.record(KEY, "/s")
+    book.save()
+    book.forget(KEY)
+    book.save()
+    assert ResidentBook(tmp_path / "residents.json").socket_for(KEY) is None
+    assert ResidentBook(tmp_path / "residents.json").may_linger(KEY)
+
+
+def test_a_host_that_refuses_socket_channels_is_not_asked_to_linger_for_a_day(tmp_path, monkeypatch):
+    book = ResidentBook(tmp_path / "residents.json")
+    book.forget(KEY, prohibited=True)
+    book.save()
+    again = ResidentBook(tmp_path / "residents.json")
+    assert not again.may_linger(KEY) and again.socket_for(KEY) is None
+    later = time.time() + resident.PROHIBITED_RETRY_SECONDS + 1
+    monkeypatch.setattr(resident.time, "time", lambda: later)
+    assert again.may_linger(KEY)
+
+
+def test_saving_merges_with_what_another_command_wrote_meanwhile(tmp_path):
+    path = tmp_path / "residents.json"
+    mine, theirs = ResidentBook(path), ResidentBook(path)
+    other_key = resident_key("root", "10.0.0.8", 22, "python3", "ab" * 32)
+    mine.socket_for(KEY)  # loaded before the other command saved
+    theirs.record(other_key, "/theirs")
+    theirs.save()
+    mine.record(KEY, "/mine")
+    mine.save()
+    final = ResidentBook(path)
+    assert final.socket_for(KEY) == "/mine" and final.socket_for(other_key) == "/theirs"
+
+
+def test_a_damaged_or_foreign_file_is_only_a_missed_hint(tmp_path):
+    path = tmp_path / "residents.json"
+    for content in ("{not json", json.dumps([1, 2]), json.dumps({KEY: "a string, not an entry"}),
+                    json.dumps({KEY: {"socket": 42}})):
+        path.write_text(content)
+        book = ResidentBook(path)
+        assert book.socket_for(KEY) is None and book.may_linger(KEY)
+
+
+def test_an_unwritable_cache_costs_nothing_but_the_hint(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    book = ResidentBook(blocker / "residents.json")
+    book.record(KEY, "/s")
+    book.save()  # no exception
+    assert book.socket_for(KEY) == "/s"
+
+
+def test_the_book_keeps_the_newest_entries_once_full(tmp_path, monkeypatch):
+    monkeypatch.setattr(resident, "MAX_ENTRIES", 3)
+    book = ResidentBook(tmp_path / "residents.json")
+    for index in range(5):
+        book.record(f"key{index}", f"/s{index}")
+        book.save()
+    kept = json.loads((tmp_path / "residents.json").read_text())
+    assert sorted(kept) == ["key2", "key3", "key4"]
