@@ -1624,11 +1624,11 @@ def serve_connection(connection, load):
         return  # sshd connects as the user it logged in; anyone else is refused without a word
     reader = connection.makefile("rb")
     while True:
-        namespace = load()  # as in the bootstrap: every request gets a freshly loaded agent
-        namespace["SSH_SESSION_PID"] = pid
         line = reader.readline()
         if not line:
             break
+        namespace = load()  # as in the bootstrap: every request gets a freshly loaded agent
+        namespace["SSH_SESSION_PID"] = pid
         answer_line = namespace["encode_response"](namespace["answer"](line))
         connection.sendall(answer_line.encode("utf-8"))
 
