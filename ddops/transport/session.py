@@ -505,6 +505,8 @@ class Connector:
         self.connect_timeout = connect_timeout
         self.residents = residents if residents is not None else ResidentBook()
         self._known = _KnownHosts(self.known_hosts)
+        self._keys: dict[str, paramiko.PKey | None] = {}
+        self._keys_lock = threading.Lock()
         self._jump_hosts = {h.name: h for h in jump_hosts}
         self._jumps: dict[str, Session] = {}
         self._jump_lock = threading.Lock()
@@ -526,9 +528,11 @@ class Connector:
         if key_file and not os.path.exists(key_file):
             sock.close()
             raise TransportError(f"{host.name}: identity_file {host.identity_file} does not exist")
+        key = self._private_key(key_file) if key_file else None
         try:
             client.connect(
-                host.address, port=host.port, username=host.user, key_filename=key_file,
+                host.address, port=host.port, username=host.user, pkey=key,
+                key_filename=key_file if key is None else None,
                 look_for_keys=key_file is None, allow_agent=True, sock=sock, timeout=timeout,
                 banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
             )
@@ -551,6 +555,17 @@ class Connector:
         transport = client.get_transport()
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started, self.residents)
+
+    def _private_key(self, path: str) -> paramiko.PKey | None:
+        """The identity file's key, read once per run (paramiko reads it per connection, trying each key type);
+        None when it cannot be read without help (a passphrase), which paramiko then handles as before."""
+        with self._keys_lock:
+            if path not in self._keys:
+                try:
+                    self._keys[path] = paramiko.PKey.from_path(path)
+                except (paramiko.SSHException, OSError, ValueError):
+                    self._keys[path] = None
+            return self._keys[path]
 
     def _open_socket(self, host: Host, timeout: float) -> Any:
         if host.proxy_jump:
