@@ -434,8 +434,12 @@ def make_temp(directory, name):
     raise FileExistsError(errno.EEXIST, "no unused temporary name", os.path.join(directory, name))
 
 
-def atomic_write(path, data, mode, owner=None):
-    """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix."""
+def atomic_write(path, data, mode, owner=None, durable=True):
+    """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix.
+
+    durable: fsync the file and its directory, so that the new bytes survive a crash (not needed for notes that a
+    crash makes moot anyway; each fsync costs a disk flush).
+    """
     directory, name = os.path.split(path)
     fd, temp = make_temp(directory, name)
     try:
@@ -445,7 +449,8 @@ def atomic_write(path, data, mode, owner=None):
                 chown_quietly(fd, owner[0], owner[1])
             # After fchown, which clears set-id bits.
             os.fchmod(fd, mode)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         fault_point("temp-written", path)
@@ -459,7 +464,8 @@ def atomic_write(path, data, mode, owner=None):
         if isinstance(error, OSError) and not error.filename:
             raise OSError(error.errno, error.strerror, path) from None  # say which file could not be written
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def default_file_mode():
@@ -829,7 +835,8 @@ class RepoLock:
         self.fd = fd
         self.info["since"] = now_iso()
         try:
-            atomic_write(lock_info_path(self.state), to_json(self.info).encode("utf-8"), 0o600)
+            # Who holds the lock, for whoever waits on it: a crash releases the lock and makes the note moot.
+            atomic_write(lock_info_path(self.state), to_json(self.info).encode("utf-8"), 0o600, durable=False)
         except BaseException:
             self.release()
             raise

@@ -207,10 +207,10 @@ def test_commit_lists_state_dir_in_git_exclude_exactly_once(repo):
 
 DISK_FULL_ON_DFLASH = b'''
 _real_atomic_write = atomic_write
-def atomic_write(path, data, mode, owner=None):
+def atomic_write(path, data, mode, owner=None, durable=True):
     if path.endswith("dflash.py"):
         raise OSError(28, "No space left on device", path)
-    return _real_atomic_write(path, data, mode, owner)
+    return _real_atomic_write(path, data, mode, owner, durable)
 '''
 
 
