@@ -47,3 +47,16 @@ def test_a_bad_option_or_value_is_a_usage_error_not_a_traceback():
         proc = subprocess.run([sys.executable, "-m", "ddops", *argv], capture_output=True, text=True)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_is_rendered_without_rich_s_markdown_and_syntax_machinery():
+    # typer's rich help formatter imports a markdown parser, pygments and rich's traceback: ~0.1 s of `--help` here.
+    code = ("import sys\n"
+            "from ddops.cli.app import main\n"
+            "try:\n"
+            "    main(['--help'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(sorted(m for m in ('markdown_it', 'pygments', 'typer.rich_utils') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
