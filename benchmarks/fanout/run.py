@@ -739,7 +739,8 @@ def render(meta: dict[str, Any], tools: list[Tool], results: dict[str, dict[int,
            "## What is timed", "",
            "Whole processes, as a user runs them: wall time from spawn to exit; **CPU** = user+system seconds of the "
            "controller process and every child it reaped (ssh clients, Ansible forks); **host CPU** = user+system "
-           "seconds under the hosts' sshd listeners (sshd, the login shell, the agent or module, sed); **RSS** = "
+           "seconds of every process in the hosts' mount namespaces (sshd, the login shell, the agent or module, sed, "
+           "ddops' resident agents and their sessions); **RSS** = "
            "peak resident set of the largest process in the controller's tree (ru_maxrss), max over the runs. "
            "Every tool makes the same edit (`past_key_values_target = DynamicCache()` → "
            "`DynamicCache(config=target.config if hasattr(target, \"config\") else None)`) in ddtree.py and "
