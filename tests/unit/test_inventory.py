@@ -223,3 +223,12 @@ def test_ssh_config_first_value_wins_and_negation():
     assert cfg.lookup("ax") == {"user": "one", "port": "2022"}
     assert cfg.lookup("ab") == {"user": "two", "port": "2022"}
     assert cfg.aliases() == set()
+
+
+def test_agent_linger_defaults_to_300_s_takes_0_to_turn_residents_off_and_refuses_nonsense(tmp_path):
+    inv = load_inventory(write(tmp_path, "defaults: {agent_linger: 0}\nhosts:\n  a: {}\n  b: {agent_linger: 30}\n"))
+    assert [h.agent_linger for h in inv.hosts] == [0.0, 30.0]
+    assert load_inventory(write(tmp_path, "hosts:\n  a: {}\n")).hosts[0].agent_linger == 300.0
+    assert "hosts.a.agent_linger: must be between 0 (never) and 86400 seconds" in \
+        error_of(tmp_path, "hosts:\n  a: {agent_linger: -1}\n")
+    assert "hosts.a.agent_linger: must be" in error_of(tmp_path, "hosts:\n  a: {agent_linger: forever}\n")
