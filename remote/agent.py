@@ -1629,6 +1629,9 @@ def serve_connection(connection, load):
     pid, uid = peer_credentials(connection)
     if uid is not None and uid != os.getuid():
         return  # sshd connects as the user it logged in; anyone else is refused without a word
+    # The greeting, an empty line: a session that ends without one was never served, so the controller may send
+    # its request to an agent of its own instead (a resident killed as it connected).
+    connection.sendall(b"\n")
     reader = connection.makefile("rb")
     while True:
         line = reader.readline()

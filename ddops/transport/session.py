@@ -327,7 +327,12 @@ class Session:
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self._drop_agent()
+            if agent is not None and agent.never_served():
+                return self._without_resident(agent, verb, payload, deadline)
             raise TransportError(f"{self.host.name}: connection lost: {exc or type(exc).__name__}") from None
+        if line is None and agent.never_served():
+            self._drop_agent()
+            return self._without_resident(agent, verb, payload, deadline)
         if line is None:  # the agent exited without answering: say why, as a one-shot run would
             result = agent.ended(deadline, time.monotonic() - started)
             self._drop_agent()
@@ -339,6 +344,14 @@ class Session:
             self._note_resident(agent.resident_key, reply)
             agent.resident_key = None
         return agent_result(self.host.name, reply)
+
+    def _without_resident(self, agent: "_AgentChannel", verb: str, payload: dict[str, Any],
+                          deadline: float) -> dict[str, Any]:
+        """The call again through an agent started for it: the resident went away before it took the request (it
+        closes without its greeting only then, e.g. killed as we connected), so nothing of the request ran."""
+        if agent.book_key is not None:
+            self._residents.forget(agent.book_key)
+        return self.call_agent(verb, payload, timeout=max(1.0, deadline - time.monotonic()))
 
     def _note_resident(self, key: str, reply: dict[str, Any]) -> None:
         """Remember what the first answer of an agent started to linger says about the host's resident."""
@@ -367,7 +380,7 @@ class Session:
                     self._residents.forget(key, prohibited=exc.code == OPEN_ADMINISTRATIVELY_PROHIBITED)
                 else:
                     self.agent_mode = "resident"
-                    return _AgentChannel(channel, b"", host.name, resident=True)
+                    return _AgentChannel(channel, b"", host.name, resident=True, book_key=key)
             if self._residents.may_linger(key):
                 linger = host.agent_linger
         source = agent_source()
@@ -414,14 +427,22 @@ class _AgentChannel:
     """The agent running in `--serve` mode on one exec channel: a JSON request per line in, a JSON answer per line out."""
 
     def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str, *, resident: bool = False,
-                 resident_key: str | None = None) -> None:
+                 resident_key: str | None = None, book_key: str | None = None) -> None:
         self.channel = channel
         self.host_name = host_name
         self.pending_source = source  # sent once, ahead of the first request
         self.resident = resident  # a channel to the host's resident agent rather than an exec'd one
         self.resident_key = resident_key  # until the first answer says where the agent will stay on
+        self.book_key = book_key  # the resident's entry in the ResidentBook
+        # A resident's session process greets with an empty line once it has been forked for us.
+        self.greeted = not resident
+        self.answered = False
         self.out = bytearray()
         self.err = bytearray()
+
+    def never_served(self) -> bool:
+        """A resident channel that ended before the resident took anything from it."""
+        return self.resident and not self.greeted and not self.answered
 
     def read_line(self, deadline: float, timeout: float) -> str | None:
         """The next answer line, decoded; None when the agent's output ended first."""
@@ -430,10 +451,15 @@ class _AgentChannel:
         scanned = 0  # answers can be megabytes (a snapshot of many files): look for the newline in new bytes only
         while True:
             end = self.out.find(b"\n", scanned)
+            if end == 0 and not self.greeted:
+                self.greeted = True
+                del self.out[:1]
+                continue
             if end >= 0:
                 with memoryview(self.out) as view:
                     line = str(view[:end + 1], "utf-8", "replace")
                 del self.out[:end + 1]
+                self.answered = True
                 return line
             scanned = len(self.out)
             progressed = False

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,42 @@ def test_a_host_whose_sshd_refuses_socket_channels_is_served_without_a_resident(
     assert agents(ddops(bed, "patch", "--all", "--check"))["host1"] == "started"
     time.sleep(0.5)
     assert not host_processes(bed, "host1")  # not asked to linger again: nothing left behind
+
+
+def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothing_is_lost(bed):
+    import socket
+    import threading
+
+    ddops(bed, "patch", "--all", "--check")
+    wait_until(lambda: resident_agents(bed, "host1"))
+    [socket_path] = (Path(bed.host("host1").dir) / "agent-cache" / "run").glob("*.sock")
+    killed = resident_agents(bed, "host1")
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(map(exited, killed)))
+    # In its place, a listener that accepts and hangs up at once, as a resident dying under us would.
+    socket_path.unlink()
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(str(socket_path))
+    impostor.listen(8)
+    hung_up = []
+
+    def hang_up() -> None:
+        while True:
+            try:
+                connection, _ = impostor.accept()
+            except OSError:
+                return
+            hung_up.append(1)
+            connection.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        applied = ddops(bed, "patch", "--all")
+    finally:
+        impostor.close()
+    assert hung_up, "the command never tried the socket"
+    assert statuses(applied) == {"host1": "changed", "host2": "changed"}
+    assert agents(applied) == {"host1": "started", "host2": "resident"}
+    for name in FILES:
+        assert OLD_LINE not in (bed.host("host1").repo_dir / name).read_text()

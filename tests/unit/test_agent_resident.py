@@ -68,6 +68,7 @@ def ask(socket_path: str, *requests: bytes) -> list[dict]:
         client.settimeout(30)
         client.connect(socket_path)
         reader = client.makefile("rb")
+        assert reader.readline() == b"\n"  # the greeting: a session process is there for us
         answers = []
         for line in requests:
             client.sendall(line)
