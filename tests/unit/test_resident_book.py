@@ -21,10 +21,10 @@ def test_a_recorded_socket_is_found_by_the_next_command(tmp_path):
 
 
 def test_the_key_names_user_host_port_python_and_agent_version():
-    keys = {resident_key("root", "h", 22, "python3", "ab" * 32), resident_key("alice", "h", 22, "python3", "ab" * 32),
-            resident_key("root", "h", 2222, "python3", "ab" * 32), resident_key("root", "h", 22, "python3.12", "ab" * 32),
-            resident_key("root", "h", 22, "python3", "cd" * 32), resident_key("root", "g", 22, "python3", "ab" * 32)}
-    assert len(keys) == 6
+    variants = [("root", "h", 22, "python3", "ab" * 32), ("alice", "h", 22, "python3", "ab" * 32),
+                ("root", "h", 2222, "python3", "ab" * 32), ("root", "h", 22, "python3.12", "ab" * 32),
+                ("root", "h", 22, "python3", "cd" * 32), ("root", "g", 22, "python3", "ab" * 32)]
+    assert len({resident_key(*variant) for variant in variants}) == 6
 
 
 def test_forgetting_a_gone_resident_removes_it(tmp_path):
