@@ -118,17 +118,17 @@ def exited(pid: int) -> bool:
 
 def host_processes(bed, name: str) -> dict[int, int]:
     """pid -> parent pid of every process in a testbed host's mount namespace, but its sshd listener."""
+    from ddops.testbed import _in_mount_namespace
+
     listener = bed.host(name).pid()
     assert listener is not None, f"{name}: sshd is not running"
-    namespace = os.readlink(f"/proc/{listener}/ns/mnt")
     found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != listener:
+    for pid in _in_mount_namespace(listener):
+        if pid != listener:
             try:
-                if os.readlink(entry / "ns" / "mnt") == namespace:
-                    found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
-                continue
+                continue  # ended since it was listed
     return found
 
 
