@@ -41,6 +41,10 @@ class HostKeyError(TransportError):
     """A host presented an unknown or changed host key."""
 
 
+class ConnectionLost(TransportError):
+    """The connection to a host died while something ran on it; the host counts as unreachable."""
+
+
 class CommandTimeout(TransportError):
     """A remote command ran past its timeout and was cut off."""
 

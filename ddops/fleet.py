@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ddops.errors import DdopsError, TransportError
+from ddops.errors import ConnectionLost, DdopsError
 from ddops.inventory import Host
 
 OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = "ok", "changed", "failed", "unreachable", "drifted", "skipped"
@@ -97,8 +97,8 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     emit(FleetEvent(host.name, "running"))
     try:
         outcome = task(host, session)
-    except TransportError as exc:
-        outcome = TaskOutcome(UNREACHABLE if "connection lost" in str(exc) else FAILED, str(exc))
+    except ConnectionLost as exc:
+        outcome = TaskOutcome(UNREACHABLE, str(exc))
     except DdopsError as exc:
         outcome = TaskOutcome(FAILED, str(exc))
     except Exception as exc:  # noqa: BLE001

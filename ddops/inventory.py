@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ddops.errors import InventoryError, UsageError
-from ddops.sshconfig import SshConfig, load_ssh_config
+from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -92,6 +92,8 @@ class Inventory:
     known_hosts: str = DEFAULT_KNOWN_HOSTS
     patches: tuple[str, ...] = ()
     ssh_config: str = DEFAULT_SSH_CONFIG
+    # ProxyJump hops that are ssh_config aliases rather than inventory hosts, resolved like hosts (for the Connector).
+    jump_hosts: tuple[Host, ...] = ()
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -113,13 +115,13 @@ def inventory_path(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("DDOPS_INVENTORY") or DEFAULT_INVENTORY)
 
 
-def load_inventory(path: str | os.PathLike[str], ssh_config: SshConfig | None = None) -> Inventory:
+def load_inventory(path: str | os.PathLike[str], ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:
     """Load and validate an inventory; every error is an InventoryError starting with `file:line:`."""
     doc = load_yaml_file(path, InventoryError)
     return parse_inventory(doc, ssh_config)
 
 
-def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | None = None) -> Inventory:
+def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:
     data = doc.data
     if data is None:
         raise InventoryError(f"{doc.path}:1: the inventory is empty (expected a mapping with `hosts:`)")
@@ -150,6 +152,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | None = None) -> Invent
     if not isinstance(raw_hosts, dict) or not raw_hosts:
         raise _err(doc, ("hosts",), "must be a non-empty mapping of host name to settings")
 
+    # Every host's name goes through ssh_config (its ProxyJump hops too, below): resolve them all at once.
+    ssh_config.prefetch(str(v.get("address", n)) if isinstance(v, dict) else str(n) for n, v in raw_hosts.items())
     hosts: list[Host] = []
     addresses: dict[tuple[str, int], str] = {}
     for name, values in raw_hosts.items():
@@ -169,13 +173,21 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | None = None) -> Invent
         hosts.append(host)
 
     names = {h.name for h in hosts}
-    aliases = ssh_config.aliases()
-    for h in hosts:
+    hop_hosts: dict[str, Host] = {}
+    pending = [(h, h) for h in hosts]  # (host whose proxy_jump is read, inventory host it was reached from)
+    while pending:
+        h, origin = pending.pop(0)
         for hop in _jump_hops(h.proxy_jump):
-            if hop not in names and hop not in aliases and not _looks_like_address(hop):
-                where = ("hosts", h.name, "proxy_jump") if "proxy_jump" in (raw_hosts[h.name] or {}) else ("defaults", "proxy_jump")
+            if hop in names or hop in hop_hosts or _looks_like_address(hop):
+                pass
+            elif ssh_config.knows(hop):  # an ssh_config alias: resolved as a host with the inventory's defaults
+                hop_hosts[hop] = _resolve_host(hop, {}, defaults, group_settings, ssh_config, doc)
+                pending.append((hop_hosts[hop], origin))
+            else:
+                raw = raw_hosts[origin.name] or {}
+                where = ("hosts", origin.name, "proxy_jump") if "proxy_jump" in raw else ("defaults", "proxy_jump")
                 raise _err(doc, where, f"'{hop}' is neither a host in this inventory nor an ssh_config alias")
-            if hop == h.name:
+            if hop == h.name and h is origin:
                 raise _err(doc, ("hosts", h.name, "proxy_jump"), "a host cannot jump through itself")
 
     return Inventory(
@@ -184,11 +196,12 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | None = None) -> Invent
         known_hosts=data.get("known_hosts", DEFAULT_KNOWN_HOSTS),
         patches=tuple(patches),
         ssh_config=data.get("ssh_config", DEFAULT_SSH_CONFIG),
+        jump_hosts=tuple(hop_hosts.values()),
     )
 
 
-def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict, ssh_config: SshConfig,
-                  doc: YamlDoc) -> Host:
+def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
+                  ssh_config: SshConfig | OpenSshConfig, doc: YamlDoc) -> Host:
     groups = list(values.get("groups", defaults.get("groups", [])))
     for g in groups:
         if g == name:
@@ -283,17 +296,8 @@ def _valid_name(name: str) -> bool:
 
 
 def _jump_hops(proxy_jump: str | None) -> list[str]:
-    if not proxy_jump:
-        return []
-    hops = []
-    for hop in proxy_jump.split(","):
-        hop = hop.strip().rsplit("@", 1)[-1]
-        if hop.startswith("["):
-            hop = hop[1:].split("]", 1)[0]
-        elif hop.count(":") == 1:
-            hop = hop.split(":", 1)[0]
-        hops.append(hop)
-    return hops
+    """The host names of a ProxyJump chain's hops (without user@ and :port)."""
+    return [split_hop(hop)[1] for hop in jump_hops(proxy_jump)]
 
 
 def _looks_like_address(text: str) -> bool:

@@ -1,15 +1,25 @@
-"""A small, pure reader for the parts of ~/.ssh/config that ddops honours.
+"""~/.ssh/config as OpenSSH reads it: `ssh -G` where an ssh client exists, else a small parser.
 
-Supported: `Host` blocks with patterns (`*`, `?`, `!negation`), and HostName, User, Port, IdentityFile, ProxyJump.
-As in OpenSSH, the first value obtained for a key wins. `Match` blocks are skipped (not evaluated).
+ddops honours HostName, User, Port, IdentityFile and ProxyJump (a chain `a,b,c` too). With an `ssh` client,
+OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything), one `ssh -G` per distinct name
+per run, all at once, and only for names the config can affect. Without one, the small parser below reads `Host`
+blocks with patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks
+and `Include` are skipped.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
+
+from ddops.errors import UsageError
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
             "proxyjump": "proxy_jump"}
@@ -35,6 +45,8 @@ class SshConfigEntry:
 
 @dataclass(frozen=True, slots=True)
 class SshConfig:
+    """The small parser's reading of a config (the fallback when there is no ssh client)."""
+
     entries: tuple[SshConfigEntry, ...] = ()
 
     def lookup(self, name: str) -> dict[str, str]:
@@ -51,6 +63,13 @@ class SshConfig:
     def aliases(self) -> set[str]:
         """Literal (non-wildcard) host names defined by Host lines."""
         return {p for e in self.entries for p in e.patterns if not p.startswith("!") and not set(p) & set("*?")}
+
+    def knows(self, name: str) -> bool:
+        """Whether the config defines `name` as a host (a ProxyJump hop may name one)."""
+        return name in self.aliases()
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Nothing to do ahead: the parser's lookups cost no process."""
 
 
 def parse_ssh_config(text: str) -> SshConfig:
@@ -80,12 +99,147 @@ def parse_ssh_config(text: str) -> SshConfig:
     return SshConfig(tuple(entries))
 
 
-def load_ssh_config(path: str | os.PathLike[str] | None) -> SshConfig:
-    """Read an ssh_config file; a missing file is an empty config."""
+def load_ssh_config(path: str | os.PathLike[str] | None, *,
+                    ssh: str | None = "ssh") -> SshConfig | OpenSshConfig:
+    """An ssh_config file as OpenSSH reads it when `ssh` is an installed client, else as the small parser does; a
+    missing or empty file is an empty config (and costs no process)."""
     if path is None:
         return SshConfig()
     p = Path(path).expanduser()
     try:
-        return parse_ssh_config(p.read_text(encoding="utf-8", errors="replace"))
+        text = p.read_text(encoding="utf-8", errors="replace")
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         return SshConfig()
+    parsed = parse_ssh_config(text)
+    client = shutil.which(ssh) if ssh else None
+    if client is None or not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        return parsed
+    return OpenSshConfig(p.resolve(), client, parsed, wide_open=bool(_INCLUDE_OR_MATCH.search(text)))
+
+
+# --- OpenSSH's own reading -------------------------------------------------------------------------------------
+
+_INCLUDE_OR_MATCH = re.compile(r"^\s*(include|match)\b", re.IGNORECASE | re.MULTILINE)
+# Appended after the user's config: OpenSSH keeps the first value it obtains, so these show through only where the
+# config set nothing, which tells a value the config chose from one of ssh's defaults (same local user, port 22).
+_UNSET_USER = "ddops/unset"
+_UNSET_PORT = "1"
+_UNSET_FILE = "/ddops/unset"
+SSH_G_TIMEOUT = 10.0
+SSH_G_PARALLEL = 8
+
+
+def parse_ssh_g(text: str) -> dict[str, list[str]]:
+    """`ssh -G` output (`key value` lines) as key -> values, in order (IdentityFile and a few others repeat)."""
+    options: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            options.setdefault(key.lower(), []).append(value.strip())
+    return options
+
+
+def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, str]:
+    """What the config set for `name`, in the lookup's keys (hostname, user, port, identity_file, proxy_jump)."""
+    found: dict[str, str] = {}
+    hostname = (options.get("hostname") or [""])[0]
+    if hostname and hostname.lower() != name.lower():  # ssh prints the name itself, lower-cased, when none is set
+        found["hostname"] = hostname
+    user = (options.get("user") or [_UNSET_USER])[0]
+    if user != _UNSET_USER:
+        found["user"] = user
+    port = (options.get("port") or [_UNSET_PORT])[0]
+    if port != _UNSET_PORT:
+        found["port"] = port
+    identity = [f for f in options.get("identityfile", []) if f != _UNSET_FILE]
+    if identity:
+        found["identity_file"] = identity[0]
+    jump = (options.get("proxyjump") or ["none"])[0]
+    if jump and jump != "none":
+        found["proxy_jump"] = jump
+    return found
+
+
+@dataclass(slots=True)
+class OpenSshConfig:
+    """A config file resolved by OpenSSH itself (`ssh -G -F FILE NAME`), each name once per run.
+
+    Only names the file can affect cost a process: all of them when it has `Include` or `Match` lines (`wide_open`),
+    else those with a matching `Host` block that sets an honoured option (the parser's lookup says which).
+    """
+
+    path: Path
+    ssh: str
+    parsed: SshConfig
+    wide_open: bool = False
+    _cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    calls: int = 0  # `ssh -G` processes started (tests and measurements)
+
+    def lookup(self, name: str) -> dict[str, str]:
+        if name not in self._cache:
+            self._cache[name] = self._resolve(name) if self._needs_ssh(name) else {}
+        return dict(self._cache[name])
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Resolve these names at once, in parallel: each `ssh -G` is a process start (~3 ms, far more on a
+        loaded machine), and an inventory resolves every host when it loads."""
+        todo = [n for n in dict.fromkeys(names) if n not in self._cache and self._needs_ssh(n)]
+        if len(todo) < 2:
+            return
+        with ThreadPoolExecutor(min(SSH_G_PARALLEL, len(todo))) as pool:
+            for name, found in zip(todo, pool.map(self._resolve, todo)):
+                self._cache[name] = found
+
+    def aliases(self) -> set[str]:
+        return self.parsed.aliases()
+
+    def knows(self, name: str) -> bool:
+        return self.parsed.knows(name) or "hostname" in self.lookup(name)
+
+    def _needs_ssh(self, name: str) -> bool:
+        return self.wide_open or bool(self.parsed.lookup(name))
+
+    def _resolve(self, name: str) -> dict[str, str]:
+        wrapper = (f'Include "{self.path}"\nHost *\n  User {_UNSET_USER}\n  Port {_UNSET_PORT}\n'
+                   f"  IdentityFile {_UNSET_FILE}\n")
+        self.calls += 1
+        try:
+            # -F: this file only, as the parser reads it (not /etc/ssh/ssh_config); the wrapper comes on stdin.
+            proc = subprocess.run([self.ssh, "-G", "-F", "/dev/stdin", "--", name], input=wrapper,
+                                  capture_output=True, text=True, timeout=SSH_G_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SshConfigError(f"{self.path}: ssh -G {name} failed: {exc}") from None
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.splitlines() if line and not line.startswith("Pseudo-terminal")]
+            raise SshConfigError(f"{(lines or [f'ssh -G {name} exited {proc.returncode}'])[0]}")
+        return honoured_from_ssh_g(name, parse_ssh_g(proc.stdout))
+
+
+class SshConfigError(UsageError):
+    """OpenSSH refused the config file (its message names file and line)."""
+
+
+# --- ProxyJump specs -------------------------------------------------------------------------------------------
+
+
+def jump_hops(proxy_jump: str | None) -> list[str]:
+    """The hops of a ProxyJump value, in the order they are connected (`a,b,c`: a first)."""
+    if not proxy_jump or proxy_jump.strip() == "none":
+        return []
+    return [hop.strip() for hop in proxy_jump.split(",") if hop.strip()]
+
+
+def split_hop(spec: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (or `[user@][v6]:port`, or ssh://) as (user, host, port); None where the spec has none."""
+    if spec.startswith("ssh://"):
+        spec = spec[len("ssh://"):]
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":") and tail[1:].isdigit():
+            port = int(tail[1:])
+    elif rest.count(":") == 1:
+        host, _, port_text = rest.partition(":")
+        port = int(port_text) if port_text.isdigit() else None
+    return user or None, host, port

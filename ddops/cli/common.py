@@ -54,7 +54,8 @@ class AppState:
     def connector(self, inventory: "Inventory") -> "Connector":
         from ddops.transport import Connector
 
-        return Connector(inventory.known_hosts, accept_new=self.accept_new, jump_hosts=inventory.hosts)
+        return Connector(inventory.known_hosts, accept_new=self.accept_new,
+                         jump_hosts=(*inventory.hosts, *inventory.jump_hosts))
 
 
 # Options shared by the host-selecting commands, declared once.

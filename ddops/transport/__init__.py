@@ -1,5 +1,12 @@
-"""SSH transport: the only place that imports paramiko (and fabric)."""
+"""SSH transport: the only place that imports paramiko.
 
-from ddops.transport.session import CommandResult, Connector, Session
+connector (opens sessions: host keys, sockets, ProxyJump chains) -> session (commands, files, agent calls) ->
+agent_client (the agent's line protocol) -> channel (the one channel reader); hostkeys, sockets, streamlocal
+(paramiko's private API, nowhere else) and resident (the book of resident agents) beside them.
+"""
+
+from ddops.transport.channel import CommandResult
+from ddops.transport.connector import Connector
+from ddops.transport.session import Session
 
 __all__ = ["CommandResult", "Connector", "Session"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from ddops.errors import HostKeyError
 from ddops.inventory import Host
-from ddops.transport.session import _KnownHosts, paramiko
+from ddops.transport.hostkeys import KnownHosts
 
 HOST = Host(name="gpu1", address="10.0.0.7", port=2222)
 NAME = "[10.0.0.7]:2222"
@@ -24,7 +25,7 @@ def public_key(tmp_path_factory) -> str:
 
 
 def keys(path: Path, name: str = NAME) -> list[str]:
-    return [key_type for key_type, _ in _KnownHosts(path).keys_for(HOST, name)]
+    return [key_type for key_type, _ in KnownHosts(path).keys_for(HOST, name)]
 
 
 def test_plain_listed_and_hashed_names_match_as_in_openssh(tmp_path, public_key):

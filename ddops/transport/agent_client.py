@@ -1,0 +1,148 @@
+"""The controller's side of the agent protocol: one JSON request per line in, one JSON answer per line out.
+
+The agent is either the host's resident (a unix-socket channel, no Python start) or one started for the session
+(an exec channel with the agent source on stdin); see docs/internals.md, "The remote agent protocol".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import paramiko
+
+from ddops.errors import AgentError, CommandTimeout
+from ddops.inventory import Host
+from ddops.transport.channel import READ_CHUNK, ChannelReader, CommandResult, send_all
+from ddops.transport.resident import ResidentBook, resident_key
+from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
+
+MAX_AGENT_STDERR = 1 << 16
+AGENT_EXIT_WAIT = 2.0  # seconds close() waits for the agent to exit after EOF
+
+
+class AgentChannel:
+    """The agent running in `--serve` mode on one channel: a JSON request per line in, a JSON answer per line out."""
+
+    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str, *, resident: bool = False,
+                 resident_key: str | None = None, book_key: str | None = None) -> None:
+        self.channel = channel
+        self.host_name = host_name
+        self.pending_source = source  # sent once, ahead of the first request
+        self.resident = resident  # a channel to the host's resident agent rather than an exec'd one
+        self.resident_key = resident_key  # until the first answer says where the agent will stay on
+        self.book_key = book_key  # the resident's entry in the ResidentBook
+        # A resident's session process greets with an empty line once it has been forked for us.
+        self.greeted = not resident
+        self.answered = False
+        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR)
+
+    def never_served(self) -> bool:
+        """A resident channel that ended before the resident took anything from it."""
+        return self.resident and not self.greeted and not self.answered
+
+    def request(self, request: bytes, deadline: float, timeout: float) -> str | None:
+        """Send one request line; its answer line, or None when the agent's output ended first."""
+        data, self.pending_source = self.pending_source + request, b""
+        send_all(self.channel, data, deadline, self.host_name)
+
+        def timed_out() -> Exception:
+            return CommandTimeout(f"{self.host_name}: agent request timed out after {timeout:g}s and was cut off")
+
+        while True:
+            line = self.reader.next_line(deadline, timed_out)
+            if line == "\n" and not self.greeted:
+                self.greeted = True
+                continue
+            if line is not None:
+                self.answered = True
+            return line
+
+    def ended(self, deadline: float, duration: float) -> CommandResult:
+        """What the agent left behind when it stopped without an answer: exit status, output, stderr."""
+        channel, reader = self.channel, self.reader
+        channel.status_event.wait(max(0.0, min(deadline - time.monotonic(), 5.0)))
+        while channel.recv_stderr_ready():
+            reader.err += channel.recv_stderr(READ_CHUNK)
+        code = channel.exit_status if channel.exit_status_ready() else -1
+        return CommandResult(code, reader.out.decode("utf-8", "replace"), reader.err.decode("utf-8", "replace"),
+                             duration)
+
+    def finish(self) -> None:
+        """EOF: the agent, idle between requests, exits. Wait (briefly) for that, so that it has ended, reaped by
+        sshd, when the connection goes, rather than being left to finish as an orphan. A resident's session process
+        ends the same way, but a socket channel has no exit status."""
+        self.channel.shutdown_write()
+        if not self.resident:
+            self.channel.status_event.wait(AGENT_EXIT_WAIT)
+
+    def close(self) -> None:
+        try:
+            self.channel.close()
+        except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
+            pass
+
+
+def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBook | None,
+               timeout: float) -> AgentChannel:
+    """The agent for a session: the host's resident when it has one, else a new one started by exec."""
+    from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
+
+    linger, refused = 0.0, False
+    key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
+    if residents is not None and host.agent_linger > 0:
+        socket_path = residents.socket_for(key)
+        if socket_path is not None:
+            try:
+                channel = open_unix_socket_channel(transport, socket_path, timeout)
+            except paramiko.ChannelException as exc:
+                # Gone (it idled out, the host rebooted), or refused by sshd's configuration: OpenSSH says
+                # "connect failed" for both, so the agent started now checks whether the resident is there.
+                refused = True
+                residents.forget(key, prohibited=exc.code == OPEN_ADMINISTRATIVELY_PROHIBITED)
+            else:
+                return AgentChannel(channel, b"", host.name, resident=True, book_key=key)
+        if residents.may_linger(key):
+            linger = host.agent_linger
+    source = agent_source()
+    channel = transport.open_session(timeout=timeout)
+    channel.exec_command(bootstrap_command(host.python, len(source), digest=agent_digest(), serve=True,
+                                           linger=linger, probe_resident=refused))
+    return AgentChannel(channel, source, host.name, resident_key=key if linger else None)
+
+
+def note_resident(residents: ResidentBook, key: str, reply: dict[str, Any]) -> None:
+    """Remember what the first answer of an agent started to linger says about the host's resident."""
+    if reply.get("resident_alive"):
+        # sshd would not connect us to a resident that is there: it forbids unix-socket channels.
+        residents.forget(key, prohibited=True)
+    elif isinstance(reply.get("resident"), str):
+        residents.record(key, reply["resident"])
+
+
+def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
+    """The agent's `result`, or an AgentError saying what went wrong on which host."""
+    return agent_result(host, decode_agent_reply(host, verb, result))
+
+
+def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
+    """The agent's whole reply document, or an AgentError when its output is not one."""
+    try:
+        reply = json.loads(result.stdout)
+    except ValueError:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        if result.exit_code == 127 or "not found" in tail[0]:
+            raise AgentError(f"{host}: agent could not start (is the host's python installed?): {tail[0]}") from None
+        raise AgentError(f"{host}: agent {verb} failed (exit {result.exit_code}): {tail[0]}") from None
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise AgentError(f"{host}: agent {verb} answered something that is not its protocol")
+    return reply
+
+
+def agent_result(host: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The `result` of a decoded reply, or the AgentError it reports."""
+    if not reply["ok"]:
+        error = reply.get("error") or {}
+        raise AgentError(f"{host}: {error.get('message', 'agent error')}", kind=error.get("kind", "error"))
+    return reply.get("result") or {}

@@ -1,0 +1,114 @@
+"""Moving bytes on one SSH channel: send with a deadline, and the one reader of a channel's stdout and stderr."""
+
+from __future__ import annotations
+
+import select
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import paramiko
+
+from ddops.errors import CommandTimeout
+
+READ_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What a remote command did."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def send_all(channel: paramiko.Channel, data: bytes, deadline: float, host_name: str) -> None:
+    """Write all of `data`, waiting for window space; CommandTimeout past the deadline."""
+    view = memoryview(data)
+    while view:
+        if time.monotonic() > deadline:
+            raise CommandTimeout(f"{host_name}: timed out sending input")
+        if channel.send_ready():
+            sent = channel.send(view[:READ_CHUNK])
+            view = view[sent:]
+        else:
+            select.select([], [], [], 0.01)
+
+
+class ChannelReader:
+    """A channel's stdout and stderr, gathered into `out` and `err` until the caller has what it waits for.
+
+    Used both for a command (read until it ends) and for the agent (read until an answer line), so that the two
+    cannot drift apart in how they wait, time out or notice a dead channel.
+    """
+
+    def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None) -> None:
+        self.channel = channel
+        self.out = bytearray()
+        self.err = bytearray()
+        self._max_err = max_err  # keep only the end of stderr (a long-lived agent's)
+
+    def _pump(self) -> bool:
+        """Take whatever has arrived; True when something had."""
+        channel, progressed = self.channel, False
+        while channel.recv_ready():
+            chunk = channel.recv(READ_CHUNK)
+            if not chunk:
+                break
+            self.out += chunk
+            progressed = True
+        while channel.recv_stderr_ready():
+            self.err += channel.recv_stderr(READ_CHUNK)
+            if self._max_err is not None:
+                del self.err[:-self._max_err]
+            progressed = True
+        return progressed
+
+    def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception]) -> bool:
+        """Read until `done()` (checked once nothing more is ready): True; or until the channel closed: False.
+
+        Past the deadline raises `timed_out()`.
+        """
+        channel = self.channel
+        while True:
+            if self._pump():
+                continue
+            if done():
+                return True
+            if channel.closed:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise timed_out()
+            select.select([channel], [], [], min(remaining, 0.2))
+
+    def drain(self, deadline: float, timed_out: Callable[[], Exception]) -> None:
+        """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
+        channel = self.channel
+        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out)
+
+    def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
+        """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""
+        end = self.out.find(b"\n")
+        if end < 0:
+            scanned = len(self.out)  # answers can be megabytes (a snapshot of many files): search new bytes only
+
+            def line_or_eof() -> bool:
+                nonlocal scanned, end
+                end = self.out.find(b"\n", scanned)
+                scanned = len(self.out)
+                return end >= 0 or self.channel.eof_received
+
+            self.read_until(line_or_eof, deadline, timed_out)  # either way, `end` is from a last look at `out`
+        if end < 0:
+            return None
+        with memoryview(self.out) as view:
+            line = str(view[:end + 1], "utf-8", "replace")
+        del self.out[:end + 1]
+        return line

@@ -1,0 +1,162 @@
+"""Opening Sessions: host keys checked, identity read once, TCP tuned, ProxyJump chains through shared hop sessions."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import paramiko
+
+from ddops.errors import HostKeyError, TransportError
+from ddops.inventory import Host
+from ddops.sshconfig import jump_hops, split_hop
+from ddops.transport.hostkeys import HostKeyPolicy, KnownHosts, known_hosts_name
+from ddops.transport.resident import ResidentBook
+from ddops.transport.session import Session
+from ddops.transport.sockets import tcp_connect
+
+
+class Connector:
+    """Opens Sessions: verifies host keys, honours ProxyJump chains through inventory hosts, sets TCP_NODELAY."""
+
+    def __init__(self, known_hosts: str | os.PathLike[str], *, accept_new: bool = False,
+                 jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None,
+                 residents: ResidentBook | None = None) -> None:
+        self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
+        self.accept_new = accept_new
+        self.connect_timeout = connect_timeout
+        self.residents = residents if residents is not None else ResidentBook()
+        self._known = KnownHosts(self.known_hosts)
+        self._keys: dict[str, paramiko.PKey | None] = {}
+        self._keys_lock = threading.Lock()
+        self._jump_hosts = {h.name: h for h in jump_hosts}
+        # "a" is the session to hop a, "a,b" the one to b reached through a: every host of the run that jumps
+        # the same way shares them.
+        self._jumps: dict[str, Session] = {}
+        self._jump_lock = threading.RLock()  # held while a hop connects, which may connect the hops before it
+
+    def connect(self, host: Host) -> Session:
+        return self._connect(host, ())
+
+    def _connect(self, host: Host, via: tuple[str, ...]) -> Session:
+        """A session to `host`; `via` names the hosts whose connection is waiting on this one (loop guard)."""
+        started = time.monotonic()
+        timeout = self.connect_timeout or host.connect_timeout
+        sock = self._open_socket(host, timeout, via)
+        client = paramiko.SSHClient()
+        name = known_hosts_name(host.address, host.port)
+        try:
+            for key_type, key in self._known.keys_for(host, name):
+                client.get_host_keys().add(name, key_type, key)
+        except HostKeyError:
+            sock.close()
+            raise
+        client.set_missing_host_key_policy(HostKeyPolicy(host, self.known_hosts, self.accept_new))
+        key_file = os.path.expanduser(host.identity_file) if host.identity_file else None
+        if key_file and not os.path.exists(key_file):
+            sock.close()
+            raise TransportError(f"{host.name}: identity_file {host.identity_file} does not exist")
+        key = self._private_key(key_file) if key_file else None
+        try:
+            client.connect(
+                host.address, port=host.port, username=host.user, pkey=key,
+                key_filename=key_file if key is None else None,
+                look_for_keys=key_file is None, allow_agent=True, sock=sock, timeout=timeout,
+                banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+            )
+        except paramiko.BadHostKeyException as exc:
+            sock.close()
+            raise HostKeyError(
+                f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
+                f"If the host was reinstalled, remove the old key with: ssh-keygen -f {self.known_hosts} "
+                f"-R '{known_hosts_name(host.address, host.port)}'"
+            ) from None
+        except HostKeyError:
+            sock.close()
+            raise
+        except paramiko.AuthenticationException as exc:
+            sock.close()
+            raise TransportError(f"{host.name}: authentication failed for {host.user}@{host.address}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
+            sock.close()
+            raise TransportError(_handshake_failure(host, key_file, timeout, exc)) from None
+        transport = client.get_transport()
+        transport.set_keepalive(15)
+        return Session(host, client, time.monotonic() - started, self.residents)
+
+    def _private_key(self, path: str) -> paramiko.PKey | None:
+        """The identity file's key, read once per run (paramiko reads it per connection, trying each key type);
+        None when it cannot be read without help (a passphrase), which paramiko then handles as before."""
+        with self._keys_lock:
+            if path not in self._keys:
+                try:
+                    self._keys[path] = paramiko.PKey.from_path(path)
+                except (paramiko.SSHException, OSError, ValueError):
+                    self._keys[path] = None
+            return self._keys[path]
+
+    def _open_socket(self, host: Host, timeout: float, via: tuple[str, ...]) -> Any:
+        hops = jump_hops(host.proxy_jump)
+        if not hops:
+            return tcp_connect(host, timeout)
+        jump = self._jump_session(tuple(hops), host, (*via, host.name))
+        try:
+            if jump.transport is None or not jump.transport.is_active():
+                raise paramiko.SSHException("its connection is closed")
+            return jump.transport.open_channel(
+                "direct-tcpip", (host.address, host.port), ("127.0.0.1", 0), timeout=timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            raise TransportError(f"{host.name}: jump host {jump.host.name} cannot reach "
+                                 f"{host.address}:{host.port}: {exc or type(exc).__name__}") from None
+
+    def _jump_session(self, hops: tuple[str, ...], for_host: Host, via: tuple[str, ...]) -> Session:
+        """The session to the last of `hops`, reached through the ones before it, as OpenSSH's `-J a,b,c` does."""
+        key = ",".join(hops)
+        with self._jump_lock:
+            if key in self._jumps:
+                return self._jumps[key]
+            hop = self._hop_host(hops[-1], for_host)
+            if hop.name in via:
+                raise TransportError(f"{via[0]}: ProxyJump loop: {' -> '.join((*via, hop.name))}")
+            if len(hops) > 1:  # the chain decides how this hop is reached, not the hop's own proxy_jump
+                hop = replace(hop, proxy_jump=",".join(hops[:-1]))
+            session = self._connect(hop, via)
+            self._jumps[key] = session
+            return session
+
+    def _hop_host(self, spec: str, for_host: Host) -> Host:
+        """A hop as a Host: an inventory host (or ssh_config alias the inventory resolved) by name, with the user and
+        port the spec gives; otherwise [user@]address[:port] with the target's identity and timeout."""
+        if spec in self._jump_hosts:
+            return self._jump_hosts[spec]
+        user, name, port = split_hop(spec)
+        known = self._jump_hosts.get(name)
+        if known is not None:
+            return replace(known, name=spec, user=user or known.user, port=port or known.port)
+        return Host(name=spec, address=name, port=port or 22, user=user or for_host.user,
+                    identity_file=for_host.identity_file, connect_timeout=for_host.connect_timeout)
+
+    def close(self) -> None:
+        with self._jump_lock:
+            # The last hop of a chain first: its connection runs inside the one to the hop before it.
+            for key in sorted(self._jumps, key=lambda k: -k.count(",")):
+                self._jumps[key].close()
+            self._jumps.clear()
+        self.residents.save()
+
+
+def _handshake_failure(host: Host, key_file: str | None, timeout: float, exc: BaseException) -> str:
+    """One line saying what went wrong while opening the SSH session, in the user's terms."""
+    text = str(exc) or type(exc).__name__
+    where = f"{host.address}:{host.port}"
+    # A listener that never sends the SSH banner makes paramiko give up with one of these.
+    if "banner" in text.lower() or text == "No existing session" or isinstance(exc, (EOFError, socket.timeout)):
+        return f"{host.name}: {where} accepted the connection but did not speak SSH within {timeout:g}s"
+    if key_file and ("key" in text.lower() or isinstance(exc, ValueError)):
+        return f"{host.name}: identity_file {host.identity_file} is not a usable private key: {text}"
+    return f"{host.name}: SSH handshake with {where} failed: {text}"
