@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -268,3 +269,56 @@ def test_an_identity_file_that_is_not_a_key_is_named_in_the_error(make_testbed):
     entry = json.loads(proc.stdout)["hosts"][0]
     assert proc.returncode == 1 and entry["status"] == "unreachable"
     assert f"identity_file {bogus} is not a usable private key" in entry["message"]
+
+
+def test_proxy_jump_chain_goes_through_each_hop_in_turn(make_testbed):
+    bed = make_testbed(3)
+    h3 = bed.hosts[2]
+    chained = Path(bed.root) / "chain.yaml"
+    chained.write_text(bed.inventory_path.read_text().replace(
+        f"host3: {{address: {h3.address}, port: {h3.port}, groups: [testbed]}}",
+        f"host3: {{address: {h3.address}, port: {h3.port}, groups: [testbed], proxy_jump: 'host1,host2'}}"))
+    inv = load_inventory(chained)
+    connector = Connector(inv.known_hosts, jump_hosts=inv.hosts)
+    try:
+        with connector.connect(inv.host("host3")) as session:
+            assert session.run("hostname").stdout.strip() == "host3"
+        # host2 was reached through host1, and host3 through that session to host2.
+        assert sorted(connector._jumps) == ["host1", "host1,host2"]
+        assert connector._jumps["host1,host2"].host.proxy_jump == "host1"
+    finally:
+        connector.close()
+    # Without the first hop nothing further is reachable, and the message says which hop failed.
+    bed.stop_host("host1")
+    proc = run_ddops("--json", "ping", "--host", "host3", inventory=chained)
+    entry = json.loads(proc.stdout)["hosts"][0]
+    assert proc.returncode == 1 and entry["status"] == "unreachable"
+    assert "host1" in entry["message"]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs an OpenSSH client (ssh -G)")
+def test_proxy_jump_chain_of_ssh_config_aliases_resolved_by_openssh(make_testbed):
+    bed = make_testbed(3)
+    h1, h2, h3 = bed.hosts
+    ssh_config = Path(bed.root) / "ssh_config"
+    hops = Path(bed.root) / "hops.conf"
+    hops.write_text(f"Host jump-one\n  HostName {h1.address}\n  Port {h1.port}\n"
+                    f"Host jump-two\n  HostName {h2.address}\n  Port {h2.port}\n")
+    # Host blocks match the name ssh is given, and ddops gives it the host's address.
+    ssh_config.write_text(f"Include {hops}\nHost {h3.address}\n  ProxyJump jump-one,jump-two\n")
+    inv_path = Path(bed.root) / "aliases.yaml"
+    inv_path.write_text(bed.inventory_path.read_text()
+                        .replace("ssh_config: /dev/null", f"ssh_config: {ssh_config}")
+                        .replace(f"host3: {{address: {h3.address}, port: {h3.port}, groups: [testbed]}}",
+                                 f"target: {{address: {h3.address}, port: {h3.port}, groups: [testbed]}}"))
+    inv = load_inventory(inv_path)
+    assert inv.host("target").proxy_jump == "jump-one,jump-two"
+    assert {h.name: (h.address, h.port) for h in inv.jump_hosts} == {"jump-one": (h1.address, h1.port),
+                                                                     "jump-two": (h2.address, h2.port)}
+    proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert json.loads(proc.stdout)["hosts"][0]["data"]["hostname"] == "host3"
+    bed.stop_host("host2")
+    proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
+    entry = json.loads(proc.stdout)["hosts"][0]
+    assert entry["status"] == "unreachable" and "jump-two" in entry["message"]
