@@ -1,8 +1,8 @@
 """~/.ssh/config as OpenSSH reads it: `ssh -G` where an ssh client exists, else a small parser.
 
 ddops honours HostName, User, Port, IdentityFile and ProxyJump (a chain `a,b,c` too). With an `ssh` client,
-OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything), one `ssh -G` per distinct name
-per run, all at once, and only for names the config can affect. Without one, the small parser below reads `Host`
+OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything), one `ssh -G` per distinct name,
+all at once, only for names the config can affect, and remembered on disk until a file it read changes. Without one, the small parser below reads `Host`
 blocks with patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks
 and `Include` are skipped.
 """
@@ -10,6 +10,9 @@ and `Include` are skipped.
 from __future__ import annotations
 
 import fnmatch
+import glob
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -114,7 +117,8 @@ def load_ssh_config(path: str | os.PathLike[str] | None, *,
     client = shutil.which(ssh) if ssh else None
     if client is None or not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
         return parsed
-    return OpenSshConfig(p.resolve(), client, parsed, wide_open=bool(_INCLUDE_OR_MATCH.search(text)))
+    return OpenSshConfig(p.resolve(), client, parsed, wide_open=bool(_INCLUDE_OR_MATCH.search(text)),
+                         signature=config_signature(p.resolve(), client))
 
 
 # --- OpenSSH's own reading -------------------------------------------------------------------------------------
@@ -127,6 +131,43 @@ _UNSET_PORT = "1"
 _UNSET_FILE = "/ddops/unset"
 SSH_G_TIMEOUT = 10.0
 SSH_G_PARALLEL = 8
+SSH_G_CACHE = "ssh-config.json"
+# What makes ssh -G's answer depend on more than the files: commands, the network, the environment.
+_UNCACHEABLE = re.compile(r"^\s*match\b.*\b(exec|localnetwork)\b|\$\{", re.IGNORECASE | re.MULTILINE)
+_INCLUDE = re.compile(r"^\s*include\s*=?\s*(.+)$", re.IGNORECASE | re.MULTILINE)
+
+
+def config_signature(path: Path, ssh: str) -> str | None:
+    """A fingerprint of what `ssh -G` reads for this config (the file, the files it includes, ssh itself); None
+    when its answers may depend on something else (`Match exec`, `Match localnetwork`, `${VAR}`)."""
+    try:
+        st = os.stat(ssh)
+    except OSError:
+        return None
+    parts, seen, todo = [f"{ssh} {st.st_mtime_ns} {st.st_size}"], set(), [path]
+    while todo:
+        current = todo.pop(0)
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            st = current.stat()
+            text = current.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            parts.append(f"{current} unreadable")
+            continue
+        if _UNCACHEABLE.search(text):
+            return None
+        parts.append(f"{current} {st.st_mtime_ns} {st.st_size} {st.st_ino}")
+        for match in _INCLUDE.finditer(text):
+            for pattern in match.group(1).split():
+                pattern = os.path.expanduser(pattern.strip('"'))
+                if not os.path.isabs(pattern):  # as OpenSSH reads a user config's Include
+                    pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+                found = sorted(glob.glob(pattern))
+                parts.append(f"include {pattern} -> {found}")
+                todo.extend(Path(f) for f in found)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def parse_ssh_g(text: str) -> dict[str, list[str]]:
@@ -172,23 +213,69 @@ class OpenSshConfig:
     ssh: str
     parsed: SshConfig
     wide_open: bool = False
-    _cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    signature: str | None = None  # of the files ssh -G reads (config_signature); None: ask ssh every run
+    cache_file: Path | None = None  # default: ssh-config.json in ddops' cache directory
     calls: int = 0  # `ssh -G` processes started (tests and measurements)
+    _cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    _loaded: bool = False
 
     def lookup(self, name: str) -> dict[str, str]:
+        self._load()
         if name not in self._cache:
             self._cache[name] = self._resolve(name) if self._needs_ssh(name) else {}
+            self._save()
         return dict(self._cache[name])
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Resolve these names at once, in parallel: each `ssh -G` is a process start (~3 ms, far more on a
         loaded machine), and an inventory resolves every host when it loads."""
+        self._load()
         todo = [n for n in dict.fromkeys(names) if n not in self._cache and self._needs_ssh(n)]
         if len(todo) < 2:
             return
         with ThreadPoolExecutor(min(SSH_G_PARALLEL, len(todo))) as pool:
             for name, found in zip(todo, pool.map(self._resolve, todo)):
                 self._cache[name] = found
+        self._save()
+
+    def _cache_path(self) -> Path:
+        if self.cache_file is None:
+            from ddops.cache import cache_root
+
+            self.cache_file = cache_root() / SSH_G_CACHE
+        return self.cache_file
+
+    def _load(self) -> None:
+        """What earlier runs learned from ssh -G for this config, while none of the files it read has changed."""
+        if self._loaded or self.signature is None:
+            return
+        self._loaded = True
+        try:
+            entry = json.loads(self._cache_path().read_text()).get(str(self.path)) or {}
+        except (OSError, ValueError, AttributeError):
+            return
+        if entry.get("signature") == self.signature and isinstance(entry.get("hosts"), dict):
+            for name, found in entry["hosts"].items():
+                if isinstance(found, dict) and all(isinstance(v, str) for v in found.values()):
+                    self._cache.setdefault(name, found)
+
+    def _save(self) -> None:
+        if self.signature is None:
+            return
+        path = self._cache_path()
+        try:
+            try:
+                data = json.loads(path.read_text())
+                data = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                data = {}
+            data[str(self.path)] = {"signature": self.signature, "hosts": self._cache}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            temp.write_text(json.dumps(data, sort_keys=True))
+            os.replace(temp, path)
+        except OSError:
+            pass  # only a cache: the next run asks ssh again
 
     def aliases(self) -> set[str]:
         return self.parsed.aliases()

@@ -113,6 +113,34 @@ def test_each_name_costs_one_ssh_call_per_run_and_names_the_config_cannot_touch_
 
 
 @needs_ssh
+def test_later_runs_reuse_what_ssh_said_until_a_file_it_read_changes(tmp_path):
+    included = config(tmp_path, "Host gpu*\n  User ubuntu\n", name="gpus.conf")
+    path = config(tmp_path, f"Include {included}\n")
+
+    def run() -> OpenSshConfig:
+        cfg = load_ssh_config(path)
+        cfg.cache_file = tmp_path / "cache.json"
+        cfg.prefetch(["gpu1", "gpu2"])
+        return cfg
+
+    first = run()
+    assert first.calls == 2 and first.lookup("gpu1") == {"user": "ubuntu"}
+    again = run()
+    assert again.calls == 0 and again.lookup("gpu2") == {"user": "ubuntu"}
+    included.write_text("Host gpu*\n  User admin\n")  # a file the config includes, not the config itself
+    changed = run()
+    assert changed.calls == 2 and changed.lookup("gpu1") == {"user": "admin"}
+
+
+@needs_ssh
+def test_a_config_whose_answers_depend_on_commands_is_asked_every_run(tmp_path):
+    path = config(tmp_path, "Match exec true\n  User fromexec\n")
+    cfg = load_ssh_config(path)
+    assert cfg.signature is None
+    assert cfg.lookup("gpu1") == {"user": "fromexec"}
+
+
+@needs_ssh
 def test_a_config_openssh_refuses_is_a_usage_error_naming_its_line(tmp_path):
     path = config(tmp_path, "Host gpu1\n  HostName 10.0.0.1\n  Colour blue\n")
     with pytest.raises(SshConfigError, match=r"line 3: Bad configuration option: colour"):
@@ -194,3 +222,13 @@ def test_proxy_jump_hops_that_are_ssh_config_aliases_are_resolved_like_hosts(tmp
     assert set(hops) == {"gw1", "gw0"}
     assert (hops["gw1"].address, hops["gw1"].proxy_jump, hops["gw1"].user) == ("10.4.0.254", "gw0", "root")
     assert (hops["gw0"].address, hops["gw0"].port, hops["gw0"].user) == ("10.4.1.254", 2022, "jumper")
+
+
+def test_help_reads_no_ssh_config():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom ddops.cli.app import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('loaded:' + ','.join(m for m in ('ddops.sshconfig', 'ddops.inventory') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "loaded:"
