@@ -78,6 +78,8 @@ class Host:
     # Seconds the host's agent stays on after a session to serve the next command without starting Python
     # (remote/agent.py, "resident"); 0: never.
     agent_linger: float = 300.0
+    # The host's UserKnownHostsFile from ssh_config, where the inventory names no known_hosts; None: the inventory's.
+    known_hosts: str | None = None
 
     @property
     def label(self) -> str:
@@ -165,7 +167,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
             raise _err(doc, keypath, f"must be a mapping, not {describe(values)}")
         _expect_mapping(doc, keypath, values, HOST_KEYS)
         _check_host_values(doc, keypath, values)
-        host = _resolve_host(name, values, defaults, group_settings, ssh_config, doc)
+        host = _resolve_host(name, values, defaults, group_settings, ssh_config, doc,
+                             known_hosts_from_config="known_hosts" not in data)
         key = (host.address, host.port)
         if key in addresses:
             raise _err(doc, keypath, f"same address {host.address}:{host.port} as host '{addresses[key]}'")
@@ -181,7 +184,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
             if hop in names or hop in hop_hosts or _looks_like_address(hop):
                 pass
             elif ssh_config.knows(hop):  # an ssh_config alias: resolved as a host with the inventory's defaults
-                hop_hosts[hop] = _resolve_host(hop, {}, defaults, group_settings, ssh_config, doc)
+                hop_hosts[hop] = _resolve_host(hop, {}, defaults, group_settings, ssh_config, doc,
+                                               known_hosts_from_config="known_hosts" not in data)
                 pending.append((hop_hosts[hop], origin))
             else:
                 raw = raw_hosts[origin.name] or {}
@@ -201,7 +205,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
 
 
 def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
-                  ssh_config: SshConfig | OpenSshConfig, doc: YamlDoc) -> Host:
+                  ssh_config: SshConfig | OpenSshConfig, doc: YamlDoc, *,
+                  known_hosts_from_config: bool = True) -> Host:
     groups = list(values.get("groups", defaults.get("groups", [])))
     for g in groups:
         if g == name:
@@ -243,6 +248,8 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
         connect_timeout=float(merged["connect_timeout"]),
         command_timeout=float(merged["command_timeout"]),
         agent_linger=float(merged["agent_linger"]),
+        # Precedence as for the other keys: the inventory's own `known_hosts` beats ssh_config's.
+        known_hosts=from_config.get("known_hosts") if known_hosts_from_config else None,
     )
 
 

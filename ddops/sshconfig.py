@@ -1,6 +1,7 @@
 """~/.ssh/config as OpenSSH reads it: `ssh -G` where an ssh client exists, else a small parser.
 
-ddops honours HostName, User, Port, IdentityFile and ProxyJump (a chain `a,b,c` too). With an `ssh` client,
+ddops honours HostName, User, Port, IdentityFile, ProxyJump (a chain `a,b,c` too) and UserKnownHostsFile (its first
+file). With an `ssh` client,
 OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything), one `ssh -G` per distinct name,
 all at once, only for names the config can affect, and remembered on disk until a file it read changes. Without one, the small parser below reads `Host`
 blocks with patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks
@@ -25,7 +26,7 @@ from typing import Iterable
 from ddops.errors import UsageError
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
-            "proxyjump": "proxy_jump"}
+            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class SshConfig:
     entries: tuple[SshConfigEntry, ...] = ()
 
     def lookup(self, name: str) -> dict[str, str]:
-        """The honoured options for `name` (keys: hostname, user, port, identity_file, proxy_jump)."""
+        """The honoured options for `name` (keys: hostname, user, port, identity_file, proxy_jump, known_hosts)."""
         found: dict[str, str] = {}
         for entry in self.entries:
             if entry.matches(name):
@@ -97,7 +98,7 @@ def parse_ssh_config(text: str) -> SshConfig:
             flush()
             patterns, options = None, []
         elif key in HONOURED and patterns is not None:
-            options.append((HONOURED[key], value))
+            options.append((HONOURED[key], value.split()[0] if key == "userknownhostsfile" and value else value))
     flush()
     return SshConfig(tuple(entries))
 
@@ -181,7 +182,8 @@ def parse_ssh_g(text: str) -> dict[str, list[str]]:
 
 
 def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, str]:
-    """What the config set for `name`, in the lookup's keys (hostname, user, port, identity_file, proxy_jump)."""
+    """What the config set for `name`, in the lookup's keys (hostname, user, port, identity_file, proxy_jump,
+    known_hosts)."""
     found: dict[str, str] = {}
     hostname = (options.get("hostname") or [""])[0]
     if hostname and hostname.lower() != name.lower():  # ssh prints the name itself, lower-cased, when none is set
@@ -195,6 +197,9 @@ def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, s
     identity = [f for f in options.get("identityfile", []) if f != _UNSET_FILE]
     if identity:
         found["identity_file"] = identity[0]
+    known = (options.get("userknownhostsfile") or [_UNSET_FILE])[0].split()
+    if known and known[0] != _UNSET_FILE:
+        found["known_hosts"] = known[0]
     jump = (options.get("proxyjump") or ["none"])[0]
     if jump and jump != "none":
         found["proxy_jump"] = jump
@@ -288,7 +293,7 @@ class OpenSshConfig:
 
     def _resolve(self, name: str) -> dict[str, str]:
         wrapper = (f'Include "{self.path}"\nHost *\n  User {_UNSET_USER}\n  Port {_UNSET_PORT}\n'
-                   f"  IdentityFile {_UNSET_FILE}\n")
+                   f"  IdentityFile {_UNSET_FILE}\n  UserKnownHostsFile {_UNSET_FILE}\n")
         self.calls += 1
         try:
             # -F: this file only, as the parser reads it (not /etc/ssh/ssh_config); the wrapper comes on stdin.

@@ -31,7 +31,7 @@ class Connector:
         self.accept_new = accept_new
         self.connect_timeout = connect_timeout
         self.residents = residents if residents is not None else ResidentBook()
-        self._known = KnownHosts(self.known_hosts)
+        self._known: dict[Path, KnownHosts] = {self.known_hosts: KnownHosts(self.known_hosts)}
         self._keys: dict[str, paramiko.PKey | None] = {}
         self._keys_lock = threading.Lock()
         self._jump_hosts = {h.name: h for h in jump_hosts}
@@ -50,13 +50,14 @@ class Connector:
         sock = self._open_socket(host, timeout, via)
         client = paramiko.SSHClient()
         name = known_hosts_name(host.address, host.port)
+        known = self._known_hosts(host)
         try:
-            for key_type, key in self._known.keys_for(host, name):
+            for key_type, key in known.keys_for(host, name):
                 client.get_host_keys().add(name, key_type, key)
         except HostKeyError:
             sock.close()
             raise
-        client.set_missing_host_key_policy(HostKeyPolicy(host, self.known_hosts, self.accept_new))
+        client.set_missing_host_key_policy(HostKeyPolicy(host, known.path, self.accept_new))
         key_file = os.path.expanduser(host.identity_file) if host.identity_file else None
         if key_file and not os.path.exists(key_file):
             sock.close()
@@ -73,7 +74,7 @@ class Connector:
             sock.close()
             raise HostKeyError(
                 f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
-                f"If the host was reinstalled, remove the old key with: ssh-keygen -f {self.known_hosts} "
+                f"If the host was reinstalled, remove the old key with: ssh-keygen -f {known.path} "
                 f"-R '{known_hosts_name(host.address, host.port)}'"
             ) from None
         except HostKeyError:
@@ -88,6 +89,14 @@ class Connector:
         transport = client.get_transport()
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started, self.residents)
+
+    def _known_hosts(self, host: Host) -> KnownHosts:
+        """The host's known_hosts (ssh_config's UserKnownHostsFile for it, else the inventory's), read once per run."""
+        path = Path(os.path.expanduser(host.known_hosts)) if host.known_hosts else self.known_hosts
+        with self._keys_lock:
+            if path not in self._known:
+                self._known[path] = KnownHosts(path)
+            return self._known[path]
 
     def _private_key(self, path: str) -> paramiko.PKey | None:
         """The identity file's key, read once per run (paramiko reads it per connection, trying each key type);

@@ -322,3 +322,14 @@ def test_proxy_jump_chain_of_ssh_config_aliases_resolved_by_openssh(make_testbed
     proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
     entry = json.loads(proc.stdout)["hosts"][0]
     assert entry["status"] == "unreachable" and "jump-two" in entry["message"]
+    # Where the inventory names no known_hosts, ssh_config's UserKnownHostsFile for each host (hops too) is used.
+    elsewhere = Path(bed.root) / "jump_known_hosts"
+    elsewhere.write_text("")
+    hops.write_text(hops.read_text() + f"Host jump-one\n  UserKnownHostsFile {elsewhere}\n")
+    ssh_config.write_text(ssh_config.read_text() + f"Host *\n  UserKnownHostsFile {bed.known_hosts}\n")
+    inv_path.write_text("".join(line for line in inv_path.read_text().splitlines(keepends=True)
+                                if not line.startswith("known_hosts:")))
+    proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
+    entry = json.loads(proc.stdout)["hosts"][0]
+    assert entry["status"] == "unreachable" and f"jump-one: unknown host key" in entry["message"], entry
+    assert str(elsewhere) in entry["message"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -43,8 +44,8 @@ def test_ssh_g_lines_keep_every_value_of_a_repeated_key_in_order():
 def test_ssh_g_values_the_config_set_are_honoured_and_the_sentinels_are_not():
     assert honoured_from_ssh_g("gpu1", parse_ssh_g(SSH_G_SAMPLE)) == {
         "hostname": "10.0.0.5", "user": "alice", "port": "2200", "identity_file": "~/.ssh/gpu",
-        "proxy_jump": "gw1,bob@gw2:2222"}
-    unset = "user ddops/unset\nhostname gpu1\nport 1\nidentityfile /ddops/unset\n"
+        "proxy_jump": "gw1,bob@gw2:2222", "known_hosts": "~/.ssh/known_hosts"}
+    unset = "user ddops/unset\nhostname gpu1\nport 1\nidentityfile /ddops/unset\nuserknownhostsfile /ddops/unset\n"
     assert honoured_from_ssh_g("GPU1", parse_ssh_g(unset)) == {}  # ssh lower-cases the name it prints
 
 
@@ -197,6 +198,18 @@ def test_the_fallback_parser_ranks_the_same_for_what_it_can_read(tmp_path):
     assert (gpu2.user, gpu2.port) == ("hostuser", 2200)
     assert gpu3.user == "groupuser"
     assert (db1.user, db1.port) == ("root", 2222)
+
+
+@needs_ssh
+def test_user_known_hosts_file_from_ssh_config_applies_unless_the_inventory_names_one(tmp_path):
+    cfg = "Host gpu1\n  UserKnownHostsFile ~/.ssh/lab_hosts ~/.ssh/other\n"
+    inv = load_inventory(inventory(tmp_path, "hosts:\n  gpu1: {}\n  gpu2: {}\n", cfg))
+    known = [h.known_hosts and os.path.expanduser(h.known_hosts) for h in inv.hosts]
+    assert known == [os.path.expanduser("~/.ssh/lab_hosts"), None]  # None: the inventory's file
+    inv = load_inventory(inventory(tmp_path, "known_hosts: /etc/lab_known_hosts\nhosts:\n  gpu1: {}\n", cfg))
+    assert inv.hosts[0].known_hosts is None and inv.known_hosts == "/etc/lab_known_hosts"
+    fallback = load_ssh_config(tmp_path / "ssh_config", ssh=None)
+    assert fallback.lookup("gpu1") == {"known_hosts": "~/.ssh/lab_hosts"}
 
 
 @needs_ssh
