@@ -1,11 +1,10 @@
 """~/.ssh/config as OpenSSH reads it: `ssh -G` where an ssh client exists, else a small parser.
 
 ddops honours HostName, User, Port, IdentityFile, ProxyJump (a chain `a,b,c` too) and UserKnownHostsFile (its first
-file). With an `ssh` client,
-OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything), one `ssh -G` per distinct name,
-all at once, only for names the config can affect, and remembered on disk until a file it read changes. Without one, the small parser below reads `Host`
-blocks with patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks
-and `Include` are skipped.
+file). With an `ssh` client, OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything): one
+`ssh -G` per distinct name, all at once, only for names the config can affect, remembered on disk until a file it
+read changes. Without one, the small parser below reads `Host` blocks with patterns (`*`, `?`, `!negation`); as in
+OpenSSH the first value obtained for a key wins; `Match` blocks and `Include` are skipped.
 """
 
 from __future__ import annotations
