@@ -1,0 +1,20 @@
+"""The Connector's ProxyJump bookkeeping that needs no network: loops are refused before anything is dialled."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddops.errors import TransportError
+from ddops.inventory import Host
+from ddops.transport import Connector
+
+
+def test_a_proxy_jump_loop_is_refused_before_any_connection(tmp_path):
+    a = Host(name="a", address="127.0.0.1", port=1, proxy_jump="b")
+    b = Host(name="b", address="127.0.0.1", port=2, proxy_jump="c,a")
+    c = Host(name="c", address="127.0.0.1", port=3, proxy_jump="a")
+    connector = Connector(tmp_path / "known_hosts", jump_hosts=[a, b, c], residents=None)
+    # b is reached through the chain c,a: its last hop is a, which waits on b.
+    with pytest.raises(TransportError, match=r"a: ProxyJump loop: a -> b -> a"):
+        connector.connect(a)
+    assert connector._jumps == {}
