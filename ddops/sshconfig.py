@@ -207,7 +207,7 @@ def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, s
 
 @dataclass(slots=True)
 class OpenSshConfig:
-    """A config file resolved by OpenSSH itself (`ssh -G -F FILE NAME`), each name once per run.
+    """A config file resolved by OpenSSH itself (`ssh -G -F FILE NAME`), each name once (then from disk, see _load).
 
     Only names the file can affect cost a process: all of them when it has `Include` or `Match` lines (`wide_open`),
     else those with a matching `Host` block that sets an honoured option (the parser's lookup says which).
@@ -226,13 +226,16 @@ class OpenSshConfig:
     def lookup(self, name: str) -> dict[str, str]:
         self._load()
         if name not in self._cache:
-            self._cache[name] = self._resolve(name) if self._needs_ssh(name) else {}
-            self._save()
+            if self._needs_ssh(name):
+                self._cache[name] = self._resolve(name)
+                self._save()
+            else:
+                self._cache[name] = {}
         return dict(self._cache[name])
 
     def prefetch(self, names: Iterable[str]) -> None:
-        """Resolve these names at once, in parallel: each `ssh -G` is a process start (~3 ms, far more on a
-        loaded machine), and an inventory resolves every host when it loads."""
+        """Resolve these names at once, in parallel: each `ssh -G` is a process start (10-18 ms measured on a
+        loaded 2-core machine), and an inventory resolves every host when it loads."""
         self._load()
         todo = [n for n in dict.fromkeys(names) if n not in self._cache and self._needs_ssh(n)]
         if len(todo) < 2:
