@@ -18,3 +18,10 @@ def test_a_proxy_jump_loop_is_refused_before_any_connection(tmp_path):
     with pytest.raises(TransportError, match=r"a: ProxyJump loop: a -> b -> a"):
         connector.connect(a)
     assert connector._jumps == {}
+
+
+def test_a_lost_connection_is_a_transport_error_with_the_host_failed_exit_code():
+    from ddops.errors import EXIT_HOST_FAILED, ConnectionLost, exit_code_for
+
+    assert issubclass(ConnectionLost, TransportError)
+    assert exit_code_for(ConnectionLost("gpu1: connection lost: EOF")) == EXIT_HOST_FAILED
