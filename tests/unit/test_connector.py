@@ -25,3 +25,21 @@ def test_a_lost_connection_is_a_transport_error_with_the_host_failed_exit_code()
 
     assert issubclass(ConnectionLost, TransportError)
     assert exit_code_for(ConnectionLost("gpu1: connection lost: EOF")) == EXIT_HOST_FAILED
+
+
+def test_the_fleet_counts_a_host_unreachable_by_the_error_s_type_not_its_words():
+    from ddops.errors import ConnectionLost
+    from ddops.fleet import run_fleet
+
+    class Idle:
+        def close(self) -> None:
+            pass
+
+    def task(host, session):
+        if host.name == "lost":
+            raise ConnectionLost("lost: connection lost: EOF")
+        raise TransportError(f"{host.name}: cannot write x: connection lost, says the message")
+
+    hosts = [Host(name="lost", address="127.0.0.1"), Host(name="wordy", address="127.0.0.2")]
+    results = {r.host: r.status for r in run_fleet(hosts, task, lambda host: Idle())}
+    assert results == {"lost": "unreachable", "wordy": "failed"}
