@@ -10,19 +10,17 @@ OpenSSH the first value obtained for a key wins; `Match` blocks and `Include` ar
 from __future__ import annotations
 
 import fnmatch
-import glob
-import hashlib
-import json
 import os
 import re
 import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from ddops.errors import UsageError
+
+# What reads a config through ssh (subprocess, threads, json, hashing) is imported only when a config has content:
+# `ddops hosts` and `inventory check` with no ~/.ssh/config start without it.
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
             "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts"}
@@ -140,6 +138,9 @@ _INCLUDE = re.compile(r"^\s*include\s*=?\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 def config_signature(path: Path, ssh: str) -> str | None:
     """A fingerprint of what `ssh -G` reads for this config (the file, the files it includes, ssh itself); None
     when its answers may depend on something else (`Match exec`, `Match localnetwork`, `${VAR}`)."""
+    import glob
+    import hashlib
+
     try:
         st = os.stat(ssh)
     except OSError:
@@ -240,6 +241,8 @@ class OpenSshConfig:
         todo = [n for n in dict.fromkeys(names) if n not in self._cache and self._needs_ssh(n)]
         if len(todo) < 2:
             return
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(min(SSH_G_PARALLEL, len(todo))) as pool:
             for name, found in zip(todo, pool.map(self._resolve, todo)):
                 self._cache[name] = found
@@ -256,6 +259,8 @@ class OpenSshConfig:
         """What earlier runs learned from ssh -G for this config, while none of the files it read has changed."""
         if self._loaded or self.signature is None:
             return
+        import json
+
         self._loaded = True
         try:
             entry = json.loads(self._cache_path().read_text()).get(str(self.path)) or {}
@@ -269,6 +274,8 @@ class OpenSshConfig:
     def _save(self) -> None:
         if self.signature is None:
             return
+        import json
+
         path = self._cache_path()
         try:
             try:
@@ -294,6 +301,8 @@ class OpenSshConfig:
         return self.wide_open or bool(self.parsed.lookup(name))
 
     def _resolve(self, name: str) -> dict[str, str]:
+        import subprocess
+
         wrapper = (f'Include "{self.path}"\nHost *\n  User {_UNSET_USER}\n  Port {_UNSET_PORT}\n'
                    f"  IdentityFile {_UNSET_FILE}\n  UserKnownHostsFile {_UNSET_FILE}\n")
         self.calls += 1
