@@ -250,6 +250,52 @@ class Session:
                 select.select([channel], [], [], min(remaining, 0.2))
         return bytes(out), bytes(err)
 
+    # -- streamed command (ddops exec) -----------------------------------------------------------------------
+    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None) -> int:
+        """Run a command through the login shell on an exec channel of this connection, handing each chunk of
+        output to on_output("stdout" | "stderr", bytes) as it arrives (nothing is kept here); the exit status
+        (-1: none was sent). stdin is closed at once. Raises CommandTimeout, TransportError."""
+        timeout = self.host.command_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.round_trips += 1
+        channel = None
+        try:
+            channel = self._client.get_transport().open_session(timeout=timeout)
+            channel.exec_command(command)
+            channel.shutdown_write()
+            while True:
+                progressed = False
+                while channel.recv_ready():
+                    chunk = channel.recv(READ_CHUNK)
+                    if chunk:
+                        on_output("stdout", chunk)
+                    progressed = True
+                while channel.recv_stderr_ready():
+                    on_output("stderr", channel.recv_stderr(READ_CHUNK))
+                    progressed = True
+                if channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if channel.closed and not progressed:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off")
+                if not progressed:
+                    select.select([channel], [], [], min(remaining, 0.2))
+            channel.status_event.wait(max(0.0, min(deadline - time.monotonic(), 5.0)))
+            code = channel.exit_status if channel.exit_status_ready() else -1
+            if code == -1 and not channel.eof_received:
+                raise EOFError("the connection closed while the command ran")
+        except CommandTimeout:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.host.name}: connection lost: {exc or type(exc).__name__}") from None
+        finally:
+            if channel is not None:
+                channel.close()
+        return code
+    # -- end of streamed command -----------------------------------------------------------------------------
+
     # -- files ------------------------------------------------------------------------------------------------
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
