@@ -80,8 +80,8 @@ def _show_groups(results: Sequence[Any]) -> None:
 
     for g in group_outputs(outputs_of(results)):
         code = "timed out" if g.output.timed_out else f"exit {g.output.exit_code}"
-        title = f"{len(g.hosts)} hosts" if len(g.hosts) > 1 else g.hosts[0]
-        console.rule(f"[bold]{escape(title)}[/] · {code} ({escape(', '.join(g.hosts))})", align="left")
+        title = f"{len(g.hosts)} hosts · {code} ({', '.join(g.hosts)})" if len(g.hosts) > 1 else f"{g.hosts[0]} · {code}"
+        console.rule(escape(title), align="left")
         for text, label in ((g.output.stdout, ""), (g.output.stderr, "stderr: ")):
             for line in text.splitlines():
                 console.print(f"[dim]{label}[/]{escape(line)}" if label else escape(line), soft_wrap=True)

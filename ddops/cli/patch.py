@@ -186,7 +186,7 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
             for pid in patch_ids:
                 s = states.get(pid, "-")
                 cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
-            note = r.message if r.status in ("failed", "unreachable", "drifted") else ""
+            note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
             table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
         console.print(table)
     finish(results)

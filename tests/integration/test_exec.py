@@ -113,7 +113,7 @@ def test_grouped_shows_identical_output_once(bed):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.count("same") == 2  # once for host1+host2, once for host3
-    assert "2 hosts · exit 0 (host1, host2)" in out and "host3 · exit 0 (host3)" in out
+    assert "2 hosts · exit 0 (host1, host2)" in out and "host3 · exit 0" in out
     assert "host1 |" not in out  # not streamed
 
 
