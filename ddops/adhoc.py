@@ -65,12 +65,18 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
         words = ['"${SHELL:-/bin/sh}"', "-c", shlex.quote(spec.shell)]
     else:
         words = [shlex.quote(word) for word in spec.argv]
+    cd_first = spec.in_repo
     if spec.sudo and host.user != "root":
+        if spec.in_repo:
+            # The directory change under sudo too: a repo that root owns may be closed to the login user.
+            words = ["sh", "-c", shlex.quote('cd "$1" && shift && exec "$@"'), "ddops-exec",
+                     shlex.quote(host.repo)] + words
+            cd_first = False
         # -n: never prompt. A fleet run has no one to type a password; sudo then fails, and sudo_refusal says so.
         words = ["sudo", "-n", "--"] + words
     words = ["timeout", "-k", _seconds(KILL_AFTER), _seconds(spec.timeout_for(host))] + words
     line = "exec " + " ".join(words)
-    if spec.in_repo:
+    if cd_first:
         line = f"cd {shlex.quote(host.repo)} && {line}"
     return line
 

@@ -18,7 +18,7 @@ USER = Host(name="b", address="127.0.0.3", user="alice", repo="/home/alice/ddtre
 
 def words_after_timeout(line: str) -> list[str]:
     """What the host's shell would run as argv, once `exec timeout -k K T` is taken off."""
-    words = shlex.split(line.split("&& ", 1)[-1])
+    words = shlex.split(line.split(" && ", 1)[1] if line.startswith("cd ") else line)
     assert words[:3] == ["exec", "timeout", "-k"], words
     return words[5:]
 
@@ -60,6 +60,18 @@ def test_sudo_is_non_interactive_and_only_where_the_user_is_not_root():
     assert words_after_timeout(line) == ["sudo", "-n", "--", "id", "-u"]
     shell = remote_command(ExecSpec(shell="id | cat", sudo=True), USER)
     assert "sudo -n -- \"${SHELL:-/bin/sh}\" -c 'id | cat'" in shell
+
+
+def test_sudo_with_in_repo_changes_directory_under_sudo(tmp_path):
+    line = remote_command(ExecSpec(argv=("ls", "a b"), sudo=True, in_repo=True), USER)
+    words = words_after_timeout(line)
+    assert words[:5] == ["sudo", "-n", "--", "sh", "-c"]
+    # The script sudo runs: cd to its first argument, then the command, each word still one argument.
+    script, name, repo, *argv = words[5:]
+    assert (name, repo, argv) == ("ddops-exec", "/home/alice/ddtree", ["ls", "a b"])
+    (tmp_path / "a b").write_text("")
+    out = subprocess.run(["sh", "-c", script, name, str(tmp_path), "ls", "a b"], capture_output=True, text=True)
+    assert out.stdout == "a b\n"
 
 
 def test_a_command_and_a_shell_line_together_or_neither_is_a_usage_error():
