@@ -27,7 +27,8 @@ class RefuseUnknownHostKey(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         raise HostKeyError(f"{self.host.name}: unknown host key {key.get_name()} {key.fingerprint} for {hostname} "
-                           f"(not in {self.known_hosts}); check it, then record it with `ddops ping --accept-new`")
+                           f"(not in {self.known_hosts}); check it, then record it with "
+                           f"`ddops --accept-new ping --host {self.host.name}`")
 
 
 def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:
@@ -40,6 +41,8 @@ def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
     gateway: Any = False  # False, not None: None lets Fabric look a ProxyJump up in its own SSH config
     if host.proxy_jump:
+        # A gateway Connection of its own per host: a ThreadingGroup opens its members in parallel, and Fabric
+        # would open one shared gateway from several threads at once.
         gateway = connection(inventory, _jump_host(inventory, host), config=config)
     identity = os.path.expanduser(host.identity_file) if host.identity_file else None
     conn = fabric.Connection(
@@ -58,7 +61,8 @@ def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:
 
 
 def connections(inventory: Inventory, hosts: Iterable[Host]) -> list[Any]:
-    return [connection(inventory, h) for h in hosts]
+    config = fabric.Config(ssh_config=paramiko.SSHConfig())
+    return [connection(inventory, h, config=config) for h in hosts]
 
 
 def threading_group(inventory: Inventory, hosts: Sequence[Host]) -> Any:
