@@ -7,6 +7,7 @@ per-host task needs a session with `stream(command, on_output, timeout=)`.
 from __future__ import annotations
 
 import codecs
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -220,6 +221,10 @@ def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str
     if output.exit_code == -1:
         return FAILED, "the command ended without an exit status (killed by a signal?)"
     last = next((line.strip() for line in reversed(output.stderr.splitlines()) if line.strip()), "")
+    # A program that is not there is reported by the `timeout` wrapper: say it in the user's terms.
+    missing = re.fullmatch(r"timeout: failed to run command [‘'](.*)[’']: (.*)", last)
+    if missing:
+        last = f"{missing[1]}: {'command not found' if output.exit_code == 127 else missing[2]}"
     return FAILED, f"exit {output.exit_code}" + (f": {last}" if last else "")
 
 

@@ -102,6 +102,8 @@ def test_outcome_is_ok_on_exit_zero_and_failed_with_the_last_stderr_line_otherwi
     assert outcome_of(spec, ROOT, ExecOutput(0, "hi\n", "")) == ("ok", "exit 0")
     assert outcome_of(spec, ROOT, ExecOutput(3, "", "first\nlast words\n\n")) == ("failed", "exit 3: last words")
     assert outcome_of(spec, ROOT, ExecOutput(2, "", "")) == ("failed", "exit 2")
+    missing = "timeout: failed to run command 'nvidia-smi': No such file or directory\n"
+    assert outcome_of(spec, ROOT, ExecOutput(127, "", missing)) == ("failed", "exit 127: nvidia-smi: command not found")
 
 
 def test_timeout_is_told_apart_from_a_command_that_exits_124_on_its_own():
