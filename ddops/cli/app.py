@@ -50,7 +50,7 @@ def main_callback(
 
 hosts_cmds.register(app)
 testbed_cmds.register(app)
-for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench"):
+for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddops.cli.exec"):
     try:
         module = __import__(module_name, fromlist=["register"])
     except ModuleNotFoundError as exc:

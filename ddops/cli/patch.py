@@ -152,10 +152,15 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
     st.json = st.json or json_out
     everywhere = not (host or group or all_ or limit)
     inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
-    books = _playbooks(st, playbook)
-    planner = make_planner()
-    results = fleet_run(st, inventory, chosen, lambda h, s: status_host(h, s, books, planner=planner),
-                        title="status", forks=forks)
+    if not (playbook or inventory.patches):
+        # No playbook to plan against: show what each host's journal holds, as rollback reads it.
+        from ddops.patching.journal_status import journal_status_host
+
+        books, task = [], journal_status_host
+    else:
+        books, planner = _playbooks(st, playbook), make_planner()
+        task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
+    results = fleet_run(st, inventory, chosen, task, title="status", forks=forks)
     pins = {h.name: _pin(h, r.data.get("commit") if r.data else None) for h, r in zip(chosen, results)}
     if st.json:
         for r in results:
@@ -163,7 +168,8 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
                 r.data["pin"] = pins[r.host]
         emit_json("status", results)
     else:
-        patch_ids = [p.id for b in books for p in b.patches]
+        patch_ids = [p.id for b in books for p in b.patches] or list(
+            dict.fromkeys(pid for r in results for pid in (r.data or {}).get("patches", {})))
         from rich.table import Table
 
         table = Table(title="ddops status", header_style="bold")
@@ -180,7 +186,7 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
             for pid in patch_ids:
                 s = states.get(pid, "-")
                 cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
-            note = r.message if r.status in ("failed", "unreachable", "drifted") else ""
+            note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
             table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
         console.print(table)
     finish(results)

@@ -48,8 +48,10 @@ class ChannelReader:
     cannot drift apart in how they wait, time out or notice a dead channel.
     """
 
-    def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None) -> None:
+    def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None,
+                 on_output: Callable[[str, bytes], None] | None = None) -> None:
         self.channel = channel
+        self._on_output = on_output  # streamed: each chunk goes there as it arrives and is not kept
         self.out = bytearray()
         self.err = bytearray()
         self._max_err = max_err  # keep only the end of stderr (a long-lived agent's)
@@ -61,13 +63,20 @@ class ChannelReader:
             chunk = channel.recv(READ_CHUNK)
             if not chunk:
                 break
-            self.out += chunk
+            if self._on_output is not None:
+                self._on_output("stdout", chunk)
+            else:
+                self.out += chunk
             progressed = True
         while channel.recv_stderr_ready():
-            self.err += channel.recv_stderr(READ_CHUNK)
+            chunk = channel.recv_stderr(READ_CHUNK)
+            progressed = True
+            if self._on_output is not None:
+                self._on_output("stderr", chunk)
+                continue
+            self.err += chunk
             if self._max_err is not None:
                 del self.err[:-self._max_err]
-            progressed = True
         return progressed
 
     def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception]) -> bool:

@@ -46,9 +46,21 @@ class Session:
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         """Run a command through the login shell; stdin bytes are sent then closed. Raises CommandTimeout."""
-        timeout = self.host.command_timeout if timeout is None else timeout
         started = time.monotonic()
-        deadline = started + timeout
+        code, reader = self._exec(command, stdin=stdin, timeout=timeout)
+        return CommandResult(code, reader.out.decode("utf-8", "replace"), reader.err.decode("utf-8", "replace"),
+                             time.monotonic() - started)
+
+    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None) -> int:
+        """Run a command like `run`, handing each chunk of output to on_output("stdout" | "stderr", bytes) as it
+        arrives (nothing is kept here); the exit status (-1: none was sent). Used by `ddops exec`."""
+        code, _ = self._exec(command, timeout=timeout, on_output=on_output)
+        return code
+
+    def _exec(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
+              on_output: Callable[[str, bytes], None] | None = None) -> tuple[int, ChannelReader]:
+        timeout = self.host.command_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         self.round_trips += 1
         channel = None
         try:
@@ -57,7 +69,7 @@ class Session:
             if stdin:
                 send_all(channel, stdin, deadline, self.host.name)
             channel.shutdown_write()
-            reader = ChannelReader(channel)
+            reader = ChannelReader(channel, on_output=on_output)
             reader.drain(deadline, lambda: CommandTimeout(
                 f"{self.host.name}: command timed out after {timeout:g}s and was cut off"))
             code = channel.recv_exit_status()
@@ -72,8 +84,7 @@ class Session:
         finally:
             if channel is not None:
                 channel.close()
-        return CommandResult(code, reader.out.decode("utf-8", "replace"), reader.err.decode("utf-8", "replace"),
-                             time.monotonic() - started)
+        return code, reader
 
     # -- files ------------------------------------------------------------------------------------------------
     def _sftp_client(self) -> paramiko.SFTPClient:

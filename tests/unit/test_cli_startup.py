@@ -18,7 +18,7 @@ def test_loading_the_cli_imports_no_heavy_dependency():
 def test_help_lists_every_command_group():
     out = subprocess.run([sys.executable, "-m", "ddops", "--help"], capture_output=True, text=True,
                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
-    for command in ("hosts", "inventory", "ping", "patch", "verify", "rollback", "status", "sync", "deploy", "bench",
+    for command in ("hosts", "inventory", "ping", "exec", "patch", "verify", "rollback", "status", "sync", "deploy", "bench",
                     "testbed"):
         assert f" {command} " in out, command
 

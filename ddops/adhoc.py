@@ -1,0 +1,243 @@
+"""Ad-hoc commands across the fleet (`ddops exec`): the remote command line, per-host results, grouped output.
+
+The pure parts (how the command line is built and quoted, how results are read and grouped) need no host; the
+per-host task needs a session with `stream(command, on_output, timeout=)`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from ddops.errors import UsageError
+from ddops.fleet import FAILED, OK, TaskOutcome
+from ddops.inventory import Host
+
+# Seconds between `timeout`'s TERM and its KILL, for commands that ignore TERM.
+KILL_AFTER = 5.0
+# The controller gives up on a host this long after the remote `timeout` should have ended the command.
+CONTROLLER_GRACE = 10.0
+# Output kept per host and stream for --json and --group; streamed output is never cut.
+MAX_KEPT_BYTES = 1 << 20
+# `timeout` exits 124 when it sent TERM, and 128+9 when it had to KILL.
+TIMEOUT_EXITS = (124, 137)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecSpec:
+    """What to run on every host: a program and its arguments (each word quoted), or an explicit shell line."""
+
+    argv: tuple[str, ...] = ()
+    shell: str | None = None
+    in_repo: bool = False
+    sudo: bool = False
+    timeout: float | None = None  # None: each host's command_timeout
+
+    def __post_init__(self) -> None:
+        if bool(self.argv) == (self.shell is not None):
+            raise UsageError("give a command after `--` or one --shell 'CMD | CMD', not both and not neither")
+        if self.shell is not None and not self.shell.strip():
+            raise UsageError("--shell needs a command")
+        if self.timeout is not None and self.timeout <= 0:
+            raise UsageError("--timeout must be more than 0 seconds")
+
+    def timeout_for(self, host: Host) -> float:
+        return self.timeout if self.timeout is not None else host.command_timeout
+
+    @property
+    def display(self) -> str:
+        """The command as the user gave it, for headings and --json."""
+        return self.shell if self.shell is not None else shlex.join(self.argv)
+
+
+def remote_command(spec: ExecSpec, host: Host) -> str:
+    """The one line sshd hands to the host's login shell; every word from the user goes in quoted.
+
+    argv words are quoted one by one, so `'; touch /tmp/x'` stays one argument; a --shell line is quoted whole and
+    run by the user's own shell (`$SHELL -c`, as sshd would). coreutils `timeout` ends the command's whole process
+    group on the host when --timeout passes, rather than leaving it running after ddops hangs up.
+    """
+    if spec.shell is not None:
+        # $SHELL is expanded by the login shell running this line: the same shell sshd would have run it with.
+        words = ['"${SHELL:-/bin/sh}"', "-c", shlex.quote(spec.shell)]
+    else:
+        words = [shlex.quote(word) for word in spec.argv]
+    cd_first = spec.in_repo
+    if spec.sudo and host.user != "root":
+        if spec.in_repo:
+            # The directory change under sudo too: a repo that root owns may be closed to the login user.
+            words = ["sh", "-c", shlex.quote('cd "$1" && shift && exec "$@"'), "ddops-exec",
+                     shlex.quote(host.repo)] + words
+            cd_first = False
+        # -n: never prompt. A fleet run has no one to type a password; sudo then fails, and sudo_refusal says so.
+        words = ["sudo", "-n", "--"] + words
+    words = ["timeout", "-k", _seconds(KILL_AFTER), _seconds(spec.timeout_for(host))] + words
+    line = "exec " + " ".join(words)
+    if cd_first:
+        line = f"cd {shlex.quote(host.repo)} && {line}"
+    return line
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def sudo_refusal(spec: ExecSpec, host: Host, exit_code: int, stderr: str) -> str | None:
+    """Why sudo (not the command) refused, in one line; None when sudo ran the command or was not asked for."""
+    if not spec.sudo or host.user == "root":
+        return None
+    first = next((line.strip() for line in stderr.splitlines() if line.strip()), "")
+    if exit_code == 127 and "sudo" in first and ("No such file" in first or "not found" in first):
+        return f"{host.name}: --sudo: sudo is not installed on the host (user {host.user})"
+    if exit_code == 1 and first.startswith("sudo:"):
+        if "password is required" in first or "terminal is required" in first:
+            return (f"{host.name}: --sudo: sudo wants a password for {host.user}, and ddops never prompts in a fleet "
+                    f"run (sudo -n): allow the command without a password (NOPASSWD in sudoers), or connect as root")
+        return f"{host.name}: --sudo: {first}"
+    if exit_code == 1 and "may not run sudo" in first:
+        return f"{host.name}: --sudo: {first}"
+    return None
+
+
+def timed_out(exit_code: int, duration: float, timeout: float) -> bool:
+    """Whether the host's `timeout` ended the command (its exit codes alone could be the command's own)."""
+    return exit_code in TIMEOUT_EXITS and duration >= timeout * 0.98
+
+
+@dataclass(frozen=True, slots=True)
+class ExecOutput:
+    """What the command did on one host."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False  # output past MAX_KEPT_BYTES per stream was shown while streaming, but not kept
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                "timed_out": self.timed_out, "truncated": self.truncated}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputGroup:
+    """Hosts whose command ended alike: the same exit code, stdout and stderr."""
+
+    hosts: tuple[str, ...]
+    output: ExecOutput
+
+
+def group_outputs(outputs: Mapping[str, ExecOutput]) -> list[OutputGroup]:
+    """Hosts grouped by identical output and exit code: biggest group first, then in host order."""
+    groups: dict[tuple[int, str, str, bool], list[str]] = {}
+    first: dict[tuple[int, str, str, bool], ExecOutput] = {}
+    for host, out in outputs.items():
+        key = (out.exit_code, out.stdout, out.stderr, out.timed_out)
+        groups.setdefault(key, []).append(host)
+        first.setdefault(key, out)
+    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))  # stable: ties keep host order
+    return [OutputGroup(tuple(hosts), first[key]) for key, hosts in ordered]
+
+
+class LineSplitter:
+    """Bytes in as they arrive, whole decoded lines out (a UTF-8 character split across chunks stays whole)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._partial + self._decoder.decode(data)
+        *lines, self._partial = text.split("\n")
+        return lines
+
+    def flush(self) -> list[str]:
+        rest = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        return [rest] if rest else []
+
+
+@dataclass(slots=True)
+class _Kept:
+    """One stream's output, kept up to MAX_KEPT_BYTES."""
+
+    data: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+
+    def add(self, chunk: bytes) -> None:
+        room = MAX_KEPT_BYTES - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+        self.data += chunk[:max(room, 0)]
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+LineSink = Callable[[str, str, str], None]  # (host name, "stdout" | "stderr", line without its newline)
+
+
+def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None = None) -> TaskOutcome:
+    """Run the command on one host; each output line goes to on_line as it arrives; the result is a TaskOutcome
+    whose data holds the exit code, the (kept) output and the command line that ran."""
+    command = remote_command(spec, host)
+    timeout = spec.timeout_for(host)
+    kept = {"stdout": _Kept(), "stderr": _Kept()}
+    splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+
+    def on_output(stream: str, chunk: bytes) -> None:
+        kept[stream].add(chunk)
+        if on_line is not None:
+            for line in splitters[stream].feed(chunk):
+                on_line(host.name, stream, line)
+
+    started = time.monotonic()
+    exit_code = session.stream(command, on_output, timeout=timeout + KILL_AFTER + CONTROLLER_GRACE)
+    duration = time.monotonic() - started
+    if on_line is not None:
+        for stream, splitter in splitters.items():
+            for line in splitter.flush():
+                on_line(host.name, stream, line)
+    output = ExecOutput(exit_code, kept["stdout"].text(), kept["stderr"].text(),
+                        timed_out=timed_out(exit_code, duration, timeout),
+                        truncated=kept["stdout"].truncated or kept["stderr"].truncated)
+    data = {**output.to_json(), "command": command}
+    return TaskOutcome(*outcome_of(spec, host, output), data)
+
+
+def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str]:
+    """(status, message) of one host's run: ok on exit 0, failed otherwise, saying why in one line."""
+    if output.exit_code == 0:
+        return OK, "exit 0"
+    refusal = sudo_refusal(spec, host, output.exit_code, output.stderr)
+    if refusal:
+        return FAILED, refusal
+    if output.timed_out:
+        return FAILED, f"timed out after {spec.timeout_for(host):g}s (ended on the host)"
+    if output.exit_code == -1:
+        return FAILED, "the command ended without an exit status (killed by a signal?)"
+    last = next((line.strip() for line in reversed(output.stderr.splitlines()) if line.strip()), "")
+    # A program that is not there is reported by the `timeout` wrapper: say it in the user's terms.
+    missing = re.fullmatch(r"timeout: failed to run command [‘'](.*)[’']: (.*)", last)
+    if missing:
+        last = f"{missing[1]}: {'command not found' if output.exit_code == 127 else missing[2]}"
+    return FAILED, f"exit {output.exit_code}" + (f": {last}" if last else "")
+
+
+def outputs_of(results: Iterable[Any]) -> dict[str, ExecOutput]:
+    """Each host's ExecOutput from fleet results (hosts that never ran the command have none)."""
+    out = {}
+    for r in results:
+        data = r.data or {}
+        if "exit_code" in data:
+            out[r.host] = ExecOutput(data["exit_code"], data.get("stdout", ""), data.get("stderr", ""),
+                                     bool(data.get("timed_out")), bool(data.get("truncated")))
+    return out
+
+
+__all__ = ["ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs", "outcome_of",
+           "outputs_of", "remote_command", "sudo_refusal", "timed_out"]

@@ -1,0 +1,89 @@
+"""`ddops status` with no playbook: what each host's journal holds, read the way rollback reads it.
+
+Every patch ddops applied on the host and has not rolled back, its state (`applied`, or `modified` when one of its
+files changed since ddops last wrote it, `missing` when the file is gone), and those files. No playbook is
+needed: the journal names the patches and the hashes ddops wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ddops.fleet import DRIFTED, OK, TaskOutcome
+from ddops.inventory import Host
+from ddops.patching import journal as journal_mod
+
+APPLIED, MODIFIED, MISSING = journal_mod.JOURNAL_APPLIED, journal_mod.MODIFIED, "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedPatch:
+    """One patch ddops applied on a host and has not rolled back."""
+
+    patch: str
+    files: tuple[str, ...]
+    changed_since: tuple[str, ...]  # its files whose content is not what ddops last wrote
+    missing: tuple[str, ...]        # its files that are gone
+    time: str                       # when it was (last) applied
+
+    @property
+    def state(self) -> str:
+        if self.missing:
+            return MISSING
+        return MODIFIED if self.changed_since else APPLIED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "state": self.state, "files": list(self.files),
+                "changed_since": list(self.changed_since), "missing": list(self.missing), "applied_at": self.time}
+
+
+def applied_patches(journal: Sequence[Mapping[str, Any]],
+                    current_sha_by_file: Mapping[str, str | None]) -> list[AppliedPatch]:
+    """The journal's active patches in the order they were applied, each with its files' state now."""
+    modified = journal_mod.modified_files(journal, current_sha_by_file)
+    by_patch: dict[str, list[journal_mod.Application]] = {}
+    for a in journal_mod.active_applications(journal):
+        by_patch.setdefault(a.patch, []).append(a)
+    out = []
+    for patch, apps in by_patch.items():
+        files = tuple(a.file for a in apps)
+        out.append(AppliedPatch(
+            patch, files,
+            changed_since=tuple(f for f in files if f in modified and current_sha_by_file.get(f) is not None),
+            missing=tuple(f for f in files if f in modified and current_sha_by_file.get(f) is None),
+            time=max(a.time for a in apps)))
+    return out
+
+
+def journal_status_host(host: Host, session: Any) -> TaskOutcome:
+    """One host's journal, and whether the files it names are still as ddops left them."""
+    first = session.call_agent("snapshot", {"repo": host.repo, "files": [], "facts": True})
+    journal = list(first.get("journal") or [])
+    files = sorted({a.file for a in journal_mod.active_applications(journal)})
+    shas: dict[str, str | None] = {}
+    if files:
+        # A second round trip only where ddops has something applied: the journal names the files to hash.
+        snap = session.call_agent("snapshot", {"repo": host.repo, "files": files})
+        for path in files:
+            record = snap["files"].get(path) or {}
+            shas[path] = record.get("sha256") if record.get("exists") else None
+    applied = applied_patches(journal, shas)
+    data: dict[str, Any] = {
+        "commit": (first.get("facts") or {}).get("git_commit"),
+        "patches": {p.patch: p.state for p in applied},
+        "applied": [p.to_json() for p in applied],
+        "journal_corrupt": first.get("journal_corrupt") or [],
+    }
+    if not applied:
+        return TaskOutcome(OK, "no ddops patch applied", data)
+    attention = [p for p in applied if p.state != APPLIED]
+    if attention:
+        return TaskOutcome(DRIFTED, "; ".join(
+            f"{p.patch} {p.state}: " + ", ".join(p.missing or p.changed_since) + (" gone" if p.missing else
+                                                                                 " changed since ddops wrote it")
+            for p in attention), data)
+    return TaskOutcome(OK, f"{len(applied)} applied", data)
+
+
+__all__ = ["AppliedPatch", "applied_patches", "journal_status_host"]

@@ -1,0 +1,139 @@
+"""`ddops exec`'s pure core: the remote command line and its quoting, sudo refusals, results, grouping."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from ddops.adhoc import (ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of, remote_command,
+                         sudo_refusal, timed_out)
+from ddops.errors import UsageError
+from ddops.inventory import Host
+
+ROOT = Host(name="a", address="127.0.0.2", repo="/root/my repo", command_timeout=120.0)
+USER = Host(name="b", address="127.0.0.3", user="alice", repo="/home/alice/ddtree")
+
+
+def words_after_timeout(line: str) -> list[str]:
+    """What the host's shell would run as argv, once `exec timeout -k K T` is taken off."""
+    words = shlex.split(line.split(" && ", 1)[1] if line.startswith("cd ") else line)
+    assert words[:3] == ["exec", "timeout", "-k"], words
+    return words[5:]
+
+
+def test_each_argv_word_stays_one_argument_however_hostile():
+    hostile = ("echo", "; touch /tmp/pwned", "$(id)", "`id`", "a'b\"c", "*", "", "x\ny")
+    line = remote_command(ExecSpec(argv=hostile), ROOT)
+    assert words_after_timeout(line) == list(hostile)
+
+
+def test_hostile_words_reach_a_real_shell_as_plain_arguments(tmp_path):
+    marker = tmp_path / "pwned"
+    argv = ("printf", "%s\\n", f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", "$HOME")
+    line = remote_command(ExecSpec(argv=argv), ROOT)
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == list(argv[2:])
+    assert not marker.exists()
+
+
+def test_a_shell_line_is_quoted_whole_and_run_by_the_users_shell():
+    line = remote_command(ExecSpec(shell="ls | wc -l; echo 'done'"), ROOT)
+    assert line.startswith("exec timeout -k 5s 120s ")
+    assert '"${SHELL:-/bin/sh}" -c ' + shlex.quote("ls | wc -l; echo 'done'") in line
+
+
+def test_in_repo_changes_to_the_quoted_repo_first():
+    line = remote_command(ExecSpec(argv=("pwd",), in_repo=True), ROOT)
+    assert line.startswith(f"cd {shlex.quote('/root/my repo')} && exec ")
+
+
+def test_timeout_defaults_to_the_hosts_command_timeout_and_can_be_set():
+    assert " 120s " in remote_command(ExecSpec(argv=("true",)), ROOT)
+    assert " 2.5s " in remote_command(ExecSpec(argv=("true",), timeout=2.5), ROOT)
+
+
+def test_sudo_is_non_interactive_and_only_where_the_user_is_not_root():
+    assert "sudo" not in remote_command(ExecSpec(argv=("id",), sudo=True), ROOT)
+    line = remote_command(ExecSpec(argv=("id", "-u"), sudo=True), USER)
+    assert words_after_timeout(line) == ["sudo", "-n", "--", "id", "-u"]
+    shell = remote_command(ExecSpec(shell="id | cat", sudo=True), USER)
+    assert "sudo -n -- \"${SHELL:-/bin/sh}\" -c 'id | cat'" in shell
+
+
+def test_sudo_with_in_repo_changes_directory_under_sudo(tmp_path):
+    line = remote_command(ExecSpec(argv=("ls", "a b"), sudo=True, in_repo=True), USER)
+    words = words_after_timeout(line)
+    assert words[:5] == ["sudo", "-n", "--", "sh", "-c"]
+    # The script sudo runs: cd to its first argument, then the command, each word still one argument.
+    script, name, repo, *argv = words[5:]
+    assert (name, repo, argv) == ("ddops-exec", "/home/alice/ddtree", ["ls", "a b"])
+    (tmp_path / "a b").write_text("")
+    out = subprocess.run(["sh", "-c", script, name, str(tmp_path), "ls", "a b"], capture_output=True, text=True)
+    assert out.stdout == "a b\n"
+
+
+def test_a_command_and_a_shell_line_together_or_neither_is_a_usage_error():
+    for kwargs in ({}, {"argv": ("ls",), "shell": "ls"}, {"shell": "  "}, {"argv": ("ls",), "timeout": 0}):
+        with pytest.raises(UsageError):
+            ExecSpec(**kwargs)
+
+
+def test_sudo_wanting_a_password_is_refused_in_one_clear_line():
+    spec = ExecSpec(argv=("id",), sudo=True)
+    why = sudo_refusal(spec, USER, 1, "sudo: a password is required\n")
+    assert why and "wants a password for alice" in why and "sudo -n" in why and why.startswith("b: ")
+    status, message = outcome_of(spec, USER, ExecOutput(1, "", "sudo: a password is required\n"))
+    assert (status, message) == ("failed", why)
+
+
+def test_missing_sudo_is_named_and_a_commands_own_failure_is_not_blamed_on_sudo():
+    spec = ExecSpec(argv=("id",), sudo=True)
+    missing = "timeout: failed to run command 'sudo': No such file or directory\n"
+    assert "not installed" in (sudo_refusal(spec, USER, 127, missing) or "")
+    assert sudo_refusal(spec, USER, 1, "grep: x: No such file\n") is None
+    assert sudo_refusal(spec, ROOT, 1, "sudo: a password is required\n") is None  # root never goes through sudo
+    assert sudo_refusal(ExecSpec(argv=("id",)), USER, 1, "sudo: a password is required\n") is None
+
+
+def test_outcome_is_ok_on_exit_zero_and_failed_with_the_last_stderr_line_otherwise():
+    spec = ExecSpec(argv=("x",))
+    assert outcome_of(spec, ROOT, ExecOutput(0, "hi\n", "")) == ("ok", "exit 0")
+    assert outcome_of(spec, ROOT, ExecOutput(3, "", "first\nlast words\n\n")) == ("failed", "exit 3: last words")
+    assert outcome_of(spec, ROOT, ExecOutput(2, "", "")) == ("failed", "exit 2")
+    missing = "timeout: failed to run command 'nvidia-smi': No such file or directory\n"
+    assert outcome_of(spec, ROOT, ExecOutput(127, "", missing)) == ("failed", "exit 127: nvidia-smi: command not found")
+
+
+def test_timeout_is_told_apart_from_a_command_that_exits_124_on_its_own():
+    assert timed_out(124, 2.01, 2.0)
+    assert timed_out(137, 7.5, 2.0)
+    assert not timed_out(124, 0.1, 2.0)
+    assert not timed_out(1, 5.0, 2.0)
+    spec = ExecSpec(argv=("sleep", "9"), timeout=2)
+    assert outcome_of(spec, ROOT, ExecOutput(124, "", "", timed_out=True)) == (
+        "failed", "timed out after 2s (ended on the host)")
+
+
+def test_hosts_with_identical_output_and_exit_code_are_grouped_biggest_first():
+    same = ExecOutput(0, "3.11\n", "")
+    groups = group_outputs({"a": ExecOutput(0, "3.10\n", ""), "b": same, "c": same,
+                            "d": ExecOutput(1, "3.11\n", ""), "e": same})
+    assert [(g.hosts, g.output.stdout, g.output.exit_code) for g in groups] == [
+        (("b", "c", "e"), "3.11\n", 0), (("a",), "3.10\n", 0), (("d",), "3.11\n", 1)]
+
+
+def test_line_splitter_keeps_partial_lines_and_split_characters_until_complete():
+    split = LineSplitter()
+    euro = "€".encode()
+    assert split.feed(b"one\ntw") == ["one"]
+    assert split.feed(b"o " + euro[:1]) == []
+    assert split.feed(euro[1:] + b"\nthree") == ["two €"]
+    assert split.flush() == ["three"]
+    assert split.flush() == []
+
+
+def test_exec_output_json_names_exit_code_and_both_streams():
+    assert ExecOutput(4, "o", "e", timed_out=False, truncated=True).to_json() == {
+        "exit_code": 4, "stdout": "o", "stderr": "e", "timed_out": False, "truncated": True}
