@@ -98,6 +98,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# The node may say it has more CPUs than the machine: tests run a GPU job array and a CPU-only job side by side.
+SlurmdParameters=config_overrides
 GresTypes=gpu
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
@@ -111,7 +113,7 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 GRES_CONF = "AutoDetect=off\nName=gpu Type=fake File=/dev/null\nName=gpu Type=fake File=/dev/zero\n"
 
 
-def up(root: str | os.PathLike[str], *, cpus: int = 2, timeout: float = 30.0) -> SlurmCluster:
+def up(root: str | os.PathLike[str], *, cpus: int = 4, timeout: float = 30.0) -> SlurmCluster:
     """Start munged, slurmctld and slurmd in `root`; returns once the node accepts jobs. Stopped again on failure."""
     if os.geteuid() != 0:
         raise TestbedError("the Slurm testbed needs root (munged runs as its own user, slurmd as root)")

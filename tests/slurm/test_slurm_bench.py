@@ -79,6 +79,27 @@ hosts:
         yield inventory, repo, shared / "results"
 
 
+def timeout_plan(path: Path) -> Path:
+    """Two tasks: one ends at once, one outlives the job's one-minute time limit (Slurm: TIMEOUT)."""
+    path.write_text("""name: slurm-timeout
+summarizer: ddtree
+results: "*.pt"
+matrix:
+  delay: [0, 600]
+command: sleep {delay}
+""")
+    return path
+
+
+def timeout_inventory(bed) -> Path:
+    """The same login node, in a group whose jobs get one minute and no GPU (they run beside the mini plan's)."""
+    inventory, _repo, _results = bed
+    text = inventory.read_text().replace('gres: "gpu:1", time: 10', "time: 1")
+    path = inventory.with_name("slurm-timeout-inventory.yaml")
+    path.write_text(text)
+    return path
+
+
 def ddops(bed, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     inventory, _repo, results = bed
     return run_ddops(*args, inventory=inventory, env={"DDOPS_RESULTS_DIR": str(results)}, timeout=timeout)
@@ -111,6 +132,13 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
     assert ddops(cluster_bed, "verify", "--host", "login", *FIXES).returncode == 0
     code, doc = ddops_json(cluster_bed, "status", "--host", "login")
     assert code == 0, doc
+
+    # A job that outlives its time limit, started first: Slurm enforces limits in whole minutes, checked every 30 s.
+    slow = (timeout_inventory(cluster_bed), repo, results)
+    code, doc = ddops_json(slow, "bench", str(timeout_plan(tmp_path / "timeout.yaml")), "--host", "login",
+                           "--run-id", "20261201-1200-tlim")
+    assert code == 0, doc
+    slow_job = doc["hosts"][0]["data"]["job_id"]
 
     # Submit: one job array, one task per run of the grid.
     code, doc = ddops_json(cluster_bed, "bench", str(plan), "--host", "login", "--run-id", RUN)
@@ -165,6 +193,16 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
     rows = json.loads(report.stdout)["rows"]
     assert {r["method"] for r in rows} >= {"baseline", "dflash"} and {r["host"] for r in rows} == {"login"}
     assert f"Slurm task {job}_2 FAILED" in report.stderr and f"Slurm task {job}_3 CANCELLED" in report.stderr
+
+    # The job killed for its time limit shows up as such, in status and in the report; its finished task is kept.
+    wait_until(lambda: not squeue(slurm_cluster, slow_job).strip(), timeout=150, interval=1)
+    code, doc = ddops_json(slow, "bench", "status", "20261201-1200-tlim")
+    tasks = doc["hosts"][0]["data"]["run"]["runs"]
+    assert code == 1 and [t["status"] for t in tasks] == ["ok", "timeout"], tasks
+    assert tasks[1]["slurm"]["state"] == "TIMEOUT" and tasks[1]["slurm"]["node"] == "localhost"
+    assert ddops(slow, "bench", "collect", "20261201-1200-tlim").returncode == 1
+    report = ddops(slow, "bench", "report", "20261201-1200-tlim")
+    assert report.returncode == 1 and f"Slurm task {slow_job}_1 TIMEOUT" in report.stderr, report.stderr
 
     # rollback on the shared checkout: the exact original bytes.
     assert ddops(cluster_bed, "rollback", "--host", "login", "--yes").returncode == 0
