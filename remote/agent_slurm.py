@@ -280,6 +280,9 @@ def slurm_stop(payload):
     if not optional_str(payload, "slurm_conf") and job.get("slurm_conf"):
         env["SLURM_CONF"] = job["slurm_conf"]
     done = slurm_run(["scancel"] + targets, env)
+    if done["rc"] != 0 and ("already completing or completed" in done["stderr"]
+                            or "Invalid job id" in done["stderr"]):
+        return {"run_id": run_id, "job_id": job["job_id"], "cancelled": [], "already_ended": True}
     if done["rc"] != 0:
         raise AgentFault("slurm", "scancel %s failed (exit %d): %s" % (" ".join(targets), done["rc"],
                                                                      done["stderr"].strip()))

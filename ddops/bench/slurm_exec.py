@@ -90,7 +90,9 @@ def bench_call(host: Host, session: Any, verb: str, payload: dict[str, Any], **k
         tasks = payload.pop("tasks", None) or []
         result = session.call_agent("slurm_stop", {k: v for k, v in payload.items() if k != "grace"}
                                     | {"tasks": list(tasks)}, **kwargs)
-        return {**result, "status": "stopped", "killed": [], "remaining": [], "already_ended": False}
+        ended = bool(result.get("already_ended"))
+        return {**result, "status": "ended" if ended else "stopped", "killed": [], "remaining": [],
+                "already_ended": ended}
     if verb == "bench_files":
         result = dict(session.call_agent("slurm_files", payload, **kwargs))
         result["state"], result["failures"] = _state(host, result)

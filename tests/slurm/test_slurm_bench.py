@@ -147,7 +147,9 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
     job = host["data"]["job_id"]
     assert host["data"]["total"] == 4 and "job array" in host["message"]
     run_dir = repo / ".ddops" / "runs" / RUN
-    assert "--array=0-3" in (run_dir / "slurm.json").read_text() and "--gres=gpu:1" in (run_dir / "slurm.json").read_text()
+    submitted = json.loads((run_dir / "slurm.json").read_text())
+    assert submitted["job_id"] == job and {"--array=0-3", "--gres=gpu:1", "--partition=debug"} <= set(
+        submitted["sbatch_args"])
 
     # The waiting task, cancelled alone (scancel JOB_3) once it is running.
     wait_until(lambda: "3 RUNNING" in squeue(slurm_cluster, job), timeout=120, interval=0.5)
@@ -175,6 +177,10 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
         assert slurm["cuda_visible_devices"] in ("0", "1") and slurm["slurm_job_gpus"] in ("0", "1")
     shown = ddops(cluster_bed, "bench", "status", RUN)
     assert "Slurm array tasks" in shown.stdout and "CANCELLED" in shown.stdout and "FAILED" in shown.stdout
+
+    # Stopping a job that has ended cancels nothing and says so.
+    proc = ddops(cluster_bed, "bench", "stop", RUN, "--yes")
+    assert proc.returncode == 0 and "nothing to stop" in proc.stdout, proc.stdout + proc.stderr
 
     # Collect: the finished tasks' results with the provenance manifest, plus job id, array index, node, GPU ids.
     proc = ddops(cluster_bed, "bench", "collect", RUN)

@@ -66,7 +66,8 @@ def test_bad_slurm_settings_are_errors_with_file_line(tmp_path, body, where, say
 
 def test_good_slurm_time_limits_are_accepted(tmp_path):
     for time in ("30", "10:00", "1:00:00", "2-0", "2-12:00", "1-00:00:00", "UNLIMITED"):
-        inv = inventory(tmp_path, f"hosts:\n  login: {{address: 10.0.0.1, executor: slurm, slurm: {{time: '{time}'}}}}\n")
+        body = f"hosts:\n  login: {{address: 10.0.0.1, executor: slurm, slurm: {{time: '{time}'}}}}\n"
+        inv = inventory(tmp_path, body)
         assert inv.host("login").slurm.time == time
 
 
@@ -192,3 +193,29 @@ def test_query_from_agent_result_ignores_commands_that_failed():
     query = SlurmQuery.from_result(result)
     assert query.scontrol == "" and query.sacct == "12|COMPLETED|0:0|n\n"
     assert query.tasks()[0].status == "unknown"
+
+
+# --- the agent's slurm verbs without a cluster ----------------------------------------------------------------------
+
+
+def test_submit_without_sbatch_fails_naming_the_login_node_and_records_the_error(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ddops.transport.agent import BOOTSTRAP, agent_source
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    source = agent_source()
+    payload = {"repo": str(repo), "run_id": "r1", "sbatch_args": ["--parsable", "--array=0-0"],
+               "script": "#!/bin/sh\ntrue\n", "spec": {"runs": [{"index": 0, "label": "a", "command": "true"}]}}
+    request = json.dumps({"verb": "slurm_submit", "payload": payload}).encode()
+    done = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(len(source))], input=source + request,
+                          capture_output=True, timeout=30, env={**os.environ, "PATH": str(tmp_path / "nothing")})
+    answer = json.loads(done.stdout)
+    assert answer["error"]["kind"] == "slurm" and "sbatch: not found on this host" in answer["error"]["message"]
+    state = json.loads((repo / ".ddops" / "runs" / "r1" / "state.json").read_text())
+    assert state["status"] == "error" and "sbatch refused the job" in state["message"]
+    assert (repo / ".ddops" / "runs" / "r1" / "job.sh").read_text() == payload["script"]
