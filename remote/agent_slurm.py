@@ -275,14 +275,18 @@ def slurm_stop(payload):
     tasks = payload.get("tasks") or []
     if not isinstance(tasks, list) or not all(isinstance(t, int) and t >= 0 for t in tasks):
         raise bad_request("tasks must be a list of array indexes")
-    targets = ["%s_%d" % (job["job_id"], t) for t in tasks] or [str(job["job_id"])]
     env = slurm_env(payload)
     if not optional_str(payload, "slurm_conf") and job.get("slurm_conf"):
         env["SLURM_CONF"] = job["slurm_conf"]
+    # scancel of a task that has ended succeeds silently: ask squeue what is still queued or running first.
+    live = slurm_run(["squeue", "--noheader", "--array", "--jobs=" + str(job["job_id"]), "--format=%K"], env)
+    if live["rc"] == 0:
+        indexes = set(int(word) for word in live["stdout"].split() if word.isdigit())
+        if not indexes or (tasks and not indexes & set(tasks)):
+            return {"run_id": run_id, "job_id": job["job_id"], "cancelled": [], "already_ended": True}
+        tasks = [t for t in tasks if t in indexes]
+    targets = ["%s_%d" % (job["job_id"], t) for t in tasks] or [str(job["job_id"])]
     done = slurm_run(["scancel"] + targets, env)
-    if done["rc"] != 0 and ("already completing or completed" in done["stderr"]
-                            or "Invalid job id" in done["stderr"]):
-        return {"run_id": run_id, "job_id": job["job_id"], "cancelled": [], "already_ended": True}
     if done["rc"] != 0:
         raise AgentFault("slurm", "scancel %s failed (exit %d): %s" % (" ".join(targets), done["rc"],
                                                                      done["stderr"].strip()))
