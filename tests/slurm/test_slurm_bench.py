@@ -151,6 +151,11 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
     assert submitted["job_id"] == job and {"--array=0-3", "--gres=gpu:1", "--partition=debug"} <= set(
         submitted["sbatch_args"])
 
+    # Two fake GPUs, one per task: while the first two run, the last one waits in the queue and says why.
+    code, doc = ddops_json(cluster_bed, "bench", "status", RUN)
+    last = doc["hosts"][0]["data"]["run"]["runs"][3]
+    assert code == 0 and last["status"] == "pending" and last["slurm"]["detail"].startswith("PENDING"), last
+
     # The waiting task, cancelled alone (scancel JOB_3) once it is running.
     wait_until(lambda: "3 RUNNING" in squeue(slurm_cluster, job), timeout=120, interval=0.5)
     proc = ddops(cluster_bed, "bench", "stop", RUN, "--task", "3", "--yes")
