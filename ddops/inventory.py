@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ddops.bench.slurm import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.errors import InventoryError, UsageError
 from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
@@ -35,6 +36,9 @@ HOST_KEYS: dict[str, type | tuple[type, ...]] = {
     "connect_timeout": (int, float),
     "command_timeout": (int, float),
     "agent_linger": (int, float),
+    # Slurm as the bench executor (ddops/bench/slurm.py): the host is then the cluster's login node.
+    "executor": str,
+    "slurm": dict,
 }
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "defaults": dict,
@@ -80,6 +84,9 @@ class Host:
     agent_linger: float = 300.0
     # The host's UserKnownHostsFile from ssh_config, where the inventory names no known_hosts; None: the inventory's.
     known_hosts: str | None = None
+    # How `ddops bench` runs the plan here: `bare` (detached processes on this host) or `slurm` (one job array).
+    executor: str = "bare"
+    slurm: SlurmOptions | None = None
 
     @property
     def label(self) -> str:
@@ -226,6 +233,11 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
     for g in reversed(groups):
         merged.update(group_settings.get(g) or {})
     merged.update({k: v for k, v in values.items() if k != "groups"})
+    # `slurm:` merges key by key (a host may change only the partition its group sets).
+    merged["slurm"] = {**(defaults.get("slurm") or {}),
+                       **{k: v for g in reversed(groups) for k, v in ((group_settings.get(g) or {}).get("slurm")
+                                                                       or {}).items()},
+                       **(values.get("slurm") or {})}
     if merged.get("proxy_jump") in ("none", ""):
         merged["proxy_jump"] = None
     merged["address"] = address_resolved
@@ -250,6 +262,8 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
         agent_linger=float(merged["agent_linger"]),
         # Precedence as for the other keys: the inventory's own `known_hosts` beats ssh_config's.
         known_hosts=from_config.get("known_hosts") if known_hosts_from_config else None,
+        executor=merged.get("executor") or "bare",
+        slurm=SlurmOptions.from_mapping(merged["slurm"]) if merged.get("executor") == "slurm" else None,
     )
 
 
@@ -261,7 +275,7 @@ def _expect_mapping(doc: YamlDoc, keypath: tuple, data: Any, allowed: Mapping[st
         if key not in allowed:
             raise _err(doc, child, f"unknown key{suggest(key, allowed)}")
         expected = allowed[key]
-        if value is None and key in ("groups", "vars", "defaults", "patches"):
+        if value is None and key in ("groups", "vars", "defaults", "patches", "slurm"):
             continue
         ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, (int, float)))
         if not ok:
@@ -278,6 +292,13 @@ def _check_host_values(doc: YamlDoc, keypath: tuple, values: dict) -> None:
         raise _err(doc, keypath + ("agent_linger",), "must be between 0 (never) and 86400 seconds")
     if "sync" in values and values["sync"] not in SYNC_MODES:
         raise _err(doc, keypath + ("sync",), f"must be one of {', '.join(SYNC_MODES)}{suggest(values['sync'], SYNC_MODES)}")
+    if "executor" in values and values["executor"] not in EXECUTORS:
+        raise _err(doc, keypath + ("executor",),
+                   f"must be one of {', '.join(EXECUTORS)}{suggest(values['executor'], EXECUTORS)}")
+    if values.get("slurm") is not None:
+        _expect_mapping(doc, keypath + ("slurm",), values["slurm"], SLURM_KEYS)
+        for sub, message in slurm_option_problems(values["slurm"]):
+            raise _err(doc, keypath + ("slurm",) + sub, message)
     if "repo" in values:
         repo = values["repo"]
         if not repo.startswith(("/", "~")):

@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ddops.bench.runs import MANIFEST, HostRun
+from ddops.bench.slurm_exec import bench_call
 from ddops.errors import AgentError, DdopsError
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
 from ddops.inventory import Host
@@ -65,7 +66,8 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
         commands.append({"index": run.get("index"), "label": run.get("label"), "command": run.get("command"),
                          "env": run.get("env") or {}, "params": run.get("params") or {},
                          "status": rec.get("status"), "exit_code": rec.get("exit_code"), "signal": rec.get("signal"),
-                         "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds")})
+                         "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds"),
+                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {})})
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
@@ -85,6 +87,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
         "files": [{"path": f["path"], "sha256": f["sha256"], "size": f["size"]} for f in files],
         "refused": listing.get("refused") or [], "launched_by": spec.get("actor"),
         "ddops_version": spec.get("ddops_version"),
+        **({"executor": "slurm", "job_id": state.get("job_id")} if state.get("executor") == "slurm" else {}),
     }
 
 
@@ -93,7 +96,7 @@ def collect_task(run_id: str, root: Path) -> Callable[[Host, Any], TaskOutcome]:
 
     def task(host: Host, session: Any) -> TaskOutcome:
         try:
-            listing = session.call_agent("bench_files", {"repo": host.repo, "run_id": run_id})
+            listing = bench_call(host, session, "bench_files", {"repo": host.repo, "run_id": run_id})
         except AgentError as exc:
             if exc.kind in ("no_run", "no_repo"):
                 return TaskOutcome(SKIPPED, f"no run {run_id} here")
@@ -205,6 +208,7 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
                     problems.append(f"{host}: {exc}")
                     continue
                 items.extend(Labeled(host, run_label, s) for s in summaries)
+            problems.extend(f"{host}: {line}" for line in slurm_task_problems(entry))
     return items, problems
 
 
@@ -214,3 +218,18 @@ def collected_run_ids(root: Path) -> list[str]:
         return sorted((p.name for p in root.iterdir() if (p / MANIFEST).is_file()), reverse=True)
     except OSError:
         return []
+
+
+def slurm_task_problems(entry: Mapping[str, Any]) -> list[str]:
+    """What the report says about a Slurm run's tasks that did not finish their work (their rows are missing)."""
+    if entry.get("executor") != "slurm":
+        return []
+    from ddops.bench.slurm import FAILED_STATUSES
+
+    out = []
+    for c in entry.get("commands") or []:
+        slurm = c.get("slurm") or {}
+        if c.get("status") in FAILED_STATUSES or c.get("status") in ("cancelled", "pending", "running", "unknown"):
+            out.append(f"{c.get('label')}: Slurm task {slurm.get('array_job_id')}_{c.get('index')} "
+                       f"{slurm.get('detail') or c.get('status')}: no result from it")
+    return out

@@ -148,6 +148,8 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
     not_applied = {p: s for p, s in patch_states.items() if s != APPLIED}
     disk = facts.get("disk_free_bytes")
     gpus = facts.get("gpus") or []
+    if host.executor == "slurm":  # a login node: Slurm gives each task its GPUs (slurm.gres), none to count here
+        gpus = [{}] * plan.gpus
     problems += [p for p in check_host(plan, gpus=len(gpus), free_disk_gb=None if disk is None else disk / 1e9,
                                        applied_patches=None)]
     if plan.gpus and len(gpus) < plan.gpus and facts.get("gpu_error"):
@@ -234,6 +236,11 @@ def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutco
         facts, states, refused = preflight(host, session)
         if refused is not None:
             return refused
+        if host.executor == "slurm":  # the host is a Slurm login node: one job array (ddops/bench/slurm_exec.py)
+            from ddops.bench.slurm_exec import submit
+
+            return submit(plan, run_id, host, session, facts, states, host_values(host, facts),
+                          lambda runs: run_spec(plan, host, runs, provenance_of(facts, states)))
         result_dir = f"{facts['repo_real']}/.ddops/runs/{run_id}/results"
         runs = expand_runs(plan, host_values(host, facts), result_dir=result_dir)
         spec = run_spec(plan, host, runs, provenance_of(facts, states))

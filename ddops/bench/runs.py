@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ddops.bench.slurm_exec import bench_call
 from ddops.errors import AgentError, DdopsError, TransportError, UsageError
 from ddops.fleet import FAILED, OK, SKIPPED, TaskOutcome
 from ddops.inventory import Host
@@ -61,10 +62,13 @@ class RunRecord:
     ended: str | None = None
     seconds: float | None = None
     log_tail: str | None = None  # the end of this command's own log, for failed runs
+    slurm: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)  # its array task (Slurm runs)
 
     @property
     def failed(self) -> bool:
-        return self.status in ("failed", "timeout")
+        from ddops.bench.slurm import FAILED_STATUSES
+
+        return self.status in FAILED_STATUSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,7 @@ class HostRun:
             RunRecord(index=int(r.get("index", i)), label=str(r.get("label") or f"run {i}"),
                       status=str(r.get("status") or "pending"), exit_code=r.get("exit_code"), signal=r.get("signal"),
                       started=r.get("started"), ended=r.get("ended"), seconds=r.get("seconds"),
-                      log_tail=failures.get(str(r.get("index", i))))
+                      log_tail=failures.get(str(r.get("index", i))), slurm=r.get("slurm"))
             for i, r in enumerate(state.get("runs") or []))
         return cls(host=host, run_id=str(state.get("run_id") or ""), status=str(state.get("status") or "unknown"),
                    total=int(state.get("total") or len(runs)), done=int(state.get("done") or 0),
@@ -140,7 +144,8 @@ class HostRun:
                 "started": self.started, "ended": self.ended, "message": self.message,
                 "runs": [{"index": r.index, "label": r.label, "status": r.status, "exit_code": r.exit_code,
                           "signal": r.signal, "started": r.started, "ended": r.ended, "seconds": r.seconds,
-                          **({"log_tail": r.log_tail} if r.log_tail is not None else {})} for r in self.runs]}
+                          **({"log_tail": r.log_tail} if r.log_tail is not None else {}),
+                          **({"slurm": dict(r.slurm)} if r.slurm else {})} for r in self.runs]}
 
 
 def _epoch(iso: str | None) -> float | None:
@@ -213,7 +218,7 @@ def status_task(run_id: str) -> Callable[[Host, Any], TaskOutcome]:
 
     def task(host: Host, session: Any) -> TaskOutcome:
         try:
-            result = session.call_agent("bench_status", {"repo": host.repo, "run_id": run_id})
+            result = bench_call(host, session, "bench_status", {"repo": host.repo, "run_id": run_id})
         except AgentError as exc:
             if exc.kind in ("no_run", "no_repo"):
                 return TaskOutcome(SKIPPED, f"no run {run_id} here")
@@ -224,19 +229,23 @@ def status_task(run_id: str) -> Callable[[Host, Any], TaskOutcome]:
     return task
 
 
-def stop_task(run_id: str, actor: str, grace: float = 5.0) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: end every process of the run on a host and record it as stopped."""
+def stop_task(run_id: str, actor: str, grace: float = 5.0,
+              tasks: Sequence[int] = ()) -> Callable[[Host, Any], TaskOutcome]:
+    """Task: end every process of the run on a host and record it as stopped (Slurm: scancel, or only `tasks`)."""
 
     def task(host: Host, session: Any) -> TaskOutcome:
         try:
-            result = session.call_agent("bench_stop", {"repo": host.repo, "run_id": run_id, "grace": grace,
-                                                       "actor": actor}, timeout=grace + 60)
+            payload = {"repo": host.repo, "run_id": run_id, "grace": grace, "actor": actor,
+                       **({"tasks": list(tasks)} if tasks else {})}
+            result = bench_call(host, session, "bench_stop", payload, timeout=grace + 60)
         except AgentError as exc:
             if exc.kind in ("no_run", "no_repo"):
                 return TaskOutcome(SKIPPED, f"no run {run_id} here")
             raise
         if result.get("already_ended"):
             return TaskOutcome(OK, f"already {result.get('status')}; nothing to stop", result)
+        if result.get("cancelled"):
+            return TaskOutcome("changed", f"scancel {' '.join(result['cancelled'])}", result)
         if result.get("remaining"):
             return TaskOutcome(FAILED, f"processes still alive after SIGKILL: {result['remaining']}", result)
         return TaskOutcome("changed", f"stopped ({len(result.get('killed') or [])} processes ended)", result)
@@ -377,7 +386,7 @@ class Follower:
         while True:
             payload = {"repo": cursor.host.repo, "run_id": self.run_id, "offset": cursor.offset,
                        "max_bytes": self.max_bytes if self.logs else 0}
-            result = session.call_agent("bench_poll", payload)
+            result = bench_call(cursor.host, session, "bench_poll", payload)
             data = base64.b64decode(result.get("log_b64") or "")
             cursor.offset = int(result.get("offset", cursor.offset))
             state = result.get("state")
@@ -416,8 +425,8 @@ def read_logs(host: Host, session: Any, run_id: str, max_bytes: int = 4 * 1024 *
     """The whole log of a run on one host (read in chunks) and its state."""
     offset, chunks, run = 0, [], None
     while True:
-        result = session.call_agent("bench_poll", {"repo": host.repo, "run_id": run_id, "offset": offset,
-                                                   "max_bytes": max_bytes})
+        result = bench_call(host, session, "bench_poll", {"repo": host.repo, "run_id": run_id, "offset": offset,
+                                                          "max_bytes": max_bytes})
         data = base64.b64decode(result.get("log_b64") or "")
         chunks.append(data)
         offset = int(result.get("offset", offset))

@@ -37,7 +37,8 @@ bench_app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
 
 RUN_STYLE = {"completed": "green", "running": "yellow", "starting": "yellow", "failed": "bold red",
              "stopped": "magenta", "error": "bold red", "lost": "bold red", "ok": "green", "timeout": "bold red",
-             "pending": "dim"}
+             "pending": "dim", "submitted": "yellow", "cancelled": "magenta", "node_fail": "bold red",
+             "out_of_memory": "bold red", "unknown": "bold red"}
 HOST_COLORS = ("cyan", "green", "magenta", "blue", "yellow", "bright_cyan", "bright_green", "bright_magenta")
 ResultsDirOpt = Annotated[Optional[Path], typer.Option("--results-dir", help="Where collected results and launch "
                                                        "records live (default: $DDOPS_RESULTS_DIR or ./results).",
@@ -297,6 +298,7 @@ def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None
     for host, error in (errors or {}).items():
         table.add_row(escape(host), "", "[bold magenta]unreachable[/]", "", "", "", "", escape(error))
     console.print(table)
+    _render_slurm_tasks(runs)
     for run in runs:
         for rec in run.runs:
             if not (rec.failed or (rec.log_tail is not None and rec.status != "ok")):
@@ -305,6 +307,28 @@ def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None
                           f"{rec.exit_code}[/]" + (f" (signal {rec.signal})" if rec.signal else ""))
             if rec.log_tail:
                 console.print(Text("\n".join("    " + line for line in rec.log_tail.rstrip("\n").splitlines()[-60:])))
+
+
+def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
+    """Per array task of each Slurm run: Slurm's state (PENDING with its reason, RUNNING on a node, exit codes), the
+    node and the GPU ids the task was given."""
+    from ddops.bench.slurm_exec import describe_task
+
+    rows = [(run, rec) for run in runs for rec in run.runs if rec.slurm]
+    if not rows:
+        return
+    table = Table(header_style="bold", title="Slurm array tasks")
+    for col in ("host", "task", "run", "slurm state", "job", "GPUs", "exit"):
+        table.add_column(col, overflow="fold")
+    for run, rec in rows:
+        slurm = rec.slurm or {}
+        style = RUN_STYLE.get(rec.status, "")
+        gpus = slurm.get("slurm_job_gpus") or slurm.get("cuda_visible_devices") or ""
+        table.add_row(escape(run.host), str(rec.index), escape(rec.label),
+                      f"[{style}]{escape(str(slurm.get('detail') or slurm.get('state')))}[/]",
+                      escape(describe_task(slurm).split(",")[0]), escape(str(gpus)),
+                      "" if rec.exit_code is None else str(rec.exit_code))
+    console.print(table)
 
 
 @bench_app.command("status")
@@ -341,7 +365,8 @@ def _host_run(result: "HostResult") -> "HostRun":
 
     d = result.data["run"]
     runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
-                                                     "ended", "seconds", "log_tail")}) for r in d.get("runs") or [])
+                                                     "ended", "seconds", "log_tail", "slurm")})
+                 for r in d.get("runs") or [])
     return HostRun(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
                    current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
                    ended=d.get("ended"), message=d.get("message"), runs=runs)
@@ -395,10 +420,14 @@ def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
 def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.")],
          host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
          grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
-         yes: YesOpt = False, json_out: JsonOpt = False, results_dir: ResultsDirOpt = None) -> None:
-    """End every process of the run on each host (and all they started) and record it as stopped."""
+         yes: YesOpt = False, json_out: JsonOpt = False, results_dir: ResultsDirOpt = None,
+         task: Annotated[Optional[list[int]], typer.Option("--task", min=0, help="Slurm runs: cancel only this array "
+                                                           "task (repeatable).", show_default=False)] = None) -> None:
+    """End every process of the run on each host (and all they started) and record it as stopped; a Slurm run's
+    job (or only --task N of its array) is scancel'ed."""
     from ddops.bench.launch import actor
     from ddops.bench.runs import check_run_id, results_root, stop_task
+    from ddops.bench.slurm_exec import check_tasks_option
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -406,7 +435,8 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
     inventory, chosen = _run_hosts(st, results_root(results_dir), rid, host, group, all_, limit)
     if not yes and sys.stdin.isatty() and not st.json:
         typer.confirm(f"stop run {rid} on {len(chosen)} host(s)?", abort=True)
-    results = fleet_run(st, inventory, chosen, stop_task(rid, actor(), grace), title=f"bench stop {rid}")
+    check_tasks_option(chosen, task or [])
+    results = fleet_run(st, inventory, chosen, stop_task(rid, actor(), grace, task or []), title=f"bench stop {rid}")
     emit_json("bench stop", results, {"run_id": rid}) if st.json else recap(results)
     finish(results)
 
