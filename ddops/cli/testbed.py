@@ -35,7 +35,8 @@ def up(
     inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
     root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
-    address_prefix: Annotated[str, typer.Option("--address-prefix", help="Hosts get PREFIX2, PREFIX3, ...")] = "127.0.0.",
+    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar="DDOPS_TESTBED_ADDRESS_PREFIX",
+                                                help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
     port: Annotated[int, typer.Option("--port", help="sshd port on every host.")] = 2222,
     patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="namespace (sshd in mount namespaces, needs root), podman, "
