@@ -322,6 +322,8 @@ class ContainerEngine:
             before = json.loads(record.read_text())
         except ValueError:
             before = {}
+        if not _netavark_idle():
+            return  # containers of another podman storage (or a crashed testbed of ours) still use them: keep all
         if before.get("netavark_chains") is False:
             _remove_netavark_chains()
         forward = before.get("ip_forward")
@@ -405,6 +407,22 @@ def _netavark_rules() -> dict[str, list[str]]:
             elif "NETAVARK" in line and (line.startswith(":") or line.startswith("-A")):
                 found.setdefault(f"{tool} {table}", []).append(line)
     return found
+
+
+# The chains netavark keeps once its last container is gone; per-network and per-port chains, and rules in these
+# two, exist only while some container (of any podman storage on this machine) is using them.
+NETAVARK_BASE_CHAINS = {"NETAVARK_FORWARD", "NETAVARK-HOSTPORT-DNAT", "NETAVARK-HOSTPORT-MASQ",
+                        "NETAVARK-HOSTPORT-SETMARK"}
+
+
+def _netavark_idle() -> bool:
+    for lines in _netavark_rules().values():
+        for line in lines:
+            if line.startswith(":") and line[1:].split()[0] not in NETAVARK_BASE_CHAINS:
+                return False
+            if line.startswith("-A") and line.split()[1] in ("NETAVARK_FORWARD", "NETAVARK-HOSTPORT-DNAT"):
+                return False
+    return True
 
 
 def _remove_netavark_chains() -> None:
