@@ -19,6 +19,7 @@ from ddops.testbed.common import (
     DEFAULT_ROOT, ENGINES, STATE_FILE, Testbed, TestbedHost, check_loopback, load_testbed, make_key, write_inventory,
     write_known_hosts,
 )
+from ddops.testbed.containers import ContainerEngine
 from ddops.testbed.namespace import SSHD_CANDIDATES, NamespaceEngine, _descendants, _in_mount_namespace
 from ddops.testbed import namespace as _namespace
 
@@ -35,8 +36,6 @@ def engine_for(testbed: Testbed):
     """The engine that runs this testbed's hosts."""
     if testbed.engine == "namespace":
         return NamespaceEngine()
-    from ddops.testbed.containers import ContainerEngine
-
     return ContainerEngine.named(testbed.engine)
 
 
@@ -50,12 +49,10 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
         raise TestbedError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
     if image is not None and engine == "namespace":
         raise TestbedError("--image needs a container engine (--engine podman|docker|auto)")
-    runner: object
+    runner: NamespaceEngine | ContainerEngine
     if engine == "namespace":
         runner = NamespaceEngine(preflight())
     else:
-        from ddops.testbed.containers import ContainerEngine
-
         runner = ContainerEngine.detect(engine)  # auto: the first engine that really runs here
     root_path = Path(root).resolve()
     if (root_path / STATE_FILE).exists():
@@ -67,17 +64,16 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
     root_path.mkdir(parents=True, exist_ok=True)
     os.chmod(root_path, 0o700)
     make_key(root_path / "client_key", "ddops-testbed-client")
-    prefix = f"{name_prefix}"
+    names = [f"{name_prefix}{i + 1}" for i in range(count)]
     hosts = tuple(
-        TestbedHost(name=f"{prefix}{i + 1}", address=f"{address_prefix}{first + i}", port=port,
-                    dir=str(root_path / "hosts" / f"{prefix}{i + 1}"),
-                    container=runner.container_name(root_path, f"{prefix}{i + 1}") if engine != "namespace" else "")
-        for i in range(count)
+        TestbedHost(name=name, address=f"{address_prefix}{first + i}", port=port, dir=str(root_path / "hosts" / name),
+                    container=runner.container_name(root_path, name) if isinstance(runner, ContainerEngine) else "")
+        for i, name in enumerate(names)
     )
     testbed = Testbed(root=str(root_path), hosts=hosts, repo_path=repo_path,
                       user_home="/root" if engine != "namespace" else os.path.expanduser("~root"),
                       engine=runner.name, shared_home=shared_home)
-    if engine != "namespace":
+    if isinstance(runner, ContainerEngine):
         testbed = runner.plan(testbed, image)
     testbed.save()
     try:

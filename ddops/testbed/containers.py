@@ -160,7 +160,7 @@ class ContainerEngine:
         self._remember_machine_state()  # before a build too: its RUN step goes through netavark as well
         if testbed.image == image_tag():
             self.ensure_default_image()
-        elif not self.image_exists(testbed.image):
+        elif not self.image_exists(testbed.image) and not self._pulled(testbed.image):
             raise TestbedError(f"--image {testbed.image}: no such image in {self.name}'s storage "
                                f"(build or load it first; it needs sshd and python3)")
         root = Path(testbed.root)
@@ -243,14 +243,19 @@ class ContainerEngine:
                          str(Path(context) / "Containerfile"), context, what="build (the testbed image)", timeout=900)
         return tag
 
+    def _pulled(self, image: str) -> bool:
+        """Docker pulls what it lacks where a registry answers (a CI runner); podman here has none to ask."""
+        if self.name != "docker":
+            return False
+        proc = self.try_run("pull", image, timeout=600)
+        return proc is not None and proc.returncode == 0
+
     def _base_image(self) -> str:
         for name in (DEBIAN_IMAGE, ROOTFS_IMAGE):
             if self.image_exists(name):
                 return name
-        if self.name == "docker":  # where docker runs, a registry usually answers (a CI runner); else fall through
-            proc = self.try_run("pull", DEBIAN_IMAGE, timeout=300)
-            if proc is not None and proc.returncode == 0:
-                return DEBIAN_IMAGE
+        if self._pulled(DEBIAN_IMAGE):
+            return DEBIAN_IMAGE
         self._build_rootfs_image()
         return ROOTFS_IMAGE
 
