@@ -72,6 +72,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The first container test of a fresh machine builds the image (mmdebstrap: minutes on 2 loaded cores).
+    for item in items:
+        if "containers" in item.keywords:
+            item.add_marker(pytest.mark.timeout(900))
     # CI must never skip the real-sshd tests silently: there, a missing sshd is a failure.
     if os.environ.get("CI") and testbed_unavailable():
         for item in items:
