@@ -241,7 +241,15 @@ class ContainerEngine:
                 pull = ["--pull=never"] if self.name == "podman" else []
                 self.run("build", *pull, "--build-arg", f"BASE={base}", "-t", tag, "-f",
                          str(Path(context) / "Containerfile"), context, what="build (the testbed image)", timeout=900)
+            self._forget_older_images(tag)
         return tag
+
+    def _forget_older_images(self, tag: str) -> None:
+        """Images of earlier Containerfiles take disk for nothing (one in use by a running testbed stays)."""
+        proc = self.try_run("images", "--format", "{{.Repository}}:{{.Tag}}")
+        for name in (proc.stdout.split() if proc is not None and proc.returncode == 0 else []):
+            if name.startswith(f"{IMAGE_NAME}:") and name != tag:
+                self.try_run("image", "rm", name)
 
     def _pulled(self, image: str) -> bool:
         """Docker pulls what it lacks where a registry answers (a CI runner); podman here has none to ask."""
