@@ -79,3 +79,23 @@ def test_status_shows_the_containers_and_down_removes_them_with_their_network_an
     if bed.engine == "podman" and not listed:  # the last ddops container gone: the machine as it was before
         assert bool(_netavark_rules()) == chains_before
         assert _read_ip_forward() == forward_before
+
+
+@pytest.mark.containers
+def test_image_runs_the_users_own_image_and_a_missing_one_is_refused_by_name(make_testbed, tmp_path):
+    from ddops.errors import TestbedError
+    from ddops.testbed.containers import image_tag
+
+    engine = ContainerEngine(CONTAINER_ENGINE)
+    engine.ensure_default_image()
+    own = "localhost/ddops-test-own-image:sshd"
+    engine.run("tag", image_tag(), own, what="tag")
+    try:
+        bed = make_testbed(1, engine=CONTAINER_ENGINE, image=own)
+        assert bed.image == own and ssh(bed, bed.hosts[0], "hostname") == "host1\n"
+        assert engine.run("inspect", "--format", "{{.ImageName}}" if engine.name == "podman" else "{{.Config.Image}}",
+                          bed.hosts[0].container, what="inspect").strip() == own
+    finally:
+        engine.try_run("image", "rm", own)
+    with pytest.raises(TestbedError, match="--image localhost/ddops-no-such-image:x: no such image"):
+        make_testbed(1, engine=CONTAINER_ENGINE, image="localhost/ddops-no-such-image:x")
