@@ -190,6 +190,8 @@ class ContainerEngine:
             args = ["run", "-d", "--name", host.container, "--hostname", host.name, "--label", f"{LABEL}={root}",
                     "--network", testbed.network, "--init", "-p", f"{host.address}:{host.port}:22"]
             for source, target, mode in mounts:
+                if ":" in f"{source}{target}":  # -v splits at colons
+                    raise TestbedError(f"{host.name}: a container engine cannot mount a path with ':' ({source})")
                 args += ["-v", f"{source}:{target}:{mode}"]
             self.run(*args, testbed.image, "sh", "-c", SSHD_COMMAND, what=f"run ({host.name})")
         for host in testbed.hosts:
