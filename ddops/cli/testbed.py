@@ -41,8 +41,9 @@ def up(
     patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="namespace (sshd in mount namespaces, needs root), podman, "
                                         "docker, or auto (the first container engine that runs here).")] = "namespace",
-    shared_home: Annotated[bool, typer.Option("--shared-home", help="Every host gets the same home directory "
-                                              "(its own repo still), as containers with a common /root volume.")] = False,
+    shared_home: Annotated[bool, typer.Option(
+        "--shared-home", help="Every host gets the same home directory (its own repo still), as containers with a "
+                              "common /root volume.")] = False,
     image: Annotated[Optional[str], typer.Option("--image", help="Container engines: your own image (with sshd and "
                                                  "python3) instead of the one ddops builds.")] = None,
 ) -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from ddops.errors import TestbedError
+from ddops.errors import TestbedError, UsageError
 from ddops.testbed.common import (
     DEFAULT_ROOT, ENGINES, STATE_FILE, Testbed, TestbedHost, check_loopback, load_testbed, make_key, write_inventory,
     write_known_hosts,
@@ -46,9 +46,9 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
     """Start `count` hosts and write their inventory; a half-started testbed is torn down again."""
     check_loopback(address_prefix, first, count)
     if engine not in ENGINES:
-        raise TestbedError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
+        raise UsageError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
     if image is not None and engine == "namespace":
-        raise TestbedError("--image needs a container engine (--engine podman|docker|auto)")
+        raise UsageError("--image needs a container engine (--engine podman|docker|auto)")
     runner: NamespaceEngine | ContainerEngine
     if engine == "namespace":
         runner = NamespaceEngine(preflight())
@@ -58,9 +58,9 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
     if (root_path / STATE_FILE).exists():
         raise TestbedError(f"a testbed is already up at {root_path} (run `ddops testbed down` first)")
     if seed is not None and not Path(seed).is_dir():
-        raise TestbedError(f"--seed {seed}: not a directory")
+        raise UsageError(f"--seed {seed}: not a directory")
     if not repo_path.startswith("/"):
-        raise TestbedError(f"--repo-path {repo_path}: must be an absolute path")
+        raise UsageError(f"--repo-path {repo_path}: must be an absolute path")
     root_path.mkdir(parents=True, exist_ok=True)
     os.chmod(root_path, 0o700)
     make_key(root_path / "client_key", "ddops-testbed-client")

@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ddops.errors import TestbedError
+from ddops.errors import TestbedError, UsageError
 
 STATE_FILE = "testbed.json"
 DEFAULT_ROOT = Path(os.environ.get("DDOPS_TESTBED_ROOT", "/tmp/ddops-testbed"))
@@ -209,8 +209,8 @@ def check_loopback(address_prefix: str, first: int, count: int) -> None:
     parts = address_prefix.split(".")
     if len(parts) != 4 or parts[0] != "127" or parts[3] != "" or not all(p.isdigit() and int(p) < 256
                                                                          for p in parts[1:3]):
-        raise TestbedError(f"--address-prefix {address_prefix!r}: must look like 127.X.Y. (loopback only)")
+        raise UsageError(f"--address-prefix {address_prefix!r}: must look like 127.X.Y. (loopback only)")
     if count < 1:
-        raise TestbedError("a testbed needs at least one host")
+        raise UsageError("a testbed needs at least one host")
     if first + count - 1 > 254:
-        raise TestbedError(f"{address_prefix}{first}+{count} runs past .254")
+        raise UsageError(f"{address_prefix}{first}+{count} runs past .254")

@@ -66,7 +66,7 @@ class NamespaceEngine:
                  "accepting": accepting(h.address, h.port), "dir": h.dir} for h in testbed.hosts]
 
     def stop_host(self, testbed: Testbed, host: TestbedHost) -> None:
-        """Stop the host's sshd and its sessions (by the PID it wrote), as when sshd dies: detached processes live on."""
+        """Stop the host's sshd and its sessions (by the PID it wrote), as when sshd dies: detached ones live on."""
         _stop(host, whole_namespace=False)
 
     def start_host(self, testbed: Testbed, host: TestbedHost) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddops import testbed
-from ddops.errors import TestbedError
+from ddops.errors import TestbedError, UsageError
 from ddops.testbed.containers import ContainerEngine, image_tag
 
 
@@ -44,15 +44,20 @@ def test_a_docker_client_without_a_daemon_is_refused_with_the_reason(only_fakes_
 
 @pytest.mark.parametrize("prefix", ["10.1.230.", "0.0.0.", "127.0.0", "127.0.0.5.", "localhost."])
 def test_hosts_outside_loopback_are_refused_before_anything_starts(prefix, tmp_path):
-    with pytest.raises(TestbedError, match="loopback only"):
+    with pytest.raises(UsageError, match="loopback only"):
         testbed.up(1, root=tmp_path / "bed", address_prefix=prefix, engine="podman")
     assert not (tmp_path / "bed").exists()
 
 
 def test_an_unknown_engine_and_an_image_for_namespace_hosts_are_usage_errors(tmp_path):
-    with pytest.raises(TestbedError, match="--engine lxc: not one of namespace, podman, docker, auto"):
+    from tests.conftest import run_ddops
+
+    proc = run_ddops("testbed", "up", "--engine", "lxc", "--root", str(tmp_path / "bed"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "ddops: error: --engine lxc: not one of namespace, podman, docker, auto"]
+    with pytest.raises(UsageError, match="--engine lxc: not one of namespace, podman, docker, auto"):
         testbed.up(1, root=tmp_path / "bed", engine="lxc")
-    with pytest.raises(TestbedError, match="--image needs a container engine"):
+    with pytest.raises(UsageError, match="--image needs a container engine"):
         testbed.up(1, root=tmp_path / "bed", image="mine:latest")
 
 
