@@ -43,8 +43,39 @@ def testbed_unavailable() -> str | None:
 
 requires_sshd = pytest.mark.skipif(testbed_unavailable() is not None, reason=testbed_unavailable() or "")
 
+# The container engine the suite runs its container hosts on (podman: it runs without a daemon, as root, here).
+CONTAINER_ENGINE = os.environ.get("DDOPS_TEST_CONTAINER_ENGINE", "podman")
+# Marks a test to run once per testbed engine: the same test against namespace hosts and against container hosts.
+both_engines = pytest.mark.testbed_engines("namespace", CONTAINER_ENGINE)
+_engine_checked: dict[str, str | None] = {}
+
+
+def container_engine_unavailable(engine: str = CONTAINER_ENGINE) -> str | None:
+    """Why the suite cannot start container hosts here (asked once per run: the engine is really run)."""
+    if engine not in _engine_checked:
+        from ddops.errors import TestbedError
+        from ddops.testbed.containers import ContainerEngine
+
+        try:
+            ContainerEngine.detect(engine)
+            _engine_checked[engine] = None
+        except TestbedError as exc:
+            _engine_checked[engine] = str(exc)
+    return _engine_checked[engine]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("testbed_engines")
+    if marker is not None and "testbed_engine" in metafunc.fixturenames:
+        params = [pytest.param(e, marks=pytest.mark.containers) if e != "namespace" else e for e in marker.args]
+        metafunc.parametrize("testbed_engine", params, indirect=True)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The first container test of a fresh machine builds the image (mmdebstrap: minutes on 2 loaded cores).
+    for item in items:
+        if "containers" in item.keywords:
+            item.add_marker(pytest.mark.timeout(900))
     # CI must never skip the real-sshd tests silently: there, a missing sshd is a failure.
     if os.environ.get("CI") and testbed_unavailable():
         for item in items:
@@ -72,8 +103,11 @@ def testbeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...,
     made = []
 
     def start(count: int = 3, **kwargs: object):
-        reason = testbed_unavailable()
+        engine = str(kwargs.get("engine", "namespace"))
+        reason = testbed_unavailable() if engine == "namespace" else container_engine_unavailable(engine)
         if reason:
+            if os.environ.get("CI") and engine != "namespace":
+                pytest.fail(f"CI must run the container tests: {reason}")  # never skipped silently there
             pytest.skip(reason)
         root = tmp_path_factory.mktemp("testbed")
         shutil.rmtree(root)
@@ -92,10 +126,20 @@ def testbeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...,
 
 
 @pytest.fixture
-def make_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
-    """Factory: make_testbed(n, seed=None, patches=()) -> a running Testbed, torn down after the test."""
+def testbed_engine(request: pytest.FixtureRequest) -> str:
+    """The engine make_testbed starts hosts with: "namespace", or each of `both_engines` for a test marked so."""
+    return getattr(request, "param", "namespace")
+
+
+@pytest.fixture
+def make_testbed(tmp_path_factory: pytest.TempPathFactory, testbed_engine: str) -> Iterator[Callable[..., object]]:
+    """Factory: make_testbed(n, seed=None, patches=()) -> a running Testbed, torn down after the test.
+
+    Its hosts run on `testbed_engine`: namespace hosts, or container hosts for the container run of a test marked
+    `both_engines`."""
     with testbeds(tmp_path_factory) as start:
-        yield lambda count=3, seed=None, patches=(), **kwargs: start(count, seed=seed, patches=patches, **kwargs)
+        yield lambda count=3, seed=None, patches=(), **kwargs: start(
+            count, seed=seed, patches=patches, **{"engine": testbed_engine, **kwargs})
 
 
 def git_seed(source: Path, dest: Path) -> Path:

@@ -1,4 +1,5 @@
-"""`ddops testbed up|down|status`: local container-like sshd hosts for tests, demos and CI dry-runs."""
+"""`ddops testbed up|down|status`: local sshd hosts (mount namespaces or real containers) for tests, demos and CI
+dry-runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from rich.table import Table
 
 from ddops.cli.common import console, escape
 
-testbed_app = typer.Typer(help="Local sshd hosts in their own mount namespaces (needs root).", no_args_is_help=True)
+testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
+                          no_args_is_help=True)
 RootOpt = Annotated[Path, typer.Option("--root", help="Where the testbed keeps its state.")]
 
 
@@ -33,28 +35,41 @@ def up(
     inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
     root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
-    address_prefix: Annotated[str, typer.Option("--address-prefix", help="Hosts get PREFIX2, PREFIX3, ...")] = "127.0.0.",
+    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar="DDOPS_TESTBED_ADDRESS_PREFIX",
+                                                help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
     port: Annotated[int, typer.Option("--port", help="sshd port on every host.")] = 2222,
     patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="namespace (sshd in mount namespaces, needs root), podman, "
+                                        "docker, or auto (the first container engine that runs here).")] = "namespace",
+    shared_home: Annotated[bool, typer.Option(
+        "--shared-home", help="Every host gets the same home directory (its own repo still), as containers with a "
+                              "common /root volume.")] = False,
+    image: Annotated[Optional[str], typer.Option("--image", help="Container engines: your own image (with sshd and "
+                                                 "python3) instead of the one ddops builds.")] = None,
 ) -> None:
     """Start N local hosts and write an inventory for them."""
     from ddops import testbed
 
     tb = testbed.up(count, root=root or _default_root(), seed=seed, repo_path=repo_path,
-                    address_prefix=address_prefix, port=port, patches=patch or ())
+                    address_prefix=address_prefix, port=port, patches=patch or (), engine=engine,
+                    shared_home=shared_home, image=image)
     if inventory_out is not None:
         shutil.copyfile(tb.inventory_path, inventory_out)
-    console.print(f"testbed up: {len(tb.hosts)} hosts ({tb.hosts[0].address} .. {tb.hosts[-1].address}, port {port})")
+    what = "namespace" if tb.engine == "namespace" else f"{tb.engine} ({escape(tb.image)})"
+    console.print(f"testbed up: {len(tb.hosts)} {what} hosts ({tb.hosts[0].address} .. {tb.hosts[-1].address}, "
+                  f"port {port}){', one shared home' if tb.shared_home else ''}")
     console.print(f"inventory: {escape(str(inventory_out or tb.inventory_path))}")
 
 
 @testbed_app.command("down")
 def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
-    """Stop the hosts this testbed started (by PID) and remove its files."""
+    """Stop the hosts this testbed started and remove its files (and its containers, network, firewall chains)."""
     from ddops import testbed
 
+    engine = testbed.load_testbed(root or _default_root()).engine
     stopped = testbed.down(root or _default_root())
-    console.print(f"testbed down: stopped {len(stopped)} sshd process{'es' if len(stopped) != 1 else ''}")
+    what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
+    console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
 
 @testbed_app.command("status")
@@ -64,11 +79,13 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
 
     rows = testbed.status(root or _default_root())
     table = Table(header_style="bold")
-    for col in ("host", "address", "port", "pid", "running", "dir"):
+    extra = ("container", "state") if "container" in rows[0] else ()
+    for col in ("host", "address", "port", "pid", "running", *extra, "dir"):
         table.add_column(col)
     for r in rows:
         table.add_row(escape(str(r["name"])), str(r["address"]), str(r["port"]), str(r["pid"] or "-"),
-                      "yes" if r["running"] and r["accepting"] else "no", escape(str(r["dir"])))
+                      "yes" if r["running"] and r["accepting"] else "no", *(escape(str(r[c])) for c in extra),
+                      escape(str(r["dir"])))
     console.print(table)
     if not all(r["running"] for r in rows):
         raise typer.Exit(1)

@@ -16,7 +16,7 @@ import pytest
 from ddops.errors import AgentError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
-from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, wait_until
+from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -99,6 +99,7 @@ def tagged(run_id: str) -> list[int]:
     return pids
 
 
+@both_engines
 def test_launched_run_outlives_its_ssh_connection_and_runs_every_command_in_order(bed, host, connect):
     session = connect()
     started = time.monotonic()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, REPO_ROOT, git_seed, requires_sshd, run_ddops
+from tests.conftest import MINI_DDTREE, REPO_ROOT, both_engines, git_seed, requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -46,6 +46,7 @@ def originals(bed) -> dict[str, dict[str, str]]:
     return {h.name: {f: sha(h.repo_dir / f) for f in FILES} for h in bed.hosts}
 
 
+@both_engines
 def test_patch_all_changes_files_as_planned_and_keeps_the_draft_line(bed, seed):
     code, doc = ddops_json(bed, "patch", "--all")
     assert code == 0, doc
@@ -71,6 +72,7 @@ def test_one_transform_per_distinct_content_across_hosts(bed):
     assert doc["transforms"]["cache_hits"] == len(FILES) * (len(bed.hosts) - 1)
 
 
+@both_engines
 def test_second_patch_writes_nothing_and_says_already_applied(bed):
     assert ddops_json(bed, "patch", "--all")[0] == 0
     mtimes = {(h.name, f): (h.repo_dir / f).stat().st_mtime_ns for h in bed.hosts for f in FILES}
@@ -93,6 +95,7 @@ def test_check_shows_one_grouped_diff_and_writes_nothing(bed):
     assert not (bed.hosts[0].repo_dir / ".ddops").exists()
 
 
+@both_engines
 def test_rollback_restores_byte_identical_originals(bed):
     before = originals(bed)
     assert ddops_json(bed, "patch", "--all")[0] == 0
@@ -186,6 +189,7 @@ def test_a_held_lock_is_reported_with_its_holder(bed):
     assert "past_key_values_target = DynamicCache()" in (bed.hosts[0].repo_dir / "ddtree.py").read_text()
 
 
+@both_engines
 def test_verify_prints_grep_style_matches(bed):
     assert ddops_json(bed, "patch", "--all")[0] == 0
     proc = run_ddops("verify", "--host", "host1", "hybrid-cache", inventory=bed.inventory_path)

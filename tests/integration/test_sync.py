@@ -18,7 +18,7 @@ from ddops.fleet import run_fleet
 from ddops.inventory import load_inventory
 from ddops.sync import SyncOptions, prepare_sync
 from ddops.transport import Connector
-from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops
+from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -118,6 +118,7 @@ def test_check_reports_the_move_and_writes_nothing(make_testbed, upstream):
     assert list(bed.hosts[0].repo_dir.iterdir()) == []
 
 
+@both_engines
 def test_push_mode_sends_one_checksummed_bundle_to_hosts_that_cannot_reach_the_origin(make_testbed, tmp_path):
     repo_path = tmp_path / "mnt" / "ddtree"
     bed = make_testbed(2, repo_path=str(repo_path))
