@@ -10,9 +10,23 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ddops.errors import DdopsError, TransportError
 from ddops.inventory import Host
+from ddops.strenum import StrEnum
 
-OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = "ok", "changed", "failed", "unreachable", "drifted", "skipped"
-STATUSES = (OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED)
+
+
+class HostStatus(StrEnum):
+    """How one host came out of one ddops command."""
+
+    OK = "ok"                    # as wanted, nothing changed
+    CHANGED = "changed"          # as wanted now, something changed (or, with --check, would)
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"  # no session, or it was lost
+    DRIFTED = "drifted"          # the host's files are not what the patches expect: nothing written
+    SKIPPED = "skipped"          # nothing to do here (no such run, no repo)
+
+
+OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = HostStatus
+STATUSES = tuple(HostStatus)
 FAILING = frozenset({FAILED, UNREACHABLE, DRIFTED})
 DEFAULT_FORKS = 32
 
@@ -21,7 +35,7 @@ DEFAULT_FORKS = 32
 class TaskOutcome:
     """What a per-host task reports back."""
 
-    status: str
+    status: HostStatus
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
 

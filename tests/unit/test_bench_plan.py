@@ -79,7 +79,7 @@ def test_mini_plan_is_a_cpu_plan_and_uses_only_flags_benchmark_py_accepts():
 
 
 def test_shipped_plans_require_only_patches_the_builtin_playbooks_define():
-    playbook = pytest.importorskip("ddops.playbook")
+    playbook = pytest.importorskip("ddops.patching.playbook")
     known = {p.id for book in playbook.load_playbooks(playbook.list_playbooks()) for p in book.patches}
     for name in ("ddtree-bench", "mini-ddtree-bench"):
         plan = load_bench_plan(PLAYBOOKS / f"{name}.yaml", known_patches=known)

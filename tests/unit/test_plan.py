@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from ddops.patching.kinds import APPLIED, BLOCKED, DRIFTED, ERROR, PENDING
 from ddops.patching.plan import DiffGroup, FilePlan, Planner, group_diffs, plan_file, unified_diff
-from ddops.playbook import Patch, TransformSpec, load_playbook
+from ddops.patching.playbook import Patch, TransformSpec, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
 
@@ -150,7 +150,7 @@ FIXTURES_FOR_DISK = Path(__file__).resolve().parents[2] / "examples" / "mini-ddt
 # --- the on-disk plan cache ---------------------------------------------------------------------------------------
 
 def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
-    from ddops.playbook import load_playbook
+    from ddops.patching.playbook import load_playbook
 
     patches = load_playbook("hybrid-cache").patches
     source = (FIXTURES_FOR_DISK / "ddtree.py").read_bytes() if FIXTURES_FOR_DISK.exists() else None
@@ -166,7 +166,7 @@ def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
 
 
 def test_corrupt_disk_cache_entry_is_recomputed(tmp_path):
-    from ddops.playbook import load_playbook
+    from ddops.patching.playbook import load_playbook
 
     patches = load_playbook("hybrid-cache").patches
     source = (FIXTURES_FOR_DISK / "dflash.py").read_bytes()
@@ -185,7 +185,7 @@ def test_a_rerun_served_from_disk_never_imports_libcst(tmp_path):
     script = f"""
 import sys
 from pathlib import Path
-from ddops.playbook import load_playbook
+from ddops.patching.playbook import load_playbook
 from ddops.patching.plan import Planner
 patches = load_playbook("hybrid-cache").patches
 source = Path({str(FIXTURES_FOR_DISK / "ddtree.py")!r}).read_bytes()

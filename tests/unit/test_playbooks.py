@@ -13,7 +13,7 @@ from ddops.errors import PlaybookError
 from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
-from ddops.playbook import BUILTIN_DIR, PatchPlaybook, list_playbooks, load_playbook
+from ddops.patching.playbook import BUILTIN_DIR, PatchPlaybook, list_playbooks, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
 REPO = Path(__file__).resolve().parents[2]
@@ -324,5 +324,5 @@ def test_a_bench_plan_is_not_taken_for_a_patch_playbook(tmp_path):
 
 
 def test_the_playbook_module_does_not_import_libcst():
-    code = "import sys, ddops.playbook; sys.exit('libcst' in sys.modules)"
+    code = "import sys, ddops.patching.playbook; sys.exit('libcst' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -1,19 +1,18 @@
-"""Launching a bench plan: per host, check the preconditions (patches, disk, GPUs, repo, commit), then start the
-plan's runs detached through the agent (`bench_launch`). Returns TaskOutcomes for the fleet runner; never prints.
+"""Before a bench plan runs on a host: finding the plan, what the host's facts and patch states say against it,
+and the spec.json its runner works from. Pure: ddops/tasks/bench.py asks the hosts and launches.
 """
 
 from __future__ import annotations
 
-import getpass
-import socket
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import ddops
-from ddops.bench.plan import BenchPlan, RunSpec, check_host, expand_runs, load_bench_plan
+from ddops.bench.plan import BenchPlan, RunSpec, check_host, load_bench_plan
 from ddops.errors import DdopsError, PlaybookError
-from ddops.fleet import CHANGED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
+from ddops.patching.journal import JOURNAL_APPLIED, active_applications, patch_state
+from ddops.patching.playbook import builtin_dirs
 from ddops.yamlsrc import suggest
 
 APPLIED = "applied"
@@ -23,8 +22,6 @@ APPLIED = "applied"
 
 
 def plan_dirs() -> tuple[Path, ...]:
-    from ddops.playbook import builtin_dirs
-
     return tuple(builtin_dirs())
 
 
@@ -54,8 +51,6 @@ def load_plan(name_or_path: str) -> BenchPlan:
 
 def journal_applications(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Patches the journal says are in place: [{patch, file, before, after, current, time, state}]."""
-    from ddops.patching.journal import JOURNAL_APPLIED, active_applications, patch_state
-
     journal = facts.get("journal") or []
     shas = facts.get("journal_files") or {}
     try:
@@ -84,37 +79,6 @@ def patch_states_from_journal(patch_ids: Sequence[str], facts: Mapping[str, Any]
         else:
             out[pid] = next(a["state"] for a in mine if a["state"] != APPLIED)
     return out
-
-
-def _patch_playbooks(patch_ids: Sequence[str]) -> list[Any]:
-    """The built-in patch playbooks that hold any of patch_ids."""
-    from ddops.playbook import list_playbooks, load_playbook
-
-    wanted = set(patch_ids)
-    books = []
-    for name in list_playbooks():
-        book = load_playbook(name)
-        if wanted & {p.id for p in book.patches}:
-            books.append(book)
-    return books
-
-
-def required_patch_states(host: Host, session: Any, patch_ids: Sequence[str], facts: Mapping[str, Any], *,
-                          planner: Any = None) -> dict[str, str]:
-    """patch id -> state on this host (applied, pending, drifted, modified ...): re-planned from the files by
-    `status_host` for patches a built-in playbook defines, from the journal alone for the others."""
-    if not patch_ids:
-        return {}
-    from ddops.patching.deploy import status_host
-
-    states: dict[str, str] = {}
-    books = _patch_playbooks(patch_ids)
-    if books:
-        outcome = status_host(host, session, books, planner=planner)
-        states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
-    journal = patch_states_from_journal([p for p in patch_ids if p not in states], facts)
-    return {pid: states.get(pid) or (APPLIED if journal[pid] == APPLIED else "unknown (no playbook defines it)")
-            for pid in patch_ids}
 
 
 # --- preconditions -------------------------------------------------------------------------------------------------
@@ -158,27 +122,20 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
     return problems
 
 
-# --- launching ------------------------------------------------------------------------------------------------------
-
-
-def actor() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+# --- the run spec -----------------------------------------------------------------------------------------------------
 
 
 def _jsonable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: Mapping[str, Any]) -> dict[str, Any]:
+def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: Mapping[str, Any], *,
+             actor: str) -> dict[str, Any]:
     """The spec.json a host's runner works from: commands, env and matrix params per run, and provenance."""
     return {
         "plan": plan.name, "plan_path": str(plan.path), "host": host.name, "workdir": plan.workdir,
         "results": plan.results, "summarizer": plan.summarizer, "timeout_s": plan.timeout_minutes * 60,
-        "env": {}, "python": host.python, "ddops_version": ddops.__version__, "actor": actor(),
+        "env": {}, "python": host.python, "ddops_version": ddops.__version__, "actor": actor,
         "runs": [{"index": r.index, "label": r.label, "command": r.command, "env": dict(r.env),
                   "params": {k: _jsonable(v) for k, v in r.params.items()}} for r in runs],
         "provenance": dict(provenance),
@@ -200,63 +157,3 @@ def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str]) -> 
     }
 
 
-def _shared_planner(plan: BenchPlan) -> Any:
-    """One patch planner for all hosts of a launch: hosts with the same file contents share one transform."""
-    if not plan.requires_patches:
-        return None
-    from ddops.patching.deploy import make_planner
-
-    return make_planner()
-
-
-def _preflight(plan: BenchPlan) -> Callable[[Host, Any], tuple[dict, dict, TaskOutcome | None]]:
-    """(facts, patch states, the FAILED outcome when the host is refused, else None) for one host."""
-    planner = _shared_planner(plan)
-
-    def check(host: Host, session: Any) -> tuple[dict, dict, TaskOutcome | None]:
-        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
-        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
-        problems = preflight_problems(plan, host, facts, states)
-        if not problems:
-            return facts, states, None
-        return facts, states, TaskOutcome(FAILED, "refused: " + "; ".join(problems),
-                                          {"problems": problems, "patches": states})
-
-    return check
-
-
-def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
-
-    preflight = _preflight(plan)
-
-    def task(host: Host, session: Any) -> TaskOutcome:
-        facts, states, refused = preflight(host, session)
-        if refused is not None:
-            return refused
-        result_dir = f"{facts['repo_real']}/.ddops/runs/{run_id}/results"
-        runs = expand_runs(plan, host_values(host, facts), result_dir=result_dir)
-        spec = run_spec(plan, host, runs, provenance_of(facts, states))
-        result = session.call_agent("bench_launch", {"repo": host.repo, "run_id": run_id, "spec": spec})
-        return TaskOutcome(CHANGED, f"launched {len(runs)} run{'s' if len(runs) != 1 else ''} (runner pid "
-                                    f"{result.get('pid')})",
-                           {"run_id": run_id, "total": len(runs), "pid": result.get("pid"),
-                            "run_dir": result.get("run_dir"), "patches": states})
-
-    return task
-
-
-def check_task(plan: BenchPlan) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: only the preconditions (what `ddops bench --check` reports)."""
-
-    preflight = _preflight(plan)
-
-    def task(host: Host, session: Any) -> TaskOutcome:
-        facts, states, refused = preflight(host, session)
-        if refused is not None:
-            return refused
-        runs = expand_runs(plan, host_values(host, facts), result_dir="<result_dir>")
-        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}",
-                           {"patches": states, "commands": [r.command for r in runs]})
-
-    return task
