@@ -9,9 +9,9 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ddops.bench.runs import MANIFEST, HostRun
+from ddops.bench.runs import MANIFEST
 from ddops.errors import DdopsError
 from ddops.inventory import Host
 

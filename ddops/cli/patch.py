@@ -190,10 +190,8 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
 
 def _pin(host: Any, commit: str | None) -> str:
     """Whether the host's commit matches its pin (the sync module knows the rules)."""
-    try:
-        from ddops.tasks.sync import pin_state
-    except ImportError:
-        return ""
+    from ddops.tasks.sync import pin_state
+
     try:
         return pin_state(host, commit)
     except Exception:  # noqa: BLE001 - a status table must still render

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ddops.strenum import StrEnum
 
@@ -185,6 +185,3 @@ def syntax_problem(text: str, syntax: str) -> str | None:
     return None
 
 
-def describe_kinds() -> Mapping[str, Mapping[str, Param]]:
-    """The transform kinds and their params (for docs and `did you mean`)."""
-    return TRANSFORM_KINDS

@@ -34,6 +34,10 @@ class AgentSession(Protocol):
         """Copy a local file to the host (sync's bundles)."""
         ...
 
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a file of the host here (collected bench results)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -17,7 +17,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import ddops
 from ddops.errors import AgentError, DdopsError, UsageError
@@ -102,20 +102,6 @@ class Bundle:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class PinStatus:
-    """One host's checkout against its pin, for `ddops status`."""
-
-    pin: str | None
-    commit: str | None
-    head: str | None
-    state: PinState
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pin": self.pin, "commit": self.commit, "head": self.head, "state": self.state, "error": self.error}
-
-
 # -- pure helpers ---------------------------------------------------------------------------------------------
 
 
@@ -177,20 +163,6 @@ def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None
             return PIN_AT
         return PIN_UNRESOLVED
     return PIN_AT if head_commit == pinned else PIN_OFF
-
-
-def pin_report(hosts: Sequence["Host"], heads: Mapping[str, str | None], *, from_clone: str | None = None,
-               resolve: bool = True) -> dict[str, PinStatus]:
-    """Each host's checkout against its pin (for `ddops status`); branch and tag pins resolved once each."""
-    pins = resolve_pins(hosts, from_clone=from_clone) if resolve else {}
-    out = {}
-    for host in hosts:
-        pin = pins.get(_pin_key(host.repo_url, host.commit))
-        head = heads.get(host.name)
-        resolved = pin.commit if pin else None
-        out[host.name] = PinStatus(host.commit, resolved or (host.commit if is_commit_id(host.commit) else None),
-                                   head, pin_state(host, head, resolved), pin.error if pin else None)
-    return out
 
 
 # -- local git (the controller side) --------------------------------------------------------------------------

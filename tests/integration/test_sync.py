@@ -186,7 +186,6 @@ def test_a_non_git_directory_at_the_repo_path_is_left_alone(make_testbed, upstre
 
 
 def test_deploy_takes_three_empty_hosts_to_patched_and_verified(make_testbed, upstream):
-    pytest.importorskip("ddops.tasks.patch")
     bed = make_testbed(3)
     inventory = pin(bed, upstream["url"], "main", patches=["hybrid-cache"])
     proc = run_ddops("deploy", "--all", inventory=inventory)
@@ -202,7 +201,6 @@ def test_deploy_takes_three_empty_hosts_to_patched_and_verified(make_testbed, up
 
 
 def test_moving_the_pin_rolls_patches_back_moves_and_reapplies_them(make_testbed, upstream):
-    pytest.importorskip("ddops.tasks.patch")
     bed = make_testbed(1)
     inventory = pin(bed, upstream["url"], "main", patches=["hybrid-cache"])
     assert run_ddops("deploy", "--all", inventory=inventory).returncode == 0

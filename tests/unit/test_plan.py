@@ -15,6 +15,11 @@ from ddops.patching.playbook import Patch, TransformSpec, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
 
+def patches_for(book, path: str) -> tuple:
+    """The playbook's patches that touch path, in application order."""
+    return tuple(p for p in book.patches if path in p.files)
+
+
 
 def patch(pid: str, kind: str, files=("m.py",), requires=(), expect=1, **params) -> Patch:
     return Patch(id=pid, description="", files=tuple(files), requires=tuple(requires),
@@ -84,18 +89,18 @@ def test_planner_transforms_each_distinct_content_once_for_many_hosts():
     planner = Planner()
     book = load_playbook("hybrid-cache")
     source = (FIXTURES / "before" / "ddtree.py").read_bytes()
-    plans = [planner.plan_file("ddtree.py", source, book.patches_for("ddtree.py")) for _ in range(40)]
+    plans = [planner.plan_file("ddtree.py", source, patches_for(book, "ddtree.py")) for _ in range(40)]
     assert (planner.cache_misses, planner.cache_hits) == (1, 39)
     assert all(p is plans[0] for p in plans)
-    planner.plan_file("ddtree.py", plans[0].new, book.patches_for("ddtree.py"))  # another commit
-    planner.plan_file("ddtree.py", source, load_playbook("crop-relative").patches_for("ddtree.py"))  # other patches
+    planner.plan_file("ddtree.py", plans[0].new, patches_for(book, "ddtree.py"))  # another commit
+    planner.plan_file("ddtree.py", source, patches_for(load_playbook("crop-relative"), "ddtree.py"))  # other patches
     assert (planner.cache_misses, planner.cache_hits) == (3, 39)
 
 
 def test_planner_threads_asking_for_the_same_content_share_one_transform():
     planner = Planner()
     source = (FIXTURES / "before" / "dflash.py").read_bytes()
-    patches = load_playbook("crop-relative").patches_for("dflash.py")
+    patches = patches_for(load_playbook("crop-relative"), "dflash.py")
     barrier = threading.Barrier(16)
     results: list[FilePlan] = []
 

@@ -300,18 +300,6 @@ def test_agent_sync_extension_shares_no_global_name_with_other_agent_files():
             assert not mine & names(other), f"agent_sync.py redefines {mine & names(other)} from {other.name}"
 
 
-def test_pin_report_resolves_each_branch_pin_once_for_the_status_command(upstream):
-    from ddops.tasks.sync import pin_report
-
-    hosts = [Host(name=n, address=n, repo_url=upstream["url"], commit="main") for n in ("h1", "h2")]
-    hosts.append(Host(name="h3", address="h3"))
-    report = pin_report(hosts, {"h1": upstream["second"], "h2": upstream["first"], "h3": upstream["first"]})
-    assert report["h1"].state == PIN_AT and report["h1"].commit == upstream["second"]
-    assert report["h2"].state == PIN_OFF
-    assert report["h3"].state == PIN_NONE
-    assert report["h1"].to_json()["head"] == upstream["second"]
-
-
 def test_bad_sync_options_are_usage_errors(tmp_path):
     from ddops.errors import UsageError
     from ddops.inventory import Inventory
