@@ -39,6 +39,9 @@ class TaskOutcome:
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
+
 
 @dataclass(frozen=True, slots=True)
 class HostResult:
@@ -46,7 +49,7 @@ class HostResult:
 
     host: str
     address: str
-    status: str
+    status: HostStatus
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     elapsed: float = 0.0

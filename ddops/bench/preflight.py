@@ -11,11 +11,10 @@ import ddops
 from ddops.bench.plan import BenchPlan, RunSpec, check_host, load_bench_plan
 from ddops.errors import DdopsError, PlaybookError
 from ddops.inventory import Host
-from ddops.patching.journal import JOURNAL_APPLIED, active_applications, patch_state
+from ddops.patching.journal import JournalState, active_applications, patch_state
+from ddops.patching.kinds import PatchState
 from ddops.patching.playbook import builtin_dirs
 from ddops.yamlsrc import suggest
-
-APPLIED = "applied"
 
 
 # --- plans ---------------------------------------------------------------------------------------------------------
@@ -60,24 +59,23 @@ def journal_applications(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for a in active:
         current = shas.get(a.file)
-        state = patch_state(journal, a.patch, a.file, current)
         out.append({"patch": a.patch, "file": a.file, "before": a.before, "after": a.after, "current": current,
-                    "time": a.time, "state": APPLIED if state == JOURNAL_APPLIED else state})
+                    "time": a.time, "state": patch_state(journal, a.patch, a.file, current)})
     return out
 
 
-def patch_states_from_journal(patch_ids: Sequence[str], facts: Mapping[str, Any]) -> dict[str, str]:
-    """patch id -> applied | modified | not applied, from the journal alone (no re-planning)."""
+def patch_states_from_journal(patch_ids: Sequence[str], facts: Mapping[str, Any]) -> dict[str, JournalState]:
+    """patch id -> applied | modified | not-applied, from the journal alone (no re-planning)."""
     apps = journal_applications(facts)
-    out: dict[str, str] = {}
+    out: dict[str, JournalState] = {}
     for pid in patch_ids:
         mine = [a for a in apps if a["patch"] == pid]
         if not mine:
-            out[pid] = "not applied"
-        elif all(a["state"] == APPLIED for a in mine):
-            out[pid] = APPLIED
+            out[pid] = JournalState.NOT_APPLIED
+        elif all(a["state"] == JournalState.APPLIED for a in mine):
+            out[pid] = JournalState.APPLIED
         else:
-            out[pid] = next(a["state"] for a in mine if a["state"] != APPLIED)
+            out[pid] = next(a["state"] for a in mine if a["state"] != JournalState.APPLIED)
     return out
 
 
@@ -109,7 +107,7 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
         problems.append(f"bench run {other.get('run_id')} is still {other.get('status')} here "
                         f"({other.get('done')}/{other.get('total')} done): wait for it, or "
                         f"`ddops bench stop {other.get('run_id')}`")
-    not_applied = {p: s for p, s in patch_states.items() if s != APPLIED}
+    not_applied = {p: s for p, s in patch_states.items() if s != PatchState.APPLIED}
     disk = facts.get("disk_free_bytes")
     gpus = facts.get("gpus") or []
     problems += [p for p in check_host(plan, gpus=len(gpus), free_disk_gb=None if disk is None else disk / 1e9,

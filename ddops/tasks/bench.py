@@ -18,12 +18,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ddops.bench.collect import host_manifest, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
-from ddops.bench.preflight import (APPLIED, host_values, patch_states_from_journal, preflight_problems, provenance_of,
-                                   run_spec)
+from ddops.bench.preflight import host_values, patch_states_from_journal, preflight_problems, provenance_of, run_spec
 from ddops.bench.runs import HostRun, RunStatus
 from ddops.errors import AgentError, DdopsError, TransportError
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
 from ddops.inventory import Host
+from ddops.patching.journal import JournalState
+from ddops.patching.kinds import PatchState
 from ddops.patching.playbook import list_playbooks, load_playbook
 from ddops.patching.snapshot import make_planner
 from ddops.tasks.base import AgentSession, default_actor
@@ -56,7 +57,8 @@ def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence
         outcome = status_host(host, session, books, planner=planner)
         states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
     journal = patch_states_from_journal([p for p in patch_ids if p not in states], facts)
-    return {pid: states.get(pid) or (APPLIED if journal[pid] == APPLIED else "unknown (no playbook defines it)")
+    return {pid: states.get(pid) or (PatchState.APPLIED if journal[pid] == JournalState.APPLIED
+                                     else "unknown (no playbook defines it)")
             for pid in patch_ids}
 
 
@@ -154,7 +156,7 @@ def stop_task(run_id: str, actor: str, grace: float = 5.0) -> Callable[[Host, Ag
             return TaskOutcome(OK, f"already {result.get('status')}; nothing to stop", result)
         if result.get("remaining"):
             return TaskOutcome(FAILED, f"processes still alive after SIGKILL: {result['remaining']}", result)
-        return TaskOutcome("changed", f"stopped ({len(result.get('killed') or [])} processes ended)", result)
+        return TaskOutcome(CHANGED, f"stopped ({len(result.get('killed') or [])} processes ended)", result)
 
     return task
 
