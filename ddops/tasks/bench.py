@@ -173,7 +173,8 @@ def list_task(host: Host, session: AgentSession) -> TaskOutcome:
     return TaskOutcome(OK, f"{len(runs)} run{'s' if len(runs) != 1 else ''}", {"runs": runs})
 
 
-def read_logs(host: Host, session: AgentSession, run_id: str, max_bytes: int = 4 * 1024 * 1024) -> tuple[str, HostRun | None]:
+def read_logs(host: Host, session: AgentSession, run_id: str,
+              max_bytes: int = 4 * 1024 * 1024) -> tuple[str, HostRun | None]:
     """The whole log of a run on one host (read in chunks) and its state."""
     offset, chunks, run = 0, [], None
     while True:
@@ -400,7 +401,8 @@ def collect_task(run_id: str, root: Path) -> Callable[[Host, AgentSession], Task
             parts.append(f"run {run.summary()}")
         data = {"manifest": manifest, "fetched": fetched, "kept": kept, "run": run.to_json()}
         status = CHANGED if fetched else OK
-        if listing.get("refused") or run.status in (RunStatus.FAILED, RunStatus.ERROR, RunStatus.LOST, RunStatus.STOPPED):
+        if listing.get("refused") or run.status in (RunStatus.FAILED, RunStatus.ERROR, RunStatus.LOST,
+                                                    RunStatus.STOPPED):
             status = FAILED
         return TaskOutcome(status, "; ".join(parts), data)
 

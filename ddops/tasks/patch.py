@@ -59,7 +59,8 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
         results += planner.memo(("checks", f.path, f.before_sha, f.after_sha, tuple(checks)),
                                 lambda f=f, checks=checks: run_checks(f.path, snap.files[f.path], f.new or b"", checks))
         for c in host_checks(checks, f.path):
-            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": with_host_python(host.python, c.run or ""),
+            command = with_host_python(host.python, c.run or "")
+            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command,
                                                            "timeout": c.timeout})
     data["checks"] = [r.to_dict() for r in results]
     failed_checks = [r for r in results if not r.ok]
@@ -125,7 +126,8 @@ def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
                 commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
     for command, item in commands.items():
         check = item["check"]
-        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host.python, command)}", timeout=check.timeout)
+        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host.python, command)}",
+                          timeout=check.timeout)
         ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
         results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],
                         "message": output[-400:], "matches": [], "grep": [], "exit_code": code})

@@ -110,7 +110,8 @@ class LocalSession:
             raise AgentError(f"{self.host.name}: agent {verb} answered something that is not its protocol")
         if not reply["ok"]:
             error = reply.get("error") or {}
-            raise AgentError(f"{self.host.name}: {error.get('message', 'agent error')}", kind=error.get("kind", "error"))
+            raise AgentError(f"{self.host.name}: {error.get('message', 'agent error')}",
+                             kind=error.get("kind", "error"))
         return reply.get("result") or {}
 
     def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:

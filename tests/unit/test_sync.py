@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import Host
-from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError, classify_dirty,
-                        make_bundle, pick_ref, pin_state, resolve_pin)
+from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError,
+                              classify_dirty, make_bundle, pick_ref, pin_state, resolve_pin)
 from ddops.transport.agent import BOOTSTRAP, agent_source, remote_dir
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}

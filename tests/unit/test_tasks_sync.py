@@ -1,5 +1,7 @@
 """The sync and deploy tasks against the real agent run as a local subprocess (LocalSession): a repo brought to its
-pinned commit from a local origin, or pushed as a bundle, with no sshd and no root. Over SSH: tests/integration/test_sync.py."""
+pinned commit from a local origin, or pushed as a bundle, with no sshd and no root.
+
+Over SSH: tests/integration/test_sync.py."""
 
 from __future__ import annotations
 
