@@ -20,8 +20,6 @@ from ddops.errors import AgentError, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport.session import CommandResult
 
-DEFAULT_TIMEOUT = 60.0
-
 
 def agent_argv(python: str) -> tuple[list[str], bytes]:
     """(argv, stdin prefix) that start the agent in serve mode: the one place that knows how the agent boots."""
