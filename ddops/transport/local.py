@@ -18,7 +18,7 @@ from typing import Any
 
 from ddops.errors import AgentError, CommandTimeout, TransportError
 from ddops.inventory import Host
-from ddops.transport.session import CommandResult
+from ddops.transport import CommandResult
 
 
 def agent_argv(python: str) -> tuple[list[str], bytes]:
