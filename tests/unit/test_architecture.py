@@ -47,8 +47,9 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imports_of(name: str, path: Path) -> set[str]:
-    return imports_in(path.read_text(), name, is_package=path.name == "__init__.py")
+@functools.lru_cache(maxsize=None)
+def imports_of(name: str, path: Path) -> frozenset[str]:
+    return frozenset(imports_in(path.read_text(), name, is_package=path.name == "__init__.py"))
 
 
 def imports_in(source: str, name: str, *, is_package: bool = False) -> set[str]:
@@ -77,6 +78,7 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
 
 
+@functools.lru_cache(maxsize=1)
 def internal_graph() -> dict[str, set[str]]:
     modules = all_modules()
     return {name: {i for i in imports_of(name, path) if i in modules} for name, path in modules.items()}
