@@ -57,8 +57,3 @@ class AgentError(DdopsError):
         self.kind = kind
 
 
-def exit_code_for(error: BaseException) -> int:
-    """The process exit code for an error that reached the top of the CLI."""
-    if isinstance(error, DdopsError):
-        return error.exit_code
-    return EXIT_HOST_FAILED

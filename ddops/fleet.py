@@ -10,9 +10,23 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ddops.errors import ConnectionLost, DdopsError
 from ddops.inventory import Host
+from ddops.strenum import StrEnum
 
-OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = "ok", "changed", "failed", "unreachable", "drifted", "skipped"
-STATUSES = (OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED)
+
+
+class HostStatus(StrEnum):
+    """How one host came out of one ddops command."""
+
+    OK = "ok"                    # as wanted, nothing changed
+    CHANGED = "changed"          # as wanted now, something changed (or, with --check, would)
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"  # no session, or it was lost
+    DRIFTED = "drifted"          # the host's files are not what the patches expect: nothing written
+    SKIPPED = "skipped"          # nothing to do here (no such run, no repo)
+
+
+OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = HostStatus
+STATUSES = tuple(HostStatus)
 FAILING = frozenset({FAILED, UNREACHABLE, DRIFTED})
 DEFAULT_FORKS = 32
 
@@ -21,9 +35,12 @@ DEFAULT_FORKS = 32
 class TaskOutcome:
     """What a per-host task reports back."""
 
-    status: str
+    status: HostStatus
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +49,7 @@ class HostResult:
 
     host: str
     address: str
-    status: str
+    status: HostStatus
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     elapsed: float = 0.0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ddops.bench.slurm import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
+from ddops.slurm_options import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.errors import InventoryError, UsageError
 from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name

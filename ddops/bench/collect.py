@@ -9,12 +9,10 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ddops.bench.runs import MANIFEST, HostRun
-from ddops.bench.slurm_exec import bench_call
-from ddops.errors import AgentError, DdopsError
-from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
+from ddops.bench.runs import MANIFEST
+from ddops.errors import DdopsError
 from ddops.inventory import Host
 
 
@@ -32,26 +30,6 @@ def safe_relpath(rel: str) -> PurePosixPath:
     if not rel or "\0" in rel or "\\" in rel or p.is_absolute() or any(part in ("..", "") for part in p.parts):
         raise DdopsError(f"refusing result path {rel!r} from the host")
     return p
-
-
-def fetch_file(session: Any, remote: Mapping[str, Any], local: Path) -> bool:
-    """Download one file unless `local` already holds it; True when fetched. The hash is checked before the file
-    takes its name, so a file swapped on the host (for a symlink, say) after it was listed is never kept."""
-    if local.is_file() and not local.is_symlink() and sha256_file(local) == remote["sha256"]:
-        return False
-    local.parent.mkdir(parents=True, exist_ok=True)
-    part = local.with_name(local.name + ".ddops-part")
-    try:
-        session.get_file(remote["real_path"], part)
-        got = sha256_file(part)
-        if got != remote["sha256"]:
-            raise DdopsError(f"{remote['path']}: sha256 {got[:12]} after download, the host listed "
-                             f"{remote['sha256'][:12]} (changed while copying?); run collect again")
-        os.replace(part, local)
-    finally:
-        if part.exists():
-            part.unlink()
-    return True
 
 
 def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -91,48 +69,8 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
     }
 
 
-def collect_task(run_id: str, root: Path) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: copy the run's result files from one host; data carries its manifest entry."""
-
-    def task(host: Host, session: Any) -> TaskOutcome:
-        try:
-            listing = bench_call(host, session, "bench_files", {"repo": host.repo, "run_id": run_id})
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
-        dest = root / run_id / host.name
-        fetched = kept = 0
-        files = []
-        for remote in listing.get("files") or []:
-            local = dest.joinpath(*safe_relpath(remote["path"]).parts)
-            if fetch_file(session, remote, local):
-                fetched += 1
-            else:
-                kept += 1
-            files.append(remote)
-        manifest = host_manifest(host, listing, files)
-        run = HostRun.from_state(host.name, listing.get("state") or {}, listing.get("failures"))
-        parts = [f"{fetched} file{'s' if fetched != 1 else ''} fetched"]
-        if kept:
-            parts.append(f"{kept} already here")
-        if listing.get("refused"):
-            parts.append("refused: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["refused"]))
-        if not run.terminal:
-            parts.append(f"run still {run.status} ({run.done}/{run.total}): collect again when it ends")
-        elif run.status != "completed":
-            parts.append(f"run {run.summary()}")
-        data = {"manifest": manifest, "fetched": fetched, "kept": kept, "run": run.to_json()}
-        status = CHANGED if fetched else OK
-        if listing.get("refused") or run.status in ("failed", "error", "lost", "stopped"):
-            status = FAILED
-        return TaskOutcome(status, "; ".join(parts), data)
-
-    return task
-
-
-def write_manifest(root: Path, run_id: str, results: Iterable[HostResult]) -> Path:
-    """results/<run-id>/manifest.json: per-host provenance, merged with what earlier collects wrote."""
+def write_manifest(root: Path, run_id: str, entries: Mapping[str, Mapping[str, Any]]) -> Path:
+    """results/<run-id>/manifest.json: per-host provenance (host -> entry), merged with what earlier collects wrote."""
     path = root / run_id / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"run_id": run_id, "hosts": {}}
@@ -143,10 +81,8 @@ def write_manifest(root: Path, run_id: str, results: Iterable[HostResult]) -> Pa
                 doc = old
         except ValueError:
             pass
-    for r in results:
-        entry = r.data.get("manifest") if r.data else None
-        if entry:
-            doc["hosts"][r.host] = entry
+    for host, entry in entries.items():
+        doc["hosts"][host] = dict(entry)
     hosts = list(doc["hosts"].values())
     doc["plan"] = next((h.get("plan") for h in hosts if h.get("plan")), None)
     doc["summarizer"] = next((h.get("summarizer") for h in hosts if h.get("summarizer")), None)
@@ -186,7 +122,8 @@ def _label_for(file_path: str, commands: Sequence[Mapping[str, Any]]) -> str:
 def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[str]]:
     """(Labeled summaries, problems): every collected result file of these runs through its summarizer."""
     from ddops.bench.report import Labeled
-    from ddops.bench.results import ResultFileError, summarize_file
+    from ddops.bench.results import summarize_file
+    from ddops.bench.summary import ResultFileError
 
     items: list[Any] = []
     problems: list[str] = []

@@ -60,13 +60,6 @@ class BenchPlan:
     timeout_minutes: float = 60.0
 
     @property
-    def run_count(self) -> int:
-        count = 1
-        for _, values in self.matrix:
-            count *= len(values)
-        return count
-
-    @property
     def placeholders(self) -> tuple[str, ...]:
         """Every name the command and env templates use, in first-use order."""
         seen: dict[str, None] = {}
@@ -90,11 +83,6 @@ class RunSpec:
         """`dataset=gsm8k temperature=0.0`: the scalar matrix values, for logs and tables."""
         parts = [f"{k}={_text(v)}" for k, v in self.params.items() if not isinstance(v, tuple)]
         return " ".join(parts) or f"run {self.index}"
-
-    def shell_line(self) -> str:
-        """`export K=v; ... command`, every env value shell-quoted; run it with `sh -c` in the workdir."""
-        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
-        return exports + self.command
 
 
 # --- loading -----------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
-from ddops.bench.results import MethodSummary
+from ddops.bench.summary import MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order
 
 BEST = "best"

@@ -2,65 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import math
 import re
 import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddops.errors import DdopsError
+from ddops.bench.summarize_ddtree import summarize_ddtree
+from ddops.bench.summarize_vllm import summarize_vllm
+from ddops.bench.summary import MethodSummary, ResultFileError
 
 MAX_RESULT_BYTES = 2 * 1024**3
 MIN_TORCH = (2, 6)  # weights_only loading had code-execution holes before 2.6 (CVE-2025-32434)
 _LOAD_LOCK = threading.Lock()  # safe_globals() edits a process-wide allowlist
-
-
-class ResultFileError(DdopsError):
-    """A result file was refused (unsafe, too big) or does not hold what its summarizer expects."""
-
-
-@dataclass(frozen=True, slots=True)
-class MethodSummary:
-    """One method's numbers from one result file; times in seconds, None where the file cannot say."""
-
-    method: str  # baseline, dflash, ddtree_tb64; for vLLM the served method (baseline, mtp, ...)
-    source: str
-    engine: str = "ddtree"  # ddtree: the reference HF code; vllm: a `vllm bench serve` result
-    n_responses: int = 0
-    output_tokens: int = 0
-    mean_tpot_s: float | None = None
-    tokens_per_s: float | None = None  # 1 / mean_tpot_s: one stream's decode speed
-    mean_ttft_s: float | None = None
-    acceptance_length: float | None = None  # tau; None for baseline
-    speedup: float | None = None  # mean baseline tpot / mean tpot, same file; None without a baseline there
-    fidelity: float | None = None  # share of responses whose output equals the baseline's, same file
-    tree_budget: int | None = None
-    dataset: str | None = None
-    temperature: float | None = None
-    model: str | None = None
-    attn: str | None = None  # target attention implementation (sdpa, flash_attention_2)
-    output_throughput: float | None = None  # vLLM: output tok/s over all concurrent requests
-    failed: int = 0  # vLLM: failed requests
-    output_digests: tuple[str, ...] = ()  # per response, in prompt order: lets the report compare runs
-
-    @property
-    def label(self) -> str:
-        """`ddtree_tb64`, or `vllm:mtp` for a vLLM run (so both can share a table)."""
-        return self.method if self.engine == "ddtree" else f"{self.engine}:{self.method}"
-
-
-def output_digest(tokens_or_text: Any) -> str:
-    """A short stable digest of one response's output (token list or text)."""
-    if isinstance(tokens_or_text, str):
-        data = tokens_or_text.encode("utf-8", "surrogatepass")
-    else:
-        data = ",".join(str(int(t)) for t in tokens_or_text).encode()
-    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def read_limited(path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> bytes:
@@ -134,12 +90,8 @@ def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RE
                    **hints: Any) -> list[MethodSummary]:
     """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's."""
     if summarizer == "ddtree":
-        from ddops.bench.summarize_ddtree import summarize_ddtree
-
         return summarize_ddtree(load_result_pt(path, max_bytes=max_bytes), str(path))
     if summarizer == "vllm":
-        from ddops.bench.summarize_vllm import summarize_vllm
-
         out: list[MethodSummary] = []
         for doc in load_result_json(path, max_bytes=min(max_bytes, 256 * 1024**2)):
             out.extend(summarize_vllm(doc, str(path), **hints))
@@ -181,8 +133,3 @@ def _size(n: int) -> str:
     if n >= 1024**2:
         return f"{n / 1024**2:g} MiB"
     return f"{n} bytes"
-
-
-def finite_number(value: Any) -> bool:
-    """A real, finite number (bools are not numbers here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,31 +1,70 @@
-"""Bench runs on the hosts: run ids, their state as values, local launch records, and following them live.
+"""Bench runs as values: run ids, a host's run state (from its state.json), and the local launch records.
 
-A run lives on each host under `<repo>/.ddops/runs/<run-id>/` (see remote/agent_bench.py); everything here talks
-to it through the agent's bench_* verbs. No rich, no typer: the CLI renders what these functions return.
+A run lives on each host under `<repo>/.ddops/runs/<run-id>/` (see remote/agent_bench.py); ddops/tasks/bench.py
+asks the hosts about it. Pure: no session, no rich, no typer.
 """
 
 from __future__ import annotations
 
-import base64
-import codecs
 import json
 import os
-import queue
+import re
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ddops.bench.slurm_exec import bench_call
-from ddops.errors import AgentError, DdopsError, TransportError, UsageError
-from ddops.fleet import FAILED, OK, SKIPPED, TaskOutcome
+from ddops.errors import UsageError
 from ddops.inventory import Host
+from ddops.strenum import StrEnum
 
-RUNNING_STATUSES = ("starting", "running")
-TERMINAL_STATUSES = ("completed", "failed", "stopped", "error", "lost")
+
+
+class RunStatus(StrEnum):
+    """A run's state on one host, as its state.json says (remote/agent_bench.py writes it)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"  # every command ran and exited 0
+    FAILED = "failed"        # every command ran, at least one did not exit 0
+    STOPPED = "stopped"      # `ddops bench stop`
+    ERROR = "error"          # the runner itself failed
+    LOST = "lost"            # the runner is gone without saying how it ended (the host rebooted, say)
+    UNKNOWN = "unknown"      # no status, or one this ddops does not know
+
+    @classmethod
+    def of(cls, value: Any) -> "RunStatus":
+        return cls._value2member_map_.get(str(value or ""), cls.UNKNOWN)  # type: ignore[return-value]
+
+
+class StepStatus(StrEnum):
+    """One command of a run."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"
+    # A Slurm array task's ends besides those (ddops/bench/slurm.py STATUS_OF)
+    CANCELLED = "cancelled"
+    NODE_FAIL = "node_fail"
+    OUT_OF_MEMORY = "out_of_memory"
+    BOOT_FAIL = "boot_fail"
+    DEADLINE = "deadline"
+    PREEMPTED = "preempted"
+    LOST = "lost"  # Slurm forgot a task that never recorded its end
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def of(cls, value: Any) -> "StepStatus":
+        return cls._value2member_map_.get(str(value or "pending"), cls.UNKNOWN)  # type: ignore[return-value]
+
+
+RUNNING_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING)
+TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.ERROR, RunStatus.LOST)
 RESULTS_ENV = "DDOPS_RESULTS_DIR"
 LAUNCH_RECORD = "launch.json"
 MANIFEST = "manifest.json"
@@ -39,8 +78,6 @@ def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
 
 def check_run_id(run_id: str) -> str:
     """The run id itself, or a UsageError when it could not name a run directory."""
-    import re
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", run_id or ""):
         raise UsageError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (e.g. 20261130-0812-ab12)")
     return run_id
@@ -55,7 +92,7 @@ class RunRecord:
 
     index: int
     label: str
-    status: str  # pending, running, ok, failed, timeout, stopped
+    status: StepStatus
     exit_code: int | None = None
     signal: int | None = None
     started: str | None = None
@@ -77,7 +114,7 @@ class HostRun:
 
     host: str
     run_id: str
-    status: str  # starting, running, completed, failed, stopped, error, lost
+    status: RunStatus
     total: int = 0
     done: int = 0
     current: int | None = None
@@ -93,11 +130,11 @@ class HostRun:
         failures = failures or {}
         runs = tuple(
             RunRecord(index=int(r.get("index", i)), label=str(r.get("label") or f"run {i}"),
-                      status=str(r.get("status") or "pending"), exit_code=r.get("exit_code"), signal=r.get("signal"),
+                      status=StepStatus.of(r.get("status")), exit_code=r.get("exit_code"), signal=r.get("signal"),
                       started=r.get("started"), ended=r.get("ended"), seconds=r.get("seconds"),
                       log_tail=failures.get(str(r.get("index", i))), slurm=r.get("slurm"))
             for i, r in enumerate(state.get("runs") or []))
-        return cls(host=host, run_id=str(state.get("run_id") or ""), status=str(state.get("status") or "unknown"),
+        return cls(host=host, run_id=str(state.get("run_id") or ""), status=RunStatus.of(state.get("status")),
                    total=int(state.get("total") or len(runs)), done=int(state.get("done") or 0),
                    current=state.get("current"), plan=state.get("plan"), created=state.get("created"),
                    started=state.get("started"), ended=state.get("ended"), message=state.get("message"), runs=runs)
@@ -109,7 +146,7 @@ class HostRun:
     @property
     def ok(self) -> bool:
         """Still going, or finished with every command exiting 0."""
-        return self.status in RUNNING_STATUSES or self.status == "completed"
+        return self.status in RUNNING_STATUSES or self.status == RunStatus.COMPLETED
 
     @property
     def current_label(self) -> str | None:
@@ -131,10 +168,10 @@ class HostRun:
             now = f", now: {self.current_label}" if self.current_label else ""
             return f"{self.done}/{self.total} runs done{now}"
         bad = [r for r in self.runs if r.failed]
-        text = f"{self.status} {sum(1 for r in self.runs if r.status == 'ok')}/{self.total} ok"
+        text = f"{self.status} {sum(1 for r in self.runs if r.status == StepStatus.OK)}/{self.total} ok"
         if bad:
             text += "; " + ", ".join(f"{r.label}: exit {r.exit_code}" for r in bad)
-        if self.message and self.status in ("error", "lost", "stopped"):
+        if self.message and self.status in (RunStatus.ERROR, RunStatus.LOST, RunStatus.STOPPED):
             text += f" ({self.message})"
         return text
 
@@ -208,229 +245,3 @@ def run_hosts(all_hosts: Sequence[Host], root: Path, run_id: str) -> list[Host]:
     names = set(record.get("hosts") or ()) if record else set()
     chosen = [h for h in all_hosts if h.name in names]
     return chosen or list(all_hosts)
-
-
-# --- per-host tasks --------------------------------------------------------------------------------------------------
-
-
-def status_task(run_id: str) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: the run's state on a host (skipped when the host has no such run)."""
-
-    def task(host: Host, session: Any) -> TaskOutcome:
-        try:
-            result = bench_call(host, session, "bench_status", {"repo": host.repo, "run_id": run_id})
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
-        run = HostRun.from_state(host.name, result["state"], result.get("failures"))
-        return TaskOutcome(OK if run.ok else FAILED, run.summary(), {"run": run.to_json()})
-
-    return task
-
-
-def stop_task(run_id: str, actor: str, grace: float = 5.0,
-              tasks: Sequence[int] = ()) -> Callable[[Host, Any], TaskOutcome]:
-    """Task: end every process of the run on a host and record it as stopped (Slurm: scancel, or only `tasks`)."""
-
-    def task(host: Host, session: Any) -> TaskOutcome:
-        try:
-            payload = {"repo": host.repo, "run_id": run_id, "grace": grace, "actor": actor,
-                       **({"tasks": list(tasks)} if tasks else {})}
-            result = bench_call(host, session, "bench_stop", payload, timeout=grace + 60)
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
-        if result.get("already_ended"):
-            return TaskOutcome(OK, f"already {result.get('status')}; nothing to stop", result)
-        if result.get("cancelled"):
-            return TaskOutcome("changed", f"scancel {' '.join(result['cancelled'])}", result)
-        if result.get("remaining"):
-            return TaskOutcome(FAILED, f"processes still alive after SIGKILL: {result['remaining']}", result)
-        return TaskOutcome("changed", f"stopped ({len(result.get('killed') or [])} processes ended)", result)
-
-    return task
-
-
-def list_task(host: Host, session: Any) -> TaskOutcome:
-    """Task: every run found in the host's repo."""
-    try:
-        result = session.call_agent("bench_list", {"repo": host.repo})
-    except AgentError as exc:
-        if exc.kind == "no_repo":
-            return TaskOutcome(SKIPPED, "no repo here")
-        raise
-    runs = result.get("runs") or []
-    return TaskOutcome(OK, f"{len(runs)} run{'s' if len(runs) != 1 else ''}", {"runs": runs})
-
-
-# --- following -------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LogText:
-    """New log output of one host (decoded; may end mid-line)."""
-
-    host: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class HostUpdate:
-    """A host's run changed state; `final` once the run is over and its log fully read (or we gave up)."""
-
-    host: str
-    run: HostRun | None = None
-    error: str | None = None
-    final: bool = False
-
-
-FollowEvent = LogText | HostUpdate
-
-
-@dataclass
-class _HostCursor:
-    host: Host
-    offset: int = 0
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    last_key: tuple | None = None
-
-
-class Follower:
-    """Polls every host's run (state + log from a byte offset) in background threads; iterate `events()`.
-
-    Events come out on the calling thread, so a Ctrl-C there stops following and leaves the runs alone.
-    Connections that drop are reopened; a host unreachable for `give_up_after` seconds is reported final.
-    """
-
-    def __init__(self, hosts: Sequence[Host], run_id: str, connect: Callable[[Host], Any], *,
-                 interval: float = 1.0, from_offsets: Mapping[str, int] | None = None, logs: bool = True,
-                 give_up_after: float = 600.0, max_bytes: int = 256 * 1024) -> None:
-        self.run_id = run_id
-        self.interval = interval
-        self.logs = logs
-        self.give_up_after = give_up_after
-        self.max_bytes = max_bytes
-        self._connect = connect
-        self._cursors = [_HostCursor(h, (from_offsets or {}).get(h.name, 0)) for h in hosts]
-        self._queue: queue.Queue[FollowEvent] = queue.Queue()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.final: dict[str, HostUpdate] = {}
-
-    def events(self) -> Iterator[FollowEvent]:
-        """Every event until each host is final (or close() was called)."""
-        for cursor in self._cursors:
-            thread = threading.Thread(target=self._follow, args=(cursor,), daemon=True,
-                                      name=f"ddops-follow-{cursor.host.name}")
-            thread.start()
-            self._threads.append(thread)
-        pending = {c.host.name for c in self._cursors}
-        while pending and not self._stop.is_set():
-            try:
-                event = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if isinstance(event, HostUpdate) and event.final:
-                pending.discard(event.host)
-                self.final[event.host] = event
-            yield event
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def __enter__(self) -> "Follower":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _follow(self, cursor: _HostCursor) -> None:
-        name = cursor.host.name
-        session = None
-        failing_since: float | None = None
-        try:
-            while not self._stop.is_set():
-                try:
-                    if session is None:
-                        session = self._connect(cursor.host)
-                    done = self._poll_once(cursor, session)
-                    failing_since = None
-                    if done:
-                        return
-                except AgentError as exc:
-                    if exc.kind in ("no_run", "no_repo"):
-                        self._queue.put(HostUpdate(name, error=f"no run {self.run_id} here", final=True))
-                        return
-                    raise
-                except TransportError as exc:
-                    _close(session)
-                    session = None
-                    now = time.monotonic()
-                    failing_since = failing_since or now
-                    if now - failing_since > self.give_up_after:
-                        self._queue.put(HostUpdate(name, error=f"gave up: {exc}", final=True))
-                        return
-                    self._queue.put(HostUpdate(name, error=str(exc)))
-                self._stop.wait(self.interval)
-        except DdopsError as exc:
-            self._queue.put(HostUpdate(name, error=str(exc), final=True))
-        except Exception as exc:  # noqa: BLE001 - a surprise on one host must not hang the others' follow
-            self._queue.put(HostUpdate(name, error=f"{type(exc).__name__}: {exc}", final=True))
-        finally:
-            _close(session)
-
-    def _poll_once(self, cursor: _HostCursor, session: Any) -> bool:
-        """One bench_poll (repeated while more log is waiting); True once the run is over and fully read."""
-        while True:
-            payload = {"repo": cursor.host.repo, "run_id": self.run_id, "offset": cursor.offset,
-                       "max_bytes": self.max_bytes if self.logs else 0}
-            result = bench_call(cursor.host, session, "bench_poll", payload)
-            data = base64.b64decode(result.get("log_b64") or "")
-            cursor.offset = int(result.get("offset", cursor.offset))
-            state = result.get("state")
-            if data and self.logs:
-                text = cursor.decoder.decode(data)
-                if text:
-                    self._queue.put(LogText(cursor.host.name, text))
-            if state is None:
-                self._queue.put(HostUpdate(cursor.host.name, error="the run has no readable state.json", final=True))
-                return True
-            run = HostRun.from_state(cursor.host.name, state, result.get("failures"))
-            key = (run.status, run.done, run.current)
-            more = self.logs and cursor.offset < int(result.get("log_size", 0))
-            if run.terminal and not more:
-                tail = cursor.decoder.decode(b"", final=True)
-                if tail:
-                    self._queue.put(LogText(cursor.host.name, tail))
-                self._queue.put(HostUpdate(cursor.host.name, run=run, final=True))
-                return True
-            if key != cursor.last_key:
-                cursor.last_key = key
-                self._queue.put(HostUpdate(cursor.host.name, run=run))
-            if not more:
-                return False
-
-
-def _close(session: Any) -> None:
-    if session is not None:
-        try:
-            session.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection may raise
-            pass
-
-
-def read_logs(host: Host, session: Any, run_id: str, max_bytes: int = 4 * 1024 * 1024) -> tuple[str, HostRun | None]:
-    """The whole log of a run on one host (read in chunks) and its state."""
-    offset, chunks, run = 0, [], None
-    while True:
-        result = bench_call(host, session, "bench_poll", {"repo": host.repo, "run_id": run_id, "offset": offset,
-                                                          "max_bytes": max_bytes})
-        data = base64.b64decode(result.get("log_b64") or "")
-        chunks.append(data)
-        offset = int(result.get("offset", offset))
-        if result.get("state"):
-            run = HostRun.from_state(host.name, result["state"], result.get("failures"))
-        if not data or offset >= int(result.get("log_size", 0)):
-            return b"".join(chunks).decode("utf-8", "replace"), run

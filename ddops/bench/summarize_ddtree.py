@@ -6,7 +6,7 @@ import re
 from statistics import fmean
 from typing import Any, Iterable
 
-from ddops.bench.results import MethodSummary, ResultFileError, finite_number, output_digest
+from ddops.bench.summary import MethodSummary, ResultFileError, finite_number, output_digest
 
 BASELINE = "baseline"
 _TREE = re.compile(r"ddtree_tb(\d+)\Z")

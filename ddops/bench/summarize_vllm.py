@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddops.bench.results import MethodSummary, ResultFileError, finite_number, output_digest
+from ddops.bench.summary import MethodSummary, ResultFileError, finite_number, output_digest
 
 # vLLM does not save the dataset name or the sampling temperature in its result; pass them with
 # `--metadata dataset=gsm8k temperature=0 method=mtp` (metadata keys land at the top level of the JSON),

@@ -18,7 +18,8 @@ from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, Jso
                               console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
 
 if TYPE_CHECKING:
-    from ddops.bench.runs import FollowEvent, HostRun
+    from ddops.bench.runs import HostRun
+    from ddops.tasks.bench import FollowEvent
     from ddops.fleet import HostResult
     from ddops.inventory import Host, Inventory
 
@@ -67,7 +68,8 @@ def run(ctx: typer.Context,
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
-    from ddops.bench.launch import check_task, launch_task, load_plan
+    from ddops.bench.preflight import load_plan
+    from ddops.tasks.bench import check_task, launch_task
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
     st = state(ctx)
@@ -182,7 +184,7 @@ class FollowView:
             self.progress = None
 
     def handle(self, event: "FollowEvent") -> None:
-        from ddops.bench.runs import LogText
+        from ddops.tasks.bench import LogText
 
         if isinstance(event, LogText):
             self._text(event.host, event.text)
@@ -248,7 +250,7 @@ class FollowView:
 
 def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id: str, *, logs: bool = True) -> int:
     """Follow a run until every host is done; Ctrl-C detaches (exit 130) and leaves the runs going."""
-    from ddops.bench.runs import Follower
+    from ddops.tasks.bench import Follower
 
     connector = st.connector(inventory)
     follower = Follower(hosts, run_id, connector.connect, interval=1.0, logs=logs)
@@ -312,7 +314,7 @@ def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None
 def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
     """Per array task of each Slurm run: Slurm's state (PENDING with its reason, RUNNING on a node, exit codes), the
     node and the GPU ids the task was given."""
-    from ddops.bench.slurm_exec import describe_task
+    from ddops.tasks.slurm import describe_task
 
     rows = [(run, rec) for run in runs for rec in run.runs if rec.slurm]
     if not rows:
@@ -338,7 +340,8 @@ def status(ctx: typer.Context,
            host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import resolve_run_id, results_root, status_task
+    from ddops.bench.runs import resolve_run_id, results_root
+    from ddops.tasks.bench import status_task
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -378,7 +381,8 @@ def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
          follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
          results_dir: ResultsDirOpt = None) -> None:
     """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
-    from ddops.bench.runs import check_run_id, read_logs, results_root
+    from ddops.bench.runs import check_run_id, results_root
+    from ddops.tasks.bench import read_logs
 
     st = state(ctx)
     rid = check_run_id(run_id)
@@ -425,9 +429,10 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
                                                            "task (repeatable).", show_default=False)] = None) -> None:
     """End every process of the run on each host (and all they started) and record it as stopped; a Slurm run's
     job (or only --task N of its array) is scancel'ed."""
-    from ddops.bench.launch import actor
-    from ddops.bench.runs import check_run_id, results_root, stop_task
-    from ddops.bench.slurm_exec import check_tasks_option
+    from ddops.bench.runs import check_run_id, results_root
+    from ddops.tasks.base import default_actor
+    from ddops.tasks.bench import stop_task
+    from ddops.tasks.slurm import check_tasks_option
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -436,7 +441,8 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
     if not yes and sys.stdin.isatty() and not st.json:
         typer.confirm(f"stop run {rid} on {len(chosen)} host(s)?", abort=True)
     check_tasks_option(chosen, task or [])
-    results = fleet_run(st, inventory, chosen, stop_task(rid, actor(), grace, task or []), title=f"bench stop {rid}")
+    results = fleet_run(st, inventory, chosen, stop_task(rid, default_actor(), grace, task or []),
+                        title=f"bench stop {rid}")
     emit_json("bench stop", results, {"run_id": rid}) if st.json else recap(results)
     finish(results)
 
@@ -445,7 +451,7 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
 def list_runs(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
               limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
     """Every bench run found on the hosts (all inventory hosts when none is selected), newest first."""
-    from ddops.bench.runs import list_task
+    from ddops.tasks.bench import list_task
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -486,7 +492,8 @@ def collect(ctx: typer.Context,
             host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
             json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
-    from ddops.bench.collect import collect_task, write_manifest
+    from ddops.bench.collect import write_manifest
+    from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.bench.runs import resolve_run_id, results_root
 
     st = state(ctx)
@@ -495,7 +502,7 @@ def collect(ctx: typer.Context,
     rid = resolve_run_id(root, run_id)
     inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
     results = fleet_run(st, inventory, chosen, collect_task(rid, root), title=f"bench collect {rid}", forks=forks)
-    manifest = write_manifest(root, rid, results)
+    manifest = write_manifest(root, rid, manifest_entries(results))
     if st.json:
         emit_json("bench collect", results, {"run_id": rid, "manifest": str(manifest)})
     else:

@@ -36,7 +36,7 @@ def exec_command(ctx: typer.Context, command: CommandArg = None, host: HostOpt =
                  sudo: SudoOpt = False, timeout: TimeoutOpt = None, grouped: GroupedOpt = False,
                  json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
     """Run one command on the selected hosts: output streamed per host, exit 1 when any host fails."""
-    from ddops.adhoc import ExecSpec, exec_host
+    from ddops.tasks.adhoc import ExecSpec, exec_host
     from ddops.fleet import run_fleet
 
     st = state(ctx)
@@ -76,7 +76,7 @@ class _LinePrinter:
 
 
 def _show_groups(results: Sequence[Any]) -> None:
-    from ddops.adhoc import group_outputs, outputs_of
+    from ddops.tasks.adhoc import group_outputs, outputs_of
 
     for g in group_outputs(outputs_of(results)):
         code = "timed out" if g.output.timed_out else f"exit {g.output.exit_code}"

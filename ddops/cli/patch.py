@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
-    from ddops.playbook import load_playbooks
+    from ddops.patching.playbook import load_playbooks
 
     chosen = list(names or st.load_inventory().patches)
     if not chosen:
@@ -43,7 +43,8 @@ def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = Non
           all_: AllOpt = False, limit: LimitOpt = None, check: CheckOpt = False, diff: DiffOpt = False,
           json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
-    from ddops.patching.deploy import make_planner, patch_host
+    from ddops.patching.snapshot import make_planner
+    from ddops.tasks.patch import patch_host
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -88,7 +89,7 @@ def show_diffs(results: Sequence[Any]) -> None:
 def verify(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
            all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
     """Run the playbooks' checks and print what matched, like grep."""
-    from ddops.patching.deploy import verify_host
+    from ddops.tasks.patch import verify_host
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -117,7 +118,7 @@ def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = 
              all_: AllOpt = False, limit: LimitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
              json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
-    from ddops.patching.deploy import rollback_host
+    from ddops.tasks.patch import rollback_host
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -125,8 +126,8 @@ def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = 
     inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
     patch_ids = None
     if playbook:
-        from ddops.patching.deploy import all_patches
-        from ddops.playbook import load_playbooks
+        from ddops.patching.snapshot import all_patches
+        from ddops.patching.playbook import load_playbooks
 
         patch_ids = [p.id for p in all_patches(load_playbooks(playbook))]
     if everywhere and not yes and sys.stdin.isatty() and not st.json:
@@ -146,7 +147,8 @@ def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = 
 def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
            all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
     """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
-    from ddops.patching.deploy import make_planner, status_host
+    from ddops.patching.snapshot import make_planner
+    from ddops.tasks.patch import status_host
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -154,7 +156,7 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
     inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
     if not (playbook or inventory.patches):
         # No playbook to plan against: show what each host's journal holds, as rollback reads it.
-        from ddops.patching.journal_status import journal_status_host
+        from ddops.tasks.journal_status import journal_status_host
 
         books, task = [], journal_status_host
     else:
@@ -194,10 +196,8 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
 
 def _pin(host: Any, commit: str | None) -> str:
     """Whether the host's commit matches its pin (the sync module knows the rules)."""
-    try:
-        from ddops.sync import pin_state
-    except ImportError:
-        return ""
+    from ddops.tasks.sync import pin_state
+
     try:
         return pin_state(host, commit)
     except Exception:  # noqa: BLE001 - a status table must still render

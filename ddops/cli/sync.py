@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
 
 def _run(ctx: typer.Context, command: str, host: Any, group: Any, all_: bool, limit: Any, json_out: bool,
          forks: Any, **options: Any) -> None:
-    from ddops.sync import SyncOptions, prepare_sync
+    from ddops.tasks.sync import SyncOptions, prepare_sync
 
     st = state(ctx)
     st.json = st.json or json_out
@@ -70,7 +70,7 @@ def _commit(key: str):
 
 
 def _moved(r: Any) -> str:
-    from ddops.sync import human_size
+    from ddops.tasks.sync import human_size
 
     data = _sync_data(r)
     return human_size(data["bytes_moved"]) if "bytes_moved" in data else ""

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from ddops.playbook import CheckSpec
+from ddops.patching.playbook import CheckSpec
 
 Match = tuple[int, str]  # (1-based line number, the line without its line ending)
 

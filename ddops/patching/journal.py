@@ -13,15 +13,23 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ddops.errors import DdopsError
+from ddops.patching.kinds import PatchState
+from ddops.strenum import StrEnum
 
 APPLY, ROLLBACK, REVERT, SAVE_FOREIGN = "apply", "rollback", "revert", "save-foreign"
 EVENTS = (APPLY, ROLLBACK, REVERT, SAVE_FOREIGN)
 WRITING_EVENTS = (APPLY, ROLLBACK, REVERT)
 
-# What the journal says of a (patch, file), next to the plan's state (see kinds.STATES).
-NOT_APPLIED = "not-applied"  # ddops has no active application: the plan decides pending / applied / drifted
-JOURNAL_APPLIED = "applied"  # applied by ddops and the file is as ddops left it
-MODIFIED = "modified"        # applied by ddops, and the file changed since ddops last wrote it
+
+class JournalState(StrEnum):
+    """What the journal says of a (patch, file), next to the plan's state (see kinds.PatchState)."""
+
+    NOT_APPLIED = "not-applied"  # ddops has no active application: the plan decides pending / applied / drifted
+    APPLIED = "applied"          # applied by ddops and the file is as ddops left it
+    MODIFIED = "modified"        # applied by ddops, and the file changed since ddops last wrote it
+
+
+NOT_APPLIED, JOURNAL_APPLIED, MODIFIED = JournalState.NOT_APPLIED, JournalState.APPLIED, JournalState.MODIFIED
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,7 @@ def _last_written_by_file(entries: Sequence[JournalEntry]) -> dict[str, str]:
 
 
 def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str, file: str,
-                current_sha: str | None) -> str:
+                current_sha: str | None) -> JournalState:
     """NOT_APPLIED, JOURNAL_APPLIED, or MODIFIED (ddops applied it; the file's sha is not what ddops last wrote)."""
     entries = parse_journal(journal)
     if not any(a.patch == patch and a.file == file for a in active_applications(entries)):
@@ -108,9 +116,9 @@ def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str,
     return JOURNAL_APPLIED if current_sha == last_written(entries, file) else MODIFIED
 
 
-def effective_state(plan_state: str, journal_state: str) -> str:
+def effective_state(plan_state: PatchState, journal_state: JournalState) -> PatchState:
     """The state to report: MODIFIED from the journal wins over what the plan sees in the content."""
-    return MODIFIED if journal_state == MODIFIED else plan_state
+    return PatchState.MODIFIED if journal_state == MODIFIED else PatchState(plan_state)
 
 
 def modified_files(journal: Iterable[Mapping[str, Any] | JournalEntry],

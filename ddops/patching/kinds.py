@@ -9,17 +9,27 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-# Outcome states of one patch on one file (the plan's view; `modified` comes from the journal, see journal.py).
-PENDING = "pending"      # every expected site found in its unpatched form: applying changes the file
-APPLIED = "applied"      # every expected site already in its patched form: nothing to do
-PARTIAL = "partial"      # the expected sites are all there, some patched and some not: applying patches the rest
-DRIFTED = "drifted"      # fewer sites than expected (0 = the anchor is gone): upstream changed, nothing is written
-AMBIGUOUS = "ambiguous"  # more sites than expected: refusing to guess which one was meant
-ERROR = "error"          # the file cannot be read as the transform needs (syntax error, not UTF-8)
-BLOCKED = "blocked"      # a patch it `requires` did not apply cleanly to this file
-STATES = (PENDING, APPLIED, PARTIAL, DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
+from ddops.strenum import StrEnum
+
+
+class PatchState(StrEnum):
+    """The state of one patch on one file (the plan's view), or on a host (`modified` then comes from the journal)."""
+
+    PENDING = "pending"      # every expected site found in its unpatched form: applying changes the file
+    APPLIED = "applied"      # every expected site already in its patched form: nothing to do
+    PARTIAL = "partial"      # the expected sites are all there, some patched and some not: applying patches the rest
+    DRIFTED = "drifted"      # fewer sites than expected (0 = the anchor is gone): upstream changed, nothing is written
+    AMBIGUOUS = "ambiguous"  # more sites than expected: refusing to guess which one was meant
+    ERROR = "error"          # the file cannot be read as the transform needs (syntax error, not UTF-8)
+    BLOCKED = "blocked"      # a patch it `requires` did not apply cleanly to this file
+    MODIFIED = "modified"    # ddops applied it and the file changed since ddops last wrote it (journal.py)
+
+
+PENDING, APPLIED, PARTIAL, DRIFTED = PatchState.PENDING, PatchState.APPLIED, PatchState.PARTIAL, PatchState.DRIFTED
+AMBIGUOUS, ERROR, BLOCKED = PatchState.AMBIGUOUS, PatchState.ERROR, PatchState.BLOCKED
+STATES = (PENDING, APPLIED, PARTIAL, DRIFTED, AMBIGUOUS, ERROR, BLOCKED)  # what a plan can find in a file
 CHANGING_STATES = (PENDING, PARTIAL)
 FAILED_STATES = (DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
 
@@ -175,6 +185,3 @@ def syntax_problem(text: str, syntax: str) -> str | None:
     return None
 
 
-def describe_kinds() -> Mapping[str, Mapping[str, Param]]:
-    """The transform kinds and their params (for docs and `did you mean`)."""
-    return TRANSFORM_KINDS

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from ddops.cache import cache_root
 from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
                                   Outcome)
-from ddops.playbook import Patch, fingerprint
+from ddops.patching.playbook import Patch, fingerprint
 
 if TYPE_CHECKING:
     import libcst as cst

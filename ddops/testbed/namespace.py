@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ddops.errors import TestbedError
-from ddops.testbed.common import Testbed, TestbedHost, accepting, host_key_path, make_key, run_tool
+from ddops.testbed.common import Testbed, TestbedHost, accepting, host_key_path, make_key
 
 MINIMAL_BASHRC = "# ddops testbed: a minimal rc file, so that no pyenv init runs before every ssh command\n"
 # sshd runs the user's shell, which sources ~/.bashrc over ssh; bind-mounted so only the host namespace sees it.

@@ -281,7 +281,7 @@ def write_plan(tmp_path: Path, text: str) -> "BenchPlan":
 def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_why(bed, host, tmp_path):
     from dataclasses import replace
 
-    from ddops.bench.launch import launch_task
+    from ddops.tasks.bench import launch_task
     from ddops.fleet import run_fleet
 
     inv = load_inventory(bed.inventory_path)
@@ -305,7 +305,8 @@ def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_w
 
 
 def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, host, connect, tmp_path):
-    from ddops.bench.collect import collect_task, write_manifest
+    from ddops.bench.collect import write_manifest
+    from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.fleet import run_fleet
 
     session = connect()
@@ -319,7 +320,7 @@ def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, hos
     assert result.status == "failed" and "refused: link.pt" in result.message
     assert sorted(p.name for p in (root / "r-collect" / "host1").iterdir()) == ["a.pt"]
     assert (root / "r-collect" / "host1" / "a.pt").read_text() == "abc"
-    manifest = json.loads(write_manifest(root, "r-collect", [result]).read_text())
+    manifest = json.loads(write_manifest(root, "r-collect", manifest_entries([result])).read_text())
     entry = manifest["hosts"]["host1"]
     assert entry["files"] == [{"path": "a.pt", "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
                                "size": 3}]
@@ -327,7 +328,7 @@ def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, hos
 
 
 def test_follow_rides_out_the_host_going_away_and_the_run_keeps_going(bed, host, connect):
-    from ddops.bench.runs import Follower, HostUpdate, LogText
+    from ddops.tasks.bench import Follower, HostUpdate, LogText
 
     session = connect()
     launch(session, host, "r-away", "echo before; sleep 3; echo after")

@@ -16,7 +16,7 @@ import pytest
 
 from ddops.fleet import run_fleet
 from ddops.inventory import load_inventory
-from ddops.sync import SyncOptions, prepare_sync
+from ddops.tasks.sync import SyncOptions, prepare_sync
 from ddops.transport import Connector
 from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, run_ddops
 
@@ -187,7 +187,6 @@ def test_a_non_git_directory_at_the_repo_path_is_left_alone(make_testbed, upstre
 
 
 def test_deploy_takes_three_empty_hosts_to_patched_and_verified(make_testbed, upstream):
-    pytest.importorskip("ddops.patching.deploy")
     bed = make_testbed(3)
     inventory = pin(bed, upstream["url"], "main", patches=["hybrid-cache"])
     proc = run_ddops("deploy", "--all", inventory=inventory)
@@ -203,7 +202,6 @@ def test_deploy_takes_three_empty_hosts_to_patched_and_verified(make_testbed, up
 
 
 def test_moving_the_pin_rolls_patches_back_moves_and_reapplies_them(make_testbed, upstream):
-    pytest.importorskip("ddops.patching.deploy")
     bed = make_testbed(1)
     inventory = pin(bed, upstream["url"], "main", patches=["hybrid-cache"])
     assert run_ddops("deploy", "--all", inventory=inventory).returncode == 0

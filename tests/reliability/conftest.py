@@ -33,14 +33,14 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def books() -> list[Any]:
-    from ddops.playbook import load_playbooks
+    from ddops.patching.playbook import load_playbooks
 
     return load_playbooks(list(PLAYBOOKS))
 
 
 @pytest.fixture(scope="session")
 def planner() -> Any:
-    from ddops.patching.deploy import make_planner
+    from ddops.patching.snapshot import make_planner
 
     return make_planner()
 
@@ -48,7 +48,7 @@ def planner() -> Any:
 @pytest.fixture(scope="session")
 def patched(seed: Path, books: list[Any], planner: Any) -> dict[str, bytes]:
     """Each target file with every built-in patch applied: the only 'new' a file may hold."""
-    from ddops.patching.deploy import all_patches
+    from ddops.patching.snapshot import all_patches
 
     plan = planner.plan_host(all_patches(books), {f: (seed / f).read_bytes() for f in FILES})
     assert all(f.changed for f in plan.files)
@@ -100,20 +100,20 @@ class Fleet:
 
     def patch(self, *names: str, hosts: Sequence[Any] | None = None, wrap: Any = None,
               **kwargs: Any) -> dict[str, Any]:
-        from ddops.patching.deploy import patch_host
+        from ddops.tasks.patch import patch_host
 
         kwargs.setdefault("lock_timeout", LOCK_TIMEOUT)
         return self.run(lambda h, s: patch_host(h, s, self.books, planner=self.planner, **kwargs),
                         hosts or self.hosts(*names), wrap)
 
     def rollback(self, *names: str, hosts: Sequence[Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        from ddops.patching.deploy import rollback_host
+        from ddops.tasks.patch import rollback_host
 
         kwargs.setdefault("lock_timeout", LOCK_TIMEOUT)
         return self.run(lambda h, s: rollback_host(h, s, **kwargs), hosts or self.hosts(*names))
 
     def status(self, *names: str, hosts: Sequence[Any] | None = None) -> dict[str, Any]:
-        from ddops.patching.deploy import status_host
+        from ddops.tasks.patch import status_host
 
         return self.run(lambda h, s: status_host(h, s, self.books, planner=self.planner), hosts or self.hosts(*names))
 
@@ -164,7 +164,7 @@ class Fleet:
         """On each host: every file fully old or fully new; the journal (as the agent reports it) agrees with the
         files; each patched file's original is backed up intact; `status` tells the truth. Returns file states."""
         from ddops.fleet import TaskOutcome
-        from ddops.patching.deploy import status_host
+        from ddops.tasks.patch import status_host
 
         def look(host: Any, session: Any) -> Any:
             journal = session.call_agent("journal", {"repo": host.repo})

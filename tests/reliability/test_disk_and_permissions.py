@@ -183,7 +183,7 @@ def test_a_repo_the_agent_may_not_write_in_is_a_clear_error_naming_the_path(perm
 
 
 def test_mode_and_owner_survive_patch_rollback_and_a_revert_and_state_stays_private_under_umask_000(perm, tmp_path):
-    from ddops.playbook import load_playbooks
+    from ddops.patching.playbook import load_playbooks
 
     perm.reset()
     repo = perm.repo("host1")
@@ -215,7 +215,7 @@ def test_mode_and_owner_survive_patch_rollback_and_a_revert_and_state_stays_priv
                        "    transform: {kind: text_replace, old: 'import torch', new: 'import torch  # x'}\n"
                        "    checks: [{kind: command, run: 'exit 3'}]\n")
     books = load_playbooks([str(failing)])
-    from ddops.patching.deploy import patch_host
+    from ddops.tasks.patch import patch_host
 
     result = perm.run(lambda h, s: patch_host(h, s, books, planner=perm.planner, lock_timeout=5), [host])["host1"]
     assert result.status == "failed" and "originals restored" in result.message, result.message

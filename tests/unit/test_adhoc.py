@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ddops.adhoc import (ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of, remote_command,
+from ddops.tasks.adhoc import (ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of, remote_command,
                          sudo_refusal, timed_out)
 from ddops.errors import UsageError
 from ddops.inventory import Host

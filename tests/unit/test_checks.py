@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddops.patching.checks import host_checks, run_checks
-from ddops.playbook import CheckSpec
+from ddops.patching.playbook import CheckSpec
 
 BEFORE = b"import torch\n\ncache = DynamicCache()\ndraft = DynamicCache()\n"
 AFTER = b"import torch\n\ncache = DynamicCache(config=cfg)\ndraft = DynamicCache()\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddops.errors import EXIT_HOST_FAILED, EXIT_USAGE, AgentError, InventoryError, TransportError, UsageError, exit_code_for
+from ddops.errors import EXIT_HOST_FAILED, EXIT_USAGE, AgentError, InventoryError, TransportError, UsageError
 from ddops.inventory import Selection, load_inventory, matches_limit, select
 from ddops.sshconfig import parse_ssh_config
 
@@ -211,11 +211,10 @@ def test_matches_limit_on_groups(inv):
 # --- exit codes and ssh_config ---------------------------------------------------------------------------------
 
 def test_exit_code_table():
-    assert exit_code_for(InventoryError("x")) == EXIT_USAGE == 2
-    assert exit_code_for(UsageError("x")) == 2
-    assert exit_code_for(TransportError("x")) == EXIT_HOST_FAILED == 1
-    assert exit_code_for(AgentError("x")) == 1
-    assert exit_code_for(RuntimeError("x")) == 1
+    assert InventoryError("x").exit_code == EXIT_USAGE == 2
+    assert UsageError("x").exit_code == 2
+    assert TransportError("x").exit_code == EXIT_HOST_FAILED == 1
+    assert AgentError("x").exit_code == 1
 
 
 def test_ssh_config_first_value_wins_and_negation():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddops.patching.journal_status import applied_patches
+from ddops.tasks.journal_status import applied_patches
 
 A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
 

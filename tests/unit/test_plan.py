@@ -11,9 +11,14 @@ from types import MappingProxyType
 
 from ddops.patching.kinds import APPLIED, BLOCKED, DRIFTED, ERROR, PENDING
 from ddops.patching.plan import DiffGroup, FilePlan, Planner, group_diffs, plan_file, unified_diff
-from ddops.playbook import Patch, TransformSpec, load_playbook
+from ddops.patching.playbook import Patch, TransformSpec, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
+
+def patches_for(book, path: str) -> tuple:
+    """The playbook's patches that touch path, in application order."""
+    return tuple(p for p in book.patches if path in p.files)
+
 
 
 def patch(pid: str, kind: str, files=("m.py",), requires=(), expect=1, **params) -> Patch:
@@ -84,18 +89,18 @@ def test_planner_transforms_each_distinct_content_once_for_many_hosts():
     planner = Planner()
     book = load_playbook("hybrid-cache")
     source = (FIXTURES / "before" / "ddtree.py").read_bytes()
-    plans = [planner.plan_file("ddtree.py", source, book.patches_for("ddtree.py")) for _ in range(40)]
+    plans = [planner.plan_file("ddtree.py", source, patches_for(book, "ddtree.py")) for _ in range(40)]
     assert (planner.cache_misses, planner.cache_hits) == (1, 39)
     assert all(p is plans[0] for p in plans)
-    planner.plan_file("ddtree.py", plans[0].new, book.patches_for("ddtree.py"))  # another commit
-    planner.plan_file("ddtree.py", source, load_playbook("crop-relative").patches_for("ddtree.py"))  # other patches
+    planner.plan_file("ddtree.py", plans[0].new, patches_for(book, "ddtree.py"))  # another commit
+    planner.plan_file("ddtree.py", source, patches_for(load_playbook("crop-relative"), "ddtree.py"))  # other patches
     assert (planner.cache_misses, planner.cache_hits) == (3, 39)
 
 
 def test_planner_threads_asking_for_the_same_content_share_one_transform():
     planner = Planner()
     source = (FIXTURES / "before" / "dflash.py").read_bytes()
-    patches = load_playbook("crop-relative").patches_for("dflash.py")
+    patches = patches_for(load_playbook("crop-relative"), "dflash.py")
     barrier = threading.Barrier(16)
     results: list[FilePlan] = []
 
@@ -150,7 +155,7 @@ FIXTURES_FOR_DISK = Path(__file__).resolve().parents[2] / "examples" / "mini-ddt
 # --- the on-disk plan cache ---------------------------------------------------------------------------------------
 
 def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
-    from ddops.playbook import load_playbook
+    from ddops.patching.playbook import load_playbook
 
     patches = load_playbook("hybrid-cache").patches
     source = (FIXTURES_FOR_DISK / "ddtree.py").read_bytes() if FIXTURES_FOR_DISK.exists() else None
@@ -166,7 +171,7 @@ def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
 
 
 def test_corrupt_disk_cache_entry_is_recomputed(tmp_path):
-    from ddops.playbook import load_playbook
+    from ddops.patching.playbook import load_playbook
 
     patches = load_playbook("hybrid-cache").patches
     source = (FIXTURES_FOR_DISK / "dflash.py").read_bytes()
@@ -185,7 +190,7 @@ def test_a_rerun_served_from_disk_never_imports_libcst(tmp_path):
     script = f"""
 import sys
 from pathlib import Path
-from ddops.playbook import load_playbook
+from ddops.patching.playbook import load_playbook
 from ddops.patching.plan import Planner
 patches = load_playbook("hybrid-cache").patches
 source = Path({str(FIXTURES_FOR_DISK / "ddtree.py")!r}).read_bytes()

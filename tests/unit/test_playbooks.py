@@ -13,12 +13,17 @@ from ddops.errors import PlaybookError
 from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
-from ddops.playbook import BUILTIN_DIR, PatchPlaybook, list_playbooks, load_playbook
+from ddops.patching.playbook import BUILTIN_DIR, PatchPlaybook, list_playbooks, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
 REPO = Path(__file__).resolve().parents[2]
 MINI = REPO / "examples" / "mini-ddtree"
 BUILTINS = ["hybrid-cache", "crop-relative", "cpu-timing"]
+
+def patches_for(book, path: str) -> tuple:
+    """The playbook's patches that touch path, in application order."""
+    return tuple(p for p in book.patches if path in p.files)
+
 
 
 def write(tmp_path: Path, text: str, name: str = "pb.yaml") -> Path:
@@ -60,10 +65,10 @@ def test_builtin_playbook_turns_the_before_fixture_into_the_after_fixture_and_th
     for path in book.files:
         before = (FIXTURES / "before" / path).read_bytes()
         expected = (FIXTURES / "after" / name / path).read_bytes()
-        first = plan_file(path, before, book.patches_for(path))
+        first = plan_file(path, before, patches_for(book, path))
         assert [r.state for r in first.results] == [PENDING] * len(first.results), first.results
         assert first.new == expected
-        second = plan_file(path, first.new, book.patches_for(path))
+        second = plan_file(path, first.new, patches_for(book, path))
         assert [r.state for r in second.results] == [APPLIED] * len(second.results), second.results
         assert second.new == first.new and not second.changed and second.diff == ""
 
@@ -74,10 +79,10 @@ def test_builtin_playbook_checks_pass_after_the_patch_and_catch_the_unpatched_fi
     for path in book.files:
         before = (FIXTURES / "before" / path).read_bytes()
         after = (FIXTURES / "after" / name / path).read_bytes()
-        for patch in book.patches_for(path):
+        for patch in patches_for(book, path):
             results = run_checks(path, before, after, patch.checks)
             assert results and all(r.ok for r in results), [(r.name, r.message) for r in results if not r.ok]
-        unpatched = [r for p in book.patches_for(path) for r in run_checks(path, before, before, p.checks)]
+        unpatched = [r for p in patches_for(book, path) for r in run_checks(path, before, before, p.checks)]
         assert not all(r.ok for r in unpatched)
 
 
@@ -109,11 +114,11 @@ def test_crop_recording_makes_the_target_cache_record_past_states_and_leaves_the
                                 '        past_key_values_target.activate_past_recording()\n')
         assert recording > draft
         assert "past_key_values_draft.activate_past_recording" not in after
-        assert plan_file(path, after.encode(), book.patches_for(path)).results[-1].state == APPLIED
+        assert plan_file(path, after.encode(), patches_for(book, path)).results[-1].state == APPLIED
 
 
 def test_all_builtin_playbooks_compose_on_the_same_file():
-    patches = [p for name in BUILTINS for p in load_playbook(name).patches_for("dflash.py")]
+    patches = [p for name in BUILTINS for p in patches_for(load_playbook(name), "dflash.py")]
     before = (FIXTURES / "before" / "dflash.py").read_bytes()
     plan = plan_file("dflash.py", before, patches)
     assert [r.state for r in plan.results] == [PENDING] * 5
@@ -208,11 +213,11 @@ def test_builtin_playbook_applies_to_mini_ddtree_once(name):
     book = load_playbook(name)
     for path in book.files:
         source = (MINI / path).read_bytes()
-        first = plan_file(path, source, book.patches_for(path))
+        first = plan_file(path, source, patches_for(book, path))
         assert {r.state for r in first.results} == {PENDING}, [r.message for r in first.results]
-        for patch in book.patches_for(path):
+        for patch in patches_for(book, path):
             assert all(r.ok for r in run_checks(path, source, first.new, patch.checks))
-        second = plan_file(path, first.new, book.patches_for(path))
+        second = plan_file(path, first.new, patches_for(book, path))
         assert {r.state for r in second.results} == {APPLIED}
         assert second.new == first.new
 
@@ -324,5 +329,5 @@ def test_a_bench_plan_is_not_taken_for_a_patch_playbook(tmp_path):
 
 
 def test_the_playbook_module_does_not_import_libcst():
-    code = "import sys, ddops.playbook; sys.exit('libcst' in sys.modules)"
+    code = "import sys, ddops.patching.playbook; sys.exit('libcst' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from ddops.bench.report import Labeled, build_report, report_columns, to_csv, to_json, to_markdown
-from ddops.bench.results import MethodSummary, summarize_file
+from ddops.bench.results import summarize_file
+from ddops.bench.summary import MethodSummary
 from ddops.bench.summarize_vllm import summarize_vllm
 
 

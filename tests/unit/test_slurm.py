@@ -10,7 +10,7 @@ import pytest
 
 from ddops.bench.slurm import (SlurmOptions, SlurmQuery, batch_script, build_state, run_status, sbatch_args,
                                task_states)
-from ddops.bench.slurm_exec import gres_gpus
+from ddops.tasks.slurm import gres_gpus
 from ddops.errors import InventoryError
 from ddops.inventory import load_inventory
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import Host
-from ddops.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError, classify_dirty,
-                        make_bundle, pick_ref, pin_state, resolve_pin)
+from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError,
+                              classify_dirty, make_bundle, pick_ref, pin_state, resolve_pin)
 from ddops.transport.agent import BOOTSTRAP, agent_source, remote_dir
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -300,22 +300,10 @@ def test_agent_sync_extension_shares_no_global_name_with_other_agent_files():
             assert not mine & names(other), f"agent_sync.py redefines {mine & names(other)} from {other.name}"
 
 
-def test_pin_report_resolves_each_branch_pin_once_for_the_status_command(upstream):
-    from ddops.sync import pin_report
-
-    hosts = [Host(name=n, address=n, repo_url=upstream["url"], commit="main") for n in ("h1", "h2")]
-    hosts.append(Host(name="h3", address="h3"))
-    report = pin_report(hosts, {"h1": upstream["second"], "h2": upstream["first"], "h3": upstream["first"]})
-    assert report["h1"].state == PIN_AT and report["h1"].commit == upstream["second"]
-    assert report["h2"].state == PIN_OFF
-    assert report["h3"].state == PIN_NONE
-    assert report["h1"].to_json()["head"] == upstream["second"]
-
-
 def test_bad_sync_options_are_usage_errors(tmp_path):
     from ddops.errors import UsageError
     from ddops.inventory import Inventory
-    from ddops.sync import SyncOptions, prepare_sync
+    from ddops.tasks.sync import SyncOptions, prepare_sync
 
     inventory = Inventory(path="inventory.yaml", hosts=(Host(name="h", address="h", commit="a" * 40),))
     with pytest.raises(UsageError, match="--mode"):

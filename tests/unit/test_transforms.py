@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 from ddops.patching.kinds import AMBIGUOUS, APPLIED, DRIFTED, ERROR, PARTIAL, PENDING, Outcome
 from ddops.patching.plan import plan_file
-from ddops.playbook import Patch, TransformSpec
+from ddops.patching.playbook import Patch, TransformSpec
 
 
 def run(kind: str, source: str | bytes, expect: int = 1, path: str = "m.py", **params) -> tuple[Outcome, bytes]:

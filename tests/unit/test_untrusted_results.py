@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddops.bench.results import ResultFileError, load_result_json, load_result_pt, read_limited, summarize_file
+from ddops.bench.results import load_result_json, load_result_pt, read_limited, summarize_file
+from ddops.bench.summary import ResultFileError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,22 +8,25 @@ inspect → [save foreign edits] → [fetch, roll ddops' patches back] → check
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import os
 import re
 import secrets
-import socket
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import ddops
 from ddops.errors import AgentError, DdopsError, UsageError
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
+from ddops.patching.playbook import load_playbooks
+from ddops.patching.snapshot import make_planner
+from ddops.strenum import StrEnum
+from ddops.tasks.base import AgentSession, default_actor
+from ddops.tasks.patch import patch_host, rollback_host, verify_host
 
 if TYPE_CHECKING:
     from ddops.inventory import Host, Inventory
@@ -34,12 +37,18 @@ SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,64}$")
 LOCAL_GIT_TIMEOUT = 60.0
 BUNDLE_REF = "refs/ddops/sync"
 
-# What `ddops status` shows for a host's checkout against its pin.
-PIN_AT = "at-pin"            # HEAD is the pinned commit
-PIN_OFF = "off-pin"          # HEAD is another commit
-PIN_NONE = "no-pin"          # the inventory pins no commit for this host
-PIN_NO_REPO = "no-repo"      # no git checkout (or no commit) at the host's repo path
-PIN_UNRESOLVED = "unresolved"  # the pin is a branch or tag that could not be resolved
+
+class PinState(StrEnum):
+    """What `ddops status` shows for a host's checkout against its pin."""
+
+    AT = "at-pin"            # HEAD is the pinned commit
+    OFF = "off-pin"          # HEAD is another commit
+    NONE = "no-pin"          # the inventory pins no commit for this host
+    NO_REPO = "no-repo"      # no git checkout (or no commit) at the host's repo path
+    UNRESOLVED = "unresolved"  # the pin is a branch or tag that could not be resolved
+
+
+PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED = PinState
 
 
 class SyncError(DdopsError):
@@ -93,20 +102,6 @@ class Bundle:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class PinStatus:
-    """One host's checkout against its pin, for `ddops status`."""
-
-    pin: str | None
-    commit: str | None
-    head: str | None
-    state: str
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pin": self.pin, "commit": self.commit, "head": self.head, "state": self.state, "error": self.error}
-
-
 # -- pure helpers ---------------------------------------------------------------------------------------------
 
 
@@ -116,14 +111,6 @@ def is_commit_id(text: str | None) -> bool:
 
 def short(commit: str | None) -> str:
     return commit[:12] if commit else "nothing"
-
-
-def default_actor() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry: still say who
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def pick_ref(ls_remote: str, rev: str) -> str | None:
@@ -161,7 +148,7 @@ def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
     return DirtyReport(patched, tuple(foreign))
 
 
-def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None) -> str:
+def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None) -> PinState:
     """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
 
     `resolved` is the commit a branch or tag pin names (see resolve_pins); a full sha pin needs none.
@@ -176,20 +163,6 @@ def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None
             return PIN_AT
         return PIN_UNRESOLVED
     return PIN_AT if head_commit == pinned else PIN_OFF
-
-
-def pin_report(hosts: Sequence["Host"], heads: Mapping[str, str | None], *, from_clone: str | None = None,
-               resolve: bool = True) -> dict[str, PinStatus]:
-    """Each host's checkout against its pin (for `ddops status`); branch and tag pins resolved once each."""
-    pins = resolve_pins(hosts, from_clone=from_clone) if resolve else {}
-    out = {}
-    for host in hosts:
-        pin = pins.get(_pin_key(host.repo_url, host.commit))
-        head = heads.get(host.name)
-        resolved = pin.commit if pin else None
-        out[host.name] = PinStatus(host.commit, resolved or (host.commit if is_commit_id(host.commit) else None),
-                                   head, pin_state(host, head, resolved), pin.error if pin else None)
-    return out
 
 
 # -- local git (the controller side) --------------------------------------------------------------------------
@@ -355,12 +328,11 @@ class SyncRun:
     """Everything a sync or deploy run shares across hosts: resolved pins, bundles, playbooks, the planner."""
 
     def __init__(self, options: SyncOptions, pins: Mapping[tuple[str | None, str | None], Pin],
-                 patches: Sequence[str] = (), load_playbooks: Callable[[Sequence[str]], Any] | None = None) -> None:
+                 patches: Sequence[str] = ()) -> None:
         self.options = options
         self.pins = dict(pins)
         self.patches = tuple(patches)
         self.bundles = Bundles(options.from_clone)
-        self._load_playbooks = load_playbooks
         self._lock = threading.Lock()
         self._playbooks: Any = None
         self._planner: Any = None
@@ -386,32 +358,22 @@ class SyncRun:
     def fetch_timeout(self, host: "Host") -> float:
         return self.options.fetch_timeout or host.command_timeout
 
-    def deploy_layer(self) -> Any:
-        try:
-            from ddops.patching import deploy
-        except ImportError as exc:
-            raise DdopsError(f"patch deploy layer unavailable: {exc}") from None
-        return deploy
-
     def playbooks(self) -> Any:
         with self._lock:
             if self._playbooks is None:
-                if self._load_playbooks is None:
-                    from ddops.playbook import load_playbooks
-                    self._load_playbooks = load_playbooks
-                self._playbooks = self._load_playbooks(list(self.patches))
+                self._playbooks = load_playbooks(list(self.patches))
             return self._playbooks
 
     def planner(self) -> Any:
         with self._lock:
             if self._planner is None:
-                self._planner = self.deploy_layer().make_planner()
+                self._planner = make_planner()
             return self._planner
 
-    def sync_task(self, host: "Host", session: Any) -> TaskOutcome:
+    def sync_task(self, host: "Host", session: AgentSession) -> TaskOutcome:
         return sync_host(host, session, self)
 
-    def deploy_task(self, host: "Host", session: Any) -> TaskOutcome:
+    def deploy_task(self, host: "Host", session: AgentSession) -> TaskOutcome:
         return deploy_host(host, session, self)
 
     def close(self) -> None:
@@ -424,8 +386,7 @@ class SyncRun:
         self.close()
 
 
-def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions,
-                 load_playbooks: Callable[[Sequence[str]], Any] | None = None) -> SyncRun:
+def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions) -> SyncRun:
     """Check the options, resolve every pin once, and return the run to hand to the fleet."""
     if options.mode is not None and options.mode not in MODES:
         raise UsageError(f"--mode {options.mode}: must be one of {', '.join(MODES)}")
@@ -443,7 +404,7 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
     if not options.actor:
         options = replace(options, actor=default_actor())
     pins = resolve_pins(hosts, rev=options.rev, from_clone=options.from_clone)
-    run = SyncRun(options, pins, inventory.patches, load_playbooks)
+    run = SyncRun(options, pins, inventory.patches)
     if run.reapply:
         run.playbooks()  # a broken playbook is a usage error (exit 2) before any host is touched
     return run
@@ -469,7 +430,7 @@ def _agent_payload(host: "Host", run: SyncRun, commit: str, **extra: Any) -> dic
             "ddops_version": ddops.__version__, "fetch_timeout": run.fetch_timeout(host), **extra}
 
 
-def _bring_in(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, source: str | None,
+def _bring_in(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
               staging: str | None) -> dict[str, Any]:
     """Call sync_fetch / sync_checkout, uploading the run's bundle first in push mode; adds uploaded_bytes."""
     payload = _agent_payload(host, run, commit, source=source or "remote")
@@ -486,7 +447,7 @@ def _bring_in(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, 
     return {**result, "uploaded_bytes": uploaded}
 
 
-def _fetch_with_fallback(host: "Host", session: Any, run: SyncRun, verb: str, commit: str, source: str | None,
+def _fetch_with_fallback(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
                          info: Mapping[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """_bring_in, and in auto mode a failed fetch from the URL falls back to pushing a bundle."""
     try:
@@ -509,7 +470,7 @@ def _failed(message: str, data: dict[str, Any]) -> TaskOutcome:
     return TaskOutcome(FAILED, message, data)
 
 
-def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
+def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
     """Put host's repo at its pinned commit without losing anything on it; see the module docstring."""
     opts = run.options
     pin = run.pin_for(host)
@@ -547,7 +508,6 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
     if opts.check:
         return TaskOutcome(CHANGED, _check_message(before, commit, source, dirty, reapply, info, run, host), data)
 
-    deploy = run.deploy_layer() if patch_ids else None
     saved_note = ""
     if dirty.foreign:
         saved = session.call_agent("sync_save", {"repo": host.repo, "paths": list(dirty.foreign),
@@ -561,7 +521,7 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
         if source is not None:
             _fetch_with_fallback(host, session, run, "sync_fetch", commit, source, info, data)
             source = None
-        rolled = deploy.rollback_host(host, session, patch_ids, force=opts.force, actor=run.actor)
+        rolled = rollback_host(host, session, patch_ids, force=opts.force, actor=run.actor)
         if rolled.status in FAILING:
             return _failed(f"could not roll back {', '.join(patch_ids)} before moving (the checkout "
                            f"stays at {short(before)}): {rolled.message}{saved_note}", data)
@@ -571,7 +531,7 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
     except DdopsError as exc:
         message = f"moving to {short(commit)} failed: {exc}"
         if patch_ids and reapply:
-            again = deploy.patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
+            again = patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
             message += (f"; patches re-applied at {short(before)}" if again.status not in FAILING
                         else f"; re-applying patches at {short(before)} failed too: {again.message}")
         elif patch_ids:
@@ -589,7 +549,7 @@ def sync_host(host: "Host", session: Any, run: SyncRun, *, reapply: bool | None 
     if not reapply:
         return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", data)
     playbooks = run.playbooks()
-    again = deploy.patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
+    again = patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
     data["reapply"] = _step(again)
     if again.status in FAILING:
         return _failed(f"{moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
@@ -621,7 +581,7 @@ def _check_message(before: str | None, commit: str, source: str | None, dirty: D
     return "; ".join(parts)
 
 
-def deploy_host(host: "Host", session: Any, run: SyncRun) -> TaskOutcome:
+def deploy_host(host: "Host", session: AgentSession, run: SyncRun) -> TaskOutcome:
     """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
     synced = sync_host(host, session, run, reapply=False)
     data: dict[str, Any] = {"sync": synced.data, "patch": None, "verify": None}
@@ -631,9 +591,8 @@ def deploy_host(host: "Host", session: Any, run: SyncRun) -> TaskOutcome:
         return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch", data)
     if run.options.check and synced.status == CHANGED:
         return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", data)
-    deploy = run.deploy_layer()
     playbooks = run.playbooks()
-    patched = deploy.patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check,
+    patched = patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check,
                                 actor=run.actor)
     data["patch"] = _step(patched)
     if patched.status in FAILING:
@@ -641,8 +600,7 @@ def deploy_host(host: "Host", session: Any, run: SyncRun) -> TaskOutcome:
     status = CHANGED if CHANGED in (synced.status, patched.status) else OK
     if run.options.check:
         return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", data)
-    verify = getattr(deploy, "verify_host", None) or deploy.status_host
-    verified = verify(host, session, playbooks, planner=run.planner())
+    verified = verify_host(host, session, playbooks, planner=run.planner())
     data["verify"] = _step(verified)
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "

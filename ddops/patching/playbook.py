@@ -145,10 +145,6 @@ class PatchPlaybook:
                 seen.setdefault(f)
         return tuple(seen)
 
-    def patches_for(self, path: str) -> tuple[Patch, ...]:
-        """The patches that touch path, in application order."""
-        return tuple(p for p in self.patches if path in p.files)
-
 
 def builtin_dirs() -> tuple[Path, ...]:
     return (BUILTIN_DIR,)

@@ -1,17 +1,14 @@
 """Per-host patch, verify, rollback and status: snapshot (1 agent call), plan locally, commit (1 agent call).
 
-Each function is a fleet task body: `(host, session, ...) -> TaskOutcome`. The session only needs `call_agent`
-(and `run` for command checks in verify), so these are tested against the real agent on real sshd hosts.
+Each function is a fleet task body: `(host, session, ...) -> TaskOutcome`. The session is an AgentSession; what
+the plan means lives in ddops/patching/ (pure), so these functions only ask the host and act on the answer.
 """
 
 from __future__ import annotations
 
 import base64
-import getpass
 import shlex
-import socket
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ddops import __version__
 from ddops.errors import AgentError
@@ -19,141 +16,30 @@ from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
 from ddops.patching.checks import CheckResult, host_checks, run_checks
-from ddops.patching.kinds import AMBIGUOUS, APPLIED, BLOCKED, CHANGING_STATES, ERROR, PARTIAL, PENDING
-from ddops.patching.plan import HostPlan, Planner, sha256
-from ddops.playbook import Patch, PatchPlaybook
+from ddops.patching.kinds import APPLIED, CHANGING_STATES, PARTIAL, PENDING
+from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
+from ddops.patching.plan import Planner
+from ddops.patching.playbook import PatchPlaybook
+from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
+                                     plan_summary, with_host_python)
+from ddops.tasks.base import AgentSession, default_actor
 
-DRIFTED_STATE = "drifted"
-MODIFIED = journal_mod.MODIFIED
-HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
-
-
-def default_actor() -> str:
-    """Who is running ddops, as recorded in the remote journal and lock."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def make_planner() -> Planner:
-    """One planner per ddops run: hosts with the same file contents share one transform, and reruns reuse the
-    plans cached on disk by content hash."""
-    from ddops.patching.plan import default_cache_dir
-
-    return Planner(cache_dir=default_cache_dir())
-
-
-def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:
-    return tuple(p for book in playbooks for p in book.patches)
-
-
-def all_files(patches: Iterable[Patch]) -> list[str]:
-    seen: dict[str, None] = {}
-    for p in patches:
-        for f in p.files:
-            seen.setdefault(f)
-    return list(seen)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A host's target files (None when missing), their modes, the journal and any per-file read error."""
-
-    files: dict[str, bytes | None]
-    shas: dict[str, str | None]
-    errors: dict[str, str]
-    journal: list[dict[str, Any]]
-    facts: dict[str, Any] | None
-
-
-def with_host_python(host: Host, command: str) -> str:
-    """A check command that finds the host's own python (and its torchrun, pytest, ...) first on PATH."""
-    if "/" not in host.python:
-        return command
-    bindir = host.python.rsplit("/", 1)[0] or "/"
-    return f"PATH={shlex.quote(bindir)}:\"$PATH\"; export PATH; {command}"
-
-
-def take_snapshot(host: Host, session: Any, files: Sequence[str], *, facts: bool = False) -> Snapshot:
+def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
     """One agent round trip: every target file's bytes and hash, plus the journal."""
     reply = session.call_agent("snapshot", {"repo": host.repo, "files": list(files), "facts": facts})
-    contents: dict[str, bytes | None] = {}
-    shas: dict[str, str | None] = {}
-    errors: dict[str, str] = {}
-    for path in files:
-        record = reply["files"].get(path) or {}
-        if record.get("error"):
-            errors[path] = record["error"].get("message") or record["error"].get("kind", "unreadable")
-            contents[path], shas[path] = None, None
-        elif not record.get("exists"):
-            contents[path], shas[path] = None, None
-        else:
-            contents[path] = base64.b64decode(record["content_b64"])
-            shas[path] = record["sha256"]
-    return Snapshot(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"))
+    return Snapshot.from_reply(files, reply)
 
 
-def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> dict[str, str]:
-    """Per patch: the plan's state, except `modified` where ddops applied it and the file was edited since."""
-    # The journal is read once per host, not once per (patch, file): a 1000-file playbook made that quadratic.
-    entries = journal_mod.parse_journal(snap.journal)
-    active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
-    modified = journal_mod.modified_files(entries, snap.shas)
-    states: dict[str, str] = {}
-    for patch in patches:
-        state = plan.patch_state(patch.id)
-        for path in patch.files:
-            if path in snap.errors:
-                state = ERROR
-            elif (patch.id, path) in active and path in modified:
-                state = journal_mod.effective_state(state, MODIFIED)
-        states[patch.id] = state
-    return states
-
-
-def _plan_summary(plan: HostPlan, snap: Snapshot) -> list[dict[str, Any]]:
-    files = []
-    for f in plan.files:
-        files.append({
-            "path": f.path, "state": ERROR if f.path in snap.errors else f.state, "changed": f.changed,
-            "before_sha256": f.before_sha, "after_sha256": f.after_sha,
-            "error": snap.errors.get(f.path),
-            "patches": [{"id": r.patch_id, "state": r.state, "message": r.message,
-                         "plain_text": r.outcome.plain_text,
-                         "lines": list(r.outcome.pending_lines or r.outcome.applied_lines)} for r in f.results],
-        })
-    return files
-
-
-def _problems(plan: HostPlan, snap: Snapshot) -> tuple[list[str], list[str]]:
-    """(hard failures, drifts) as `file: patch: message` lines."""
-    hard, drift = [], []
-    for path, message in snap.errors.items():
-        hard.append(f"{path}: {message}")
-    for f in plan.files:
-        if f.path in snap.errors:
-            continue
-        for r in f.results:
-            line = f"{f.path}: {r.patch_id} {r.state}: {r.message}"
-            if r.state in HARD_FAILURES:
-                hard.append(line)
-            elif r.state == DRIFTED_STATE:
-                drift.append(line)
-    return hard, drift
-
-
-def patch_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
+def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
                check: bool = False, actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
     """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
     plan = planner.plan_host(patches, snap.files)
     states = patch_states(plan, patches, snap)
-    data: dict[str, Any] = {"patches": states, "files": _plan_summary(plan, snap), "diff": plan.diff,
+    data: dict[str, Any] = {"patches": states, "files": plan_summary(plan, snap), "diff": plan.diff,
                             "written": [], "checks": [], "reverted": False, "check_mode": check}
-    hard, drift = _problems(plan, snap)
+    hard, drift = plan_problems(plan, snap)
     if hard:
         return TaskOutcome(FAILED, "; ".join(hard), data)
     if drift:
@@ -173,7 +59,8 @@ def patch_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *, 
         results += planner.memo(("checks", f.path, f.before_sha, f.after_sha, tuple(checks)),
                                 lambda f=f, checks=checks: run_checks(f.path, snap.files[f.path], f.new or b"", checks))
         for c in host_checks(checks, f.path):
-            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": with_host_python(host, c.run or ""),
+            command = with_host_python(host.python, c.run or "")
+            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command,
                                                            "timeout": c.timeout})
     data["checks"] = [r.to_dict() for r in results]
     failed_checks = [r for r in results if not r.ok]
@@ -212,7 +99,7 @@ def patch_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *, 
     return TaskOutcome(CHANGED, f"patched {', '.join(data['written'])}", data)
 
 
-def verify_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
+def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
                 planner: Planner | None = None) -> TaskOutcome:
     """Run every check of the playbooks against the files as they are now; grep-style matches in data."""
     patches = all_patches(playbooks)
@@ -239,7 +126,8 @@ def verify_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
                 commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
     for command, item in commands.items():
         check = item["check"]
-        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host, command)}", timeout=check.timeout)
+        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host.python, command)}",
+                          timeout=check.timeout)
         ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
         results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],
                         "message": output[-400:], "matches": [], "grep": [], "exit_code": code})
@@ -251,7 +139,7 @@ def verify_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
     return TaskOutcome(OK, f"{len(results)} checks passed", data)
 
 
-def status_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
+def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
                 planner: Planner | None = None) -> TaskOutcome:
     """Per patch: pending / applied / drifted / modified (and ambiguous / error), plus the repo's commit."""
     patches = all_patches(playbooks)
@@ -259,16 +147,16 @@ def status_host(host: Host, session: Any, playbooks: Sequence[PatchPlaybook], *,
     plan = (planner or make_planner()).plan_host(patches, snap.files)
     states = patch_states(plan, patches, snap)
     facts = snap.facts or {}
-    data = {"patches": states, "commit": facts.get("git_commit"), "files": _plan_summary(plan, snap)}
+    data = {"patches": states, "commit": facts.get("git_commit"), "files": plan_summary(plan, snap)}
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
     if attention:
-        status = DRIFTED if all(s in (DRIFTED_STATE, MODIFIED) for s in attention.values()) else FAILED
+        status = DRIFTED if all(s in (PLAN_DRIFTED, journal_mod.MODIFIED) for s in attention.values()) else FAILED
         return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()), data)
     pending = [pid for pid, s in states.items() if s != APPLIED]
     return TaskOutcome(OK, f"{len(pending)} pending" if pending else "all applied", data)
 
 
-def rollback_host(host: Host, session: Any, patch_ids: Sequence[str] | None = None, *, force: bool = False,
+def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
                   actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
     """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
     entries = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
@@ -304,7 +192,3 @@ def rollback_host(host: Host, session: Any, patch_ids: Sequence[str] | None = No
     saved = f"; saved the foreign edit of {', '.join(s['path'] for s in data['saved'])}" if data["saved"] else ""
     return TaskOutcome(CHANGED, f"restored {', '.join(data['restored'])}{saved}", data)
 
-
-
-__all__ = ["Snapshot", "all_files", "all_patches", "default_actor", "make_planner",
-           "patch_host", "patch_states", "rollback_host", "status_host", "take_snapshot", "verify_host", "sha256"]

@@ -1,0 +1,123 @@
+"""A host's files as the agent's `snapshot` verb returned them, and what a plan over them means per patch.
+
+Pure: the tasks layer (ddops/tasks/patch.py) takes the snapshot and commits; everything it decides with lives here.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ddops.patching import journal as journal_mod
+from ddops.patching.kinds import AMBIGUOUS, BLOCKED, DRIFTED, ERROR
+from ddops.patching.plan import HostPlan, Planner, default_cache_dir
+from ddops.patching.playbook import Patch, PatchPlaybook
+
+HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
+
+
+def make_planner() -> Planner:
+    """One planner per ddops run: hosts with the same file contents share one transform, and reruns reuse the
+    plans cached on disk by content hash."""
+    return Planner(cache_dir=default_cache_dir())
+
+
+def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:
+    return tuple(p for book in playbooks for p in book.patches)
+
+
+def all_files(patches: Iterable[Patch]) -> list[str]:
+    seen: dict[str, None] = {}
+    for p in patches:
+        for f in p.files:
+            seen.setdefault(f)
+    return list(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A host's target files (None when missing), their hashes, the journal and any per-file read error."""
+
+    files: dict[str, bytes | None]
+    shas: dict[str, str | None]
+    errors: dict[str, str]
+    journal: list[dict[str, Any]]
+    facts: dict[str, Any] | None
+
+    @classmethod
+    def from_reply(cls, files: Sequence[str], reply: Mapping[str, Any]) -> "Snapshot":
+        """The agent's `snapshot` answer for `files`, decoded."""
+        contents: dict[str, bytes | None] = {}
+        shas: dict[str, str | None] = {}
+        errors: dict[str, str] = {}
+        for path in files:
+            record = reply["files"].get(path) or {}
+            if record.get("error"):
+                errors[path] = record["error"].get("message") or record["error"].get("kind", "unreadable")
+                contents[path], shas[path] = None, None
+            elif not record.get("exists"):
+                contents[path], shas[path] = None, None
+            else:
+                contents[path] = base64.b64decode(record["content_b64"])
+                shas[path] = record["sha256"]
+        return cls(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"))
+
+
+def with_host_python(python: str, command: str) -> str:
+    """A check command that finds the host's own python (and its torchrun, pytest, ...) first on PATH."""
+    if "/" not in python:
+        return command
+    bindir = python.rsplit("/", 1)[0] or "/"
+    return f"PATH={shlex.quote(bindir)}:\"$PATH\"; export PATH; {command}"
+
+
+def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> dict[str, str]:
+    """Per patch: the plan's state, except `modified` where ddops applied it and the file was edited since."""
+    # The journal is read once per host, not once per (patch, file): a 1000-file playbook made that quadratic.
+    entries = journal_mod.parse_journal(snap.journal)
+    active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
+    modified = journal_mod.modified_files(entries, snap.shas)
+    states: dict[str, str] = {}
+    for patch in patches:
+        state = plan.patch_state(patch.id)
+        for path in patch.files:
+            if path in snap.errors:
+                state = ERROR
+            elif (patch.id, path) in active and path in modified:
+                state = journal_mod.effective_state(state, journal_mod.MODIFIED)
+        states[patch.id] = state
+    return states
+
+
+def plan_summary(plan: HostPlan, snap: Snapshot) -> list[dict[str, Any]]:
+    """Per file of the plan: its state, hashes and each patch's result, as --json shows them."""
+    files = []
+    for f in plan.files:
+        files.append({
+            "path": f.path, "state": ERROR if f.path in snap.errors else f.state, "changed": f.changed,
+            "before_sha256": f.before_sha, "after_sha256": f.after_sha,
+            "error": snap.errors.get(f.path),
+            "patches": [{"id": r.patch_id, "state": r.state, "message": r.message,
+                         "plain_text": r.outcome.plain_text,
+                         "lines": list(r.outcome.pending_lines or r.outcome.applied_lines)} for r in f.results],
+        })
+    return files
+
+
+def plan_problems(plan: HostPlan, snap: Snapshot) -> tuple[list[str], list[str]]:
+    """(hard failures, drifts) as `file: patch: message` lines."""
+    hard, drift = [], []
+    for path, message in snap.errors.items():
+        hard.append(f"{path}: {message}")
+    for f in plan.files:
+        if f.path in snap.errors:
+            continue
+        for r in f.results:
+            line = f"{f.path}: {r.patch_id} {r.state}: {r.message}"
+            if r.state in HARD_FAILURES:
+                hard.append(line)
+            elif r.state == DRIFTED:
+                drift.append(line)
+    return hard, drift

@@ -1,0 +1,160 @@
+"""A session with this machine: the same agent (remote/) and line protocol as over SSH, run as a local subprocess.
+
+No sshd, no root, no network: tasks run against a repo in a temporary folder, which is what their unit tests do.
+It is an AgentSession (ddops/tasks/base.py), as the SSH Session is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from ddops.errors import AgentError, CommandTimeout, TransportError
+from ddops.inventory import Host
+from ddops.transport import CommandResult
+
+
+def agent_argv(python: str) -> tuple[list[str], bytes]:
+    """(argv, stdin prefix) that start the agent in serve mode: the one place that knows how the agent boots."""
+    from ddops.transport.agent import agent_source, bootstrap_command
+
+    source = agent_source()
+    return ["/bin/sh", "-c", bootstrap_command(python, len(source), serve=True)], source
+
+
+class LocalSession:
+    """Host `host` is this machine: agent calls go to a local agent process, commands to /bin/sh, files are copied."""
+
+    def __init__(self, host: Host, *, python: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.host = host
+        self.python = python or (host.python if host.python != "python3" else sys.executable)
+        self.env = env
+        self.connect_time = 0.0
+        self.round_trips = 0
+        self.agent_mode: str | None = None
+        self._agent: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None  # a file, not a pipe: an agent that writes much there never blocks on it
+        self._out = bytearray()
+
+    # -- commands ---------------------------------------------------------------------------------------------
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        timeout = self.host.command_timeout if timeout is None else timeout
+        self.round_trips += 1
+        started = time.monotonic()
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True,
+                                  timeout=timeout, env=self.env)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off") from None
+        return CommandResult(done.returncode, done.stdout.decode("utf-8", "replace"),
+                             done.stderr.decode("utf-8", "replace"), time.monotonic() - started)
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def put_file(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
+        self.round_trips += 1
+        try:
+            shutil.copyfile(local_path, remote_path)
+        except OSError as exc:
+            raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
+
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        self.round_trips += 1
+        try:
+            shutil.copyfile(remote_path, local_path)
+        except OSError as exc:
+            raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
+
+    # -- agent ------------------------------------------------------------------------------------------------
+    def call_agent(self, verb: str, payload: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """The agent's `result` for one request; its error as AgentError(kind), as the SSH session raises it."""
+        timeout = self.host.command_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.round_trips += 1
+        request = json.dumps({"verb": verb, "payload": payload}).encode() + b"\n"
+        if self._agent is None:
+            argv, source = agent_argv(self.python)
+            self._stderr = tempfile.TemporaryFile()
+            self._agent = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=self._stderr, env=self.env)
+            self.agent_mode = "started"
+            request = source + request
+        agent = self._agent
+        try:
+            assert agent.stdin is not None
+            agent.stdin.write(request)
+            agent.stdin.flush()
+        except OSError:
+            pass  # the agent is gone: its stderr says why, below
+        line = self._read_line(agent, deadline, timeout)
+        if line is None:
+            code = agent.wait()
+            self._stderr.seek(0)
+            err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+            self.close()
+            raise AgentError(f"{self.host.name}: agent {verb} ended without answering (exit {code}): "
+                             f"{(err or ['no output'])[-1]}")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise AgentError(f"{self.host.name}: agent {verb} answered something that is not its protocol") from None
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise AgentError(f"{self.host.name}: agent {verb} answered something that is not its protocol")
+        if not reply["ok"]:
+            error = reply.get("error") or {}
+            raise AgentError(f"{self.host.name}: {error.get('message', 'agent error')}",
+                             kind=error.get("kind", "error"))
+        return reply.get("result") or {}
+
+    def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:
+        assert agent.stdout is not None
+        fd = agent.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._out:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.close()
+                    raise CommandTimeout(f"{self.host.name}: agent timed out after {timeout:g}s and was cut off")
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return None
+                self._out += chunk
+        end = self._out.index(b"\n")
+        line = bytes(self._out[:end])
+        del self._out[:end + 1]
+        return line
+
+    def close(self) -> None:
+        agent, self._agent = self._agent, None
+        self._out.clear()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if agent is None:
+            return
+        try:
+            if agent.stdin is not None:
+                agent.stdin.close()  # EOF: the serving agent exits
+            agent.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            agent.kill()
+            agent.wait()
+        finally:
+            if agent.stdout is not None:
+                agent.stdout.close()
+
+    def __enter__(self) -> "LocalSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,148 @@
+"""The package's layers, read from its imports: every folder of ddops imports only downward, and each third-party
+dependency has one home. Imports inside functions and under TYPE_CHECKING count like any other."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import ddops
+
+PACKAGE = Path(ddops.__file__).resolve().parent
+
+# Lowest first. A module may import its own layer and the layers below it, never one above.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("values", frozenset({"ddops", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
+                          "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory"})),
+    ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
+    ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
+    ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),
+    ("fleet", frozenset({"ddops.fleet"})),
+    ("tasks", frozenset({"ddops.tasks"})),  # the only layer that talks to hosts through a session
+    ("cli", frozenset({"ddops.cli", "ddops.__main__"})),
+)
+
+# Third-party packages and the one place each may be imported from (a module, or a folder and all below it).
+HOMES = {
+    "paramiko": ("ddops.transport",),
+    "typer": ("ddops.cli",),
+    "rich": ("ddops.cli",),
+    "libcst": ("ddops.patching",),
+    "torch": ("ddops.bench.results",),
+    "matplotlib": ("ddops.bench.plot",),
+    "yaml": ("ddops.yamlsrc",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@functools.lru_cache(maxsize=None)
+def imports_of(name: str, path: Path) -> frozenset[str]:
+    # `from ddops.testbed import namespace` inside ddops/testbed/__init__.py names the package itself: not a cycle
+    return frozenset(imports_in(path.read_text(), name, is_package=path.name == "__init__.py") - {name})
+
+
+def imports_in(source: str, name: str, *, is_package: bool = False) -> set[str]:
+    """Every module name the module `name` imports, anywhere in its body (relative imports resolved)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            # `from ddops.patching import journal` imports the module ddops.patching.journal
+            found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in all_modules())
+    return found
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module: named itself, or inside a named folder (the package `ddops` names only itself)."""
+    for rank, (_, members) in enumerate(LAYERS):
+        if any(module == m or (m != "ddops" and module.startswith(m + ".")) for m in members):
+            return rank
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+@functools.lru_cache(maxsize=1)
+def internal_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: {i for i in imports_of(name, path) if i in modules} for name, path in modules.items()}
+
+
+def test_every_module_of_ddops_belongs_to_a_layer():
+    for name in all_modules():
+        layer_of(name)
+
+
+def test_imports_between_layers_only_go_down():
+    upward = []
+    for name, imported in internal_graph().items():
+        for other in imported:
+            if layer_of(other) > layer_of(name):
+                upward.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {other} ({LAYERS[layer_of(other)][0]})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_the_pure_layers_never_reach_a_host():
+    """patching/ and bench/ decide; only tasks/ (through a session) and the fleet runner act."""
+    for name, imported in internal_graph().items():
+        if name.startswith(("ddops.patching", "ddops.bench")):
+            reaching = {i for i in imported if i.startswith(("ddops.transport", "ddops.fleet", "ddops.tasks"))}
+            assert not reaching, f"{name} imports {sorted(reaching)}"
+
+
+def test_no_module_of_ddops_imports_itself_back_through_others():
+    graph = internal_graph()
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # A package's __init__ imported by its own submodule is Python importing the parent first, not a cycle
+            # of ours, unless the __init__ imports the submodule back (then the walk below finds it).
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_each_third_party_dependency_is_imported_from_its_one_home():
+    strays = []
+    for name, path in all_modules().items():
+        for imported in imports_of(name, path):
+            home = HOMES.get(imported.split(".")[0])
+            if home and not any(name == h or name.startswith(h + ".") for h in home):
+                strays.append(f"{name} imports {imported} (its home: {', '.join(home)})")
+    assert not strays, "\n".join(strays)
+
+
+def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
+    source = "import os\n\ndef f():\n    from ddops.tasks import patch\n    from ..fleet import run_fleet\n"
+    found = imports_in(source, "ddops.bench.x")
+    assert {"ddops.tasks", "ddops.tasks.patch", "ddops.fleet", "os"} <= found
+    assert layer_of("ddops.tasks.patch") > layer_of("ddops.bench.x")

@@ -1,0 +1,100 @@
+"""The sync and deploy tasks against the real agent run as a local subprocess (LocalSession): a repo brought to its
+pinned commit from a local origin, or pushed as a bundle, with no sshd and no root.
+
+Over SSH: tests/integration/test_sync.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ddops.fleet import CHANGED, FAILED, OK
+from ddops.inventory import Host, Inventory
+from ddops.tasks.sync import PinState, SyncOptions, deploy_host, pin_state, prepare_sync, sync_host
+from ddops.transport.local import LocalSession
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> dict:
+    """A bare origin with two commits on main."""
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    (work / "ddtree.py").write_text("past_key_values_target = DynamicCache()\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "one")
+    first = git(work, "rev-parse", "HEAD")
+    (work / "README").write_text("two\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "two")
+    second = git(work, "rev-parse", "HEAD")
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(origin))
+    return {"work": work, "url": f"file://{origin}", "first": first, "second": second}
+
+
+def sync(host: Host, **options) -> object:
+    inventory = Inventory(path="inventory.yaml", hosts=(host,))
+    with prepare_sync(inventory, [host], SyncOptions(actor="tester@here", **options)) as run, \
+            LocalSession(host) as session:
+        return sync_host(host, session, run)
+
+
+def test_sync_clones_an_empty_repo_path_at_the_pin_then_has_nothing_to_do(upstream, tmp_path):
+    host = Host(name="here", address="localhost", repo=str(tmp_path / "repo"), repo_url=upstream["url"],
+                commit=upstream["first"], sync="remote")
+    first = sync(host)
+    assert first.status == CHANGED and first.message.startswith("cloned at " + upstream["first"][:12])
+    assert git(tmp_path / "repo", "rev-parse", "HEAD") == upstream["first"]
+    again = sync(host)
+    assert again.status == OK and again.message == f"at {upstream['first'][:12]}"
+    assert pin_state(host, upstream["first"]) == PinState.AT == "at-pin"
+
+
+def test_sync_pushes_a_bundle_when_told_to(upstream, tmp_path):
+    host = Host(name="here", address="localhost", repo=str(tmp_path / "repo"), repo_url=upstream["url"],
+                commit=upstream["second"], sync="push")
+    outcome = sync(host)
+    assert outcome.status == CHANGED and outcome.data["source"] == "bundle", outcome.message
+    assert outcome.data["uploaded_bytes"] > 0
+    assert git(tmp_path / "repo", "rev-parse", "HEAD") == upstream["second"]
+
+
+def test_sync_refuses_to_move_over_local_edits_and_check_mode_changes_nothing(upstream, tmp_path):
+    repo = tmp_path / "repo"
+    host = Host(name="here", address="localhost", repo=str(repo), repo_url=upstream["url"], commit=upstream["first"],
+                sync="remote")
+    assert sync(host).status == CHANGED
+    (repo / "ddtree.py").write_text("mine\n")
+    later = replace(host, commit=upstream["second"])
+    check = sync(later, check=True)
+    assert check.status == FAILED and "local changes ddops did not make in ddtree.py" in check.message
+    assert git(repo, "rev-parse", "HEAD") == upstream["first"]
+    assert (repo / "ddtree.py").read_text() == "mine\n"
+
+
+def test_deploy_syncs_and_applies_the_inventorys_patches(tmp_path):
+    from tests.conftest import MINI_DDTREE, git_seed
+
+    seed = git_seed(MINI_DDTREE, tmp_path / "seed")
+    commit = git(seed, "rev-parse", "HEAD")
+    host = Host(name="here", address="localhost", repo=str(tmp_path / "repo"), repo_url=f"file://{seed}",
+                commit=commit, sync="remote", command_timeout=120)
+    inventory = Inventory(path="inventory.yaml", hosts=(host,), patches=("cpu-timing",))
+    with prepare_sync(inventory, [host], SyncOptions(actor="tester@here")) as run, LocalSession(host) as session:
+        outcome = deploy_host(host, session, run)
+    assert outcome.status == CHANGED, outcome.message
+    assert outcome.message.endswith("cpu-timing applied and verified")
+    assert (tmp_path / "repo" / ".ddops" / "journal.jsonl").is_file()
