@@ -23,7 +23,8 @@ from ddops.testbed.containers import ContainerEngine
 from ddops.testbed.namespace import SSHD_CANDIDATES, NamespaceEngine, _descendants, _in_mount_namespace
 from ddops.testbed import namespace as _namespace
 
-__all__ = ["DEFAULT_ROOT", "ENGINES", "Testbed", "TestbedHost", "down", "load_testbed", "preflight", "status", "up"]
+__all__ = ["DEFAULT_ROOT", "ENGINES", "Testbed", "TestbedHost", "down", "load_testbed", "preflight", "start_host", "status",
+           "stop_host", "up"]
 _ = (_descendants, _in_mount_namespace, STATE_FILE)  # re-exported for the tests
 
 
@@ -37,6 +38,15 @@ def engine_for(testbed: Testbed):
     if testbed.engine == "namespace":
         return NamespaceEngine()
     return ContainerEngine.named(testbed.engine)
+
+
+def stop_host(testbed: Testbed, name: str) -> None:
+    """Stop one host's sshd and its sessions, as when sshd dies (a container host stops as a whole)."""
+    engine_for(testbed).stop_host(testbed, testbed.host(name))
+
+
+def start_host(testbed: Testbed, name: str) -> None:
+    engine_for(testbed).start_host(testbed, testbed.host(name))
 
 
 def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | os.PathLike[str] | None = None,

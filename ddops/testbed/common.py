@@ -18,6 +18,29 @@ DEFAULT_ROOT = Path(os.environ.get("DDOPS_TESTBED_ROOT", "/tmp/ddops-testbed"))
 ENGINES = ("namespace", "podman", "docker", "auto")
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def is_our_sshd(pid: int, config: Path) -> bool:
+    """Only a live sshd started with this host's config counts: never signal a recycled PID."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # sshd rewrites its process title ("sshd: /usr/sbin/sshd -f CFG [listener] ..."): match the path inside it.
+    return str(config).encode() in cmdline and alive(pid)
+
+
 @dataclass(frozen=True, slots=True)
 class TestbedHost:
     __test__ = False
@@ -43,8 +66,6 @@ class TestbedHost:
 
     def pid(self) -> int | None:
         """The namespace host's sshd listener (None on a container host: its sshd is the container's)."""
-        from ddops.testbed.namespace import is_our_sshd
-
         try:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
@@ -97,17 +118,6 @@ class Testbed:
         state = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hosts"}
         state["hosts"] = [asdict(h) for h in self.hosts]
         (Path(self.root) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-
-    def stop_host(self, name: str) -> None:
-        """Stop one host's sshd and its sessions, as when sshd dies (a container host stops as a whole)."""
-        from ddops.testbed import engine_for
-
-        engine_for(self).stop_host(self, self.host(name))
-
-    def start_host(self, name: str) -> None:
-        from ddops.testbed import engine_for
-
-        engine_for(self).start_host(self, self.host(name))
 
 
 def load_testbed(root: str | os.PathLike[str] = DEFAULT_ROOT) -> Testbed:

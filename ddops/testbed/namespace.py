@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ddops.errors import TestbedError
-from ddops.testbed.common import Testbed, TestbedHost, accepting, host_key_path, make_key
+from ddops.testbed.common import Testbed, TestbedHost, accepting, alive, host_key_path, make_key
 
 MINIMAL_BASHRC = "# ddops testbed: a minimal rc file, so that no pyenv init runs before every ssh command\n"
 # sshd runs the user's shell, which sources ~/.bashrc over ssh; bind-mounted so only the host namespace sees it.
@@ -180,12 +180,12 @@ def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.02)
-    if _alive(pid):
+    if alive(pid):
         os.kill(pid, signal.SIGKILL)
     # SIGKILL is delivered asynchronously: return only once every process we ended is really gone.
-    while time.monotonic() < deadline and any(_alive(p) for p in sessions):
+    while time.monotonic() < deadline and any(alive(p) for p in sessions):
         time.sleep(0.02)
     try:
         host.pid_file.unlink()
@@ -229,25 +229,3 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             stack.append(child)
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def is_our_sshd(pid: int, config: Path) -> bool:
-    """Only a live sshd started with this host's config counts: never signal a recycled PID."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    # sshd rewrites its process title ("sshd: /usr/sbin/sshd -f CFG [listener] ..."): match the path inside it.
-    return str(config).encode() in cmdline and _alive(pid)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddops.errors import TestbedError
+from ddops.testbed.common import alive
 
 DAEMONS = ("slurmctld", "slurmd")
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -238,21 +239,13 @@ def _stop(pid: int, grace: float = 10.0) -> bool:
     except ProcessLookupError:
         return False
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    if _alive(pid):
+    if alive(pid):
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline + 5:
+        while alive(pid) and time.monotonic() < deadline + 5:
             time.sleep(0.05)
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def main(argv: list[str]) -> int:

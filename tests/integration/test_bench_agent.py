@@ -16,6 +16,7 @@ import pytest
 from ddops.errors import AgentError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
+from ddops.testbed import start_host, stop_host
 from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
@@ -342,13 +343,13 @@ def test_follow_rides_out_the_host_going_away_and_the_run_keeps_going(bed, host,
             text += event.text
             if "before" in text:
                 break
-    bed.stop_host("host1")  # sshd and its sessions go; the detached runner does not
+    stop_host(bed, "host1")  # sshd and its sessions go; the detached runner does not
     assert tagged("r-away"), "the runner must survive its host's sshd going away"
     for event in events:
         if isinstance(event, HostUpdate) and event.error:
             errors.append(event.error)
             break
-    bed.start_host("host1")
+    start_host(bed, "host1")
     for event in events:
         if isinstance(event, LogText):
             text += event.text

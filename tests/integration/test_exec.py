@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ddops.testbed import stop_host
 
 from tests import conftest
 from tests.conftest import host_processes, requires_sshd, run_ddops, wait_until
@@ -133,7 +134,7 @@ def test_missing_command_or_both_forms_is_a_usage_error(bed):
 
 def test_an_unreachable_host_is_reported_and_the_others_still_run(make_testbed):
     small = make_testbed(2)
-    small.stop_host("host2")
+    stop_host(small, "host2")
     code, doc = exec_json(small, "--all", "--", "true")
     assert code == 1
     assert {h["host"]: h["status"] for h in doc["hosts"]} == {"host1": "ok", "host2": "unreachable"}

@@ -16,6 +16,7 @@ from ddops.errors import HostKeyError
 from ddops.fleet import TaskOutcome, run_fleet
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
+from ddops.testbed import stop_host
 from tests.conftest import requires_sshd, run_ddops, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
@@ -59,7 +60,7 @@ def test_hosts_have_separate_filesystems_at_the_same_path(make_testbed):
 
 def test_stopped_host_is_unreachable_and_the_others_ok(make_testbed):
     bed = make_testbed(3)
-    bed.stop_host("host2")
+    stop_host(bed, "host2")
     proc = run_ddops("--json", "ping", "--all", inventory=bed.inventory_path)
     assert proc.returncode == 1
     statuses = {h["host"]: h["status"] for h in json.loads(proc.stdout)["hosts"]}
@@ -73,7 +74,7 @@ def test_host_stopping_mid_run_is_reported_and_others_finish(make_testbed):
 
     def task(host, session):
         if host.name == "host2":
-            bed.stop_host("host2")  # kills its sshd and the session processes under it
+            stop_host(bed, "host2")  # kills its sshd and the session processes under it
         return TaskOutcome("ok", session.run("echo still-here", timeout=5).stdout.strip())
 
     results = {r.host: r for r in run_fleet(list(inv.hosts), task, connector.connect)}
@@ -182,7 +183,7 @@ def test_shell_metacharacters_in_repo_path_never_reach_a_shell(make_testbed, tmp
 
 def test_json_output_is_one_document_even_with_failures(make_testbed):
     bed = make_testbed(2)
-    bed.stop_host("host1")
+    stop_host(bed, "host1")
     proc = run_ddops("ping", "--all", "--json", inventory=bed.inventory_path)
     doc = json.loads(proc.stdout)
     assert doc["exit_code"] == 1 and doc["summary"] == {"ok": 1, "unreachable": 1}
@@ -252,7 +253,7 @@ def test_proxy_jump_reaches_a_host_through_another_inventory_host(make_testbed):
     finally:
         connector.close()
     # With the jump host gone, the target is unreachable, and the message says through which host.
-    bed.stop_host("host1")
+    stop_host(bed, "host1")
     proc = run_ddops("--json", "ping", "--host", "host2", inventory=jumped)
     entry = json.loads(proc.stdout)["hosts"][0]
     assert proc.returncode == 1 and entry["status"] == "unreachable"
@@ -289,7 +290,7 @@ def test_proxy_jump_chain_goes_through_each_hop_in_turn(make_testbed):
     finally:
         connector.close()
     # Without the first hop nothing further is reachable, and the message says which hop failed.
-    bed.stop_host("host1")
+    stop_host(bed, "host1")
     proc = run_ddops("--json", "ping", "--host", "host3", inventory=chained)
     entry = json.loads(proc.stdout)["hosts"][0]
     assert proc.returncode == 1 and entry["status"] == "unreachable"
@@ -318,7 +319,7 @@ def test_proxy_jump_chain_of_ssh_config_aliases_resolved_by_openssh(make_testbed
     proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert json.loads(proc.stdout)["hosts"][0]["data"]["hostname"] == "host3"
-    bed.stop_host("host2")
+    stop_host(bed, "host2")
     proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
     entry = json.loads(proc.stdout)["hosts"][0]
     assert entry["status"] == "unreachable" and "jump-two" in entry["message"]

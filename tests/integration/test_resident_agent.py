@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ddops.testbed import start_host, stop_host
 
 from tests.conftest import MINI_DDTREE, exited, host_processes, requires_sshd, resident_agents, run_ddops, wait_until
 
@@ -103,8 +104,8 @@ def test_a_resident_idles_out_after_agent_linger_seconds(bed):
 def test_a_host_whose_sshd_refuses_socket_channels_is_served_without_a_resident(bed):
     host = bed.host("host1")
     host.config.write_text(host.config.read_text() + "AllowStreamLocalForwarding no\n")
-    bed.stop_host("host1")
-    bed.start_host("host1")
+    stop_host(bed, "host1")
+    start_host(bed, "host1")
 
     ddops(bed, "patch", "--all", "--check")  # leaves a resident, which sshd will not let us reach
     wait_until(lambda: resident_agents(bed, "host1"))

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from ddops.testbed import start_host, stop_host
 
 from tests.conftest import REPO_ROOT, requires_sshd, wait_until
 from tests.reliability.conftest import host_statuses, messages, one_json, quiet, session_pids, with_inventory
@@ -124,13 +125,13 @@ def test_a_dropped_connection_does_not_stop_the_agent_finishing_its_commit(fleet
 
 def test_sshd_stopped_mid_fleet_fails_that_host_only_and_a_rerun_converges(fleet):
     fleet.reset()
-    stop = lambda host, session: (CutBefore(session, "commit", lambda: fleet.bed.stop_host("host2"))  # noqa: E731
+    stop = lambda host, session: (CutBefore(session, "commit", lambda: stop_host(fleet.bed, "host2"))  # noqa: E731
                                   if host.name == "host2" else session)
     try:
         results = fleet.patch(wrap=stop)
     finally:
         if not fleet.bed.host("host2").running():
-            fleet.bed.start_host("host2")
+            start_host(fleet.bed, "host2")
     assert host_statuses(results) == {"host1": "changed", "host2": "unreachable", "host3": "changed"}, \
         messages(results)
     states = fleet.assert_nothing_lost()

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ddops.testbed import stop_host
 
 from tests.conftest import requires_sshd
 from tests.reliability.conftest import all_output, iter_files, one_json
@@ -64,7 +65,7 @@ def mixed(fleet, tmp_path_factory):
                         f"host4: {{identity_file: {json.dumps(str(garbage))}, address: {h4.address}")
     inventory = root / "inventory.yaml"
     inventory.write_text(text)
-    fleet.bed.stop_host("host2")
+    stop_host(fleet.bed, "host2")
     return inventory
 
 
