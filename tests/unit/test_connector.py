@@ -21,10 +21,10 @@ def test_a_proxy_jump_loop_is_refused_before_any_connection(tmp_path):
 
 
 def test_a_lost_connection_is_a_transport_error_with_the_host_failed_exit_code():
-    from ddops.errors import EXIT_HOST_FAILED, ConnectionLost, exit_code_for
+    from ddops.errors import EXIT_HOST_FAILED, ConnectionLost
 
     assert issubclass(ConnectionLost, TransportError)
-    assert exit_code_for(ConnectionLost("gpu1: connection lost: EOF")) == EXIT_HOST_FAILED
+    assert ConnectionLost("gpu1: connection lost: EOF").exit_code == EXIT_HOST_FAILED
 
 
 def test_the_fleet_counts_a_host_unreachable_by_the_error_s_type_not_its_words():
