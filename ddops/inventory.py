@@ -76,7 +76,7 @@ class Host:
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
     # Seconds the host's agent stays on after a session to serve the next command without starting Python
-    # (remote/agent.py, "resident"); 0: never.
+    # (remote/README.md, "The resident agent"); 0: never.
     agent_linger: float = 300.0
 
     @property

@@ -1,6 +1,6 @@
 """Bench runs on the hosts: run ids, their state as values, local launch records, and following them live.
 
-A run lives on each host under `<repo>/.ddops/runs/<run-id>/` (see remote/agent_bench.py); everything here talks
+A run lives on each host under `<repo>/.ddops/runs/<run-id>/` (see remote/ddops_agent/bench.py); everything here talks
 to it through the agent's bench_* verbs. No rich, no typer: the CLI renders what these functions return.
 """
 

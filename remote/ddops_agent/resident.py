@@ -1,4 +1,4 @@
-"""The resident agent: staying on between sessions (protocol in remote/README.md, "The resident agent")."""
+"""The resident agent: a server on a unix socket that serves later sessions (remote/README.md, "The resident agent")."""
 
 import fcntl
 import os
@@ -10,13 +10,6 @@ import time
 
 from ddops_agent.files import sha256_hex
 
-
-# -- resident: staying on between sessions -------------------------------------------------------------------
-# Starting Python and loading the agent is most of the host's share of a short command. So an agent started with
-# --linger forks, once its session ends, a resident server on a unix socket in a directory only this user can
-# enter; ddops' next sessions reach it through sshd (a direct-streamlocal channel) and start nothing. It forks
-# a process per session, which loads a fresh agent per request as the bootstrap does, and it exits after
-# `linger` idle seconds. Its socket name carries the agent's hash: a new ddops version starts a new resident.
 
 RESIDENT_BACKLOG = 64
 MAX_UNIX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, fewer elsewhere

@@ -17,8 +17,7 @@ from ddops_agent.checks import kill_group
 from ddops_agent.journal import RepoLock, ensure_state_dir, lock_timeout, now_iso, read_journal, state_dir
 
 
-LOG = "sync.jsonl"
-# Compiled (and `re` imported) on first use: most agent calls are not syncs.
+LOG_NAME = "sync.jsonl"
 BUNDLE_NAME_PATTERN = r"(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle"
 DEFAULT_FETCH_TIMEOUT = 600.0
 DEFAULT_PROBE_TIMEOUT = 10.0
@@ -383,7 +382,7 @@ def fetch_commit(repo, commit, payload):
 def append_log(repo, record):
     """One line per sync in .ddops/sync.jsonl: who moved the checkout from where to where."""
     state = ensure_state_dir(repo)
-    path = os.path.join(state, LOG)
+    path = os.path.join(state, LOG_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         write_all(fd, json.dumps(record, sort_keys=True).encode("utf-8") + b"\n")
