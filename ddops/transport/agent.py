@@ -43,9 +43,11 @@ class AgentProgram:
         return _words(self.bootstrap, python, len(self.bundle), self.digest if cache else None, serve, linger,
                       probe_resident)
 
-    def command(self, python: str, **options: object) -> str:
+    def command(self, python: str, *, cache: bool = True, serve: bool = False, linger: float = 0,
+                probe_resident: bool = False) -> str:
         """argv() as one shell command line, every word quoted."""
-        return " ".join(shlex.quote(word) for word in self.argv(python, **options))  # type: ignore[arg-type]
+        words = self.argv(python, cache=cache, serve=serve, linger=linger, probe_resident=probe_resident)
+        return " ".join(shlex.quote(word) for word in words)
 
 
 def _module_files(folder: Path) -> list[tuple[str, Path]]:
