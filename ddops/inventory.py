@@ -80,7 +80,7 @@ class Host:
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
     # Seconds the host's agent stays on after a session to serve the next command without starting Python
-    # (remote/agent.py, "resident"); 0: never.
+    # (remote/README.md, "The resident agent"); 0: never.
     agent_linger: float = 300.0
     # The host's UserKnownHostsFile from ssh_config, where the inventory names no known_hosts; None: the inventory's.
     known_hosts: str | None = None

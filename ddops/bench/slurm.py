@@ -17,16 +17,20 @@ from ddops.slurm_options import SlurmOptions
 
 # --- the job array ----------------------------------------------------------------------------------------------------
 
-# What the batch script runs on the compute node: the agent written into the run directory, answering one request
-# (`slurm_task`, the array index comes from Slurm's environment), exiting with the task's own exit code so that
-# Slurm's COMPLETED/FAILED and ExitCode are the command's.
+# What the batch script runs on the compute node: the shipped agent, written into the run directory at submit
+# (bootstrap.py + agent.bundle, loaded as the bootstrap loads it over ssh), answering one request (`slurm_task`, the
+# array index comes from Slurm's environment) and exiting with the task's own exit code so that Slurm's
+# COMPLETED/FAILED and ExitCode are the command's.
 TASK_BOOT = (
     "import sys\n"
-    "path, request = sys.argv[1], sys.argv[2]\n"
-    "source = open(path, 'rb').read()\n"
-    "namespace = {'__name__': '__ddops_agent__', 'AGENT_SOURCE': source}\n"
-    "exec(compile(source, path, 'exec'), namespace)\n"
-    "answer = namespace['answer'](open(request, 'rb').read())\n"
+    "run_dir = sys.argv[1]\n"
+    "boot_path = run_dir + '/bootstrap.py'\n"
+    "boot = {'__name__': 'ddops_bootstrap'}\n"
+    "exec(compile(open(boot_path).read(), boot_path, 'exec'), boot)\n"
+    "bundle = open(run_dir + '/agent.bundle', 'rb').read()\n"
+    "importer = boot['BundleImporter'](bundle, boot['compile_bundle'](bundle))\n"
+    "sys.meta_path.insert(0, importer)\n"
+    "answer = importer.load().protocol.answer(open(run_dir + '/task-request.json', 'rb').read())\n"
     "if not answer.get('ok'):\n"
     "    sys.stderr.write('ddops task: %s\\n' % answer.get('error'))\n"
     "    sys.exit(70)\n"
@@ -59,8 +63,7 @@ def batch_script(python: str, run_dir: str, run_id: str) -> str:
     """The batch script of a run: every array task starts the run's agent copy on its own index."""
     boot = shlex.quote(TASK_BOOT)
     return (f"#!/bin/sh\n# ddops bench run {run_id}: one array task per run of the plan's grid.\n"
-            f"exec {shlex.quote(python)} -S -c {boot} {shlex.quote(run_dir + '/agent.py')} "
-            f"{shlex.quote(run_dir + '/task-request.json')}\n")
+            f"exec {shlex.quote(python)} -S -c {boot} {shlex.quote(run_dir)}\n")
 
 
 # --- task states ------------------------------------------------------------------------------------------------------

@@ -12,14 +12,12 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
-import ddops
 from ddops.errors import PlaybookError
 from ddops.patching.kinds import (CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
                                   TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders,
                                   syntax_problem)
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
-BUILTIN_DIR = Path(ddops.__file__).resolve().parent.parent / "playbooks"
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "description": str, "kind": str, "patches": list}
 PATCH_KEYS: dict[str, type | tuple[type, ...]] = {
     "id": str, "description": str, "files": list, "transform": dict, "checks": list, "requires": list,
@@ -147,7 +145,10 @@ class PatchPlaybook:
 
 
 def builtin_dirs() -> tuple[Path, ...]:
-    return (BUILTIN_DIR,)
+    """Where the built-in playbooks and bench plans are (ddops.resources)."""
+    from ddops.resources import playbooks_dir
+
+    return (playbooks_dir(),)
 
 
 def list_playbooks(search_dirs: Iterable[Path | str] | None = None) -> list[str]:

@@ -22,11 +22,11 @@ from ddops.transport import CommandResult
 
 
 def agent_argv(python: str) -> tuple[list[str], bytes]:
-    """(argv, stdin prefix) that start the agent in serve mode: the one place that knows how the agent boots."""
-    from ddops.transport.agent import agent_source, bootstrap_command
+    """(argv, stdin prefix) that start the agent in serve mode, as the ssh session starts it on a host."""
+    from ddops.transport.agent import agent_program
 
-    source = agent_source()
-    return ["/bin/sh", "-c", bootstrap_command(python, len(source), serve=True)], source
+    program = agent_program()
+    return program.argv(python, serve=True), program.bundle
 
 
 class LocalSession:

@@ -1,7 +1,7 @@
 """Which hosts have a resident agent, and on which socket: remembered between ddops commands on this machine.
 
-A host's agent, started with a linger, stays on after the session and says where it listens (see remote/agent.py,
-"resident"). The next command reaches it through sshd without starting Python. This book is only a hint: a socket
+A host's agent, started with a linger, stays on after the session and says where it listens (remote/README.md, "The
+resident agent"). The next command reaches it through sshd without starting Python. This book is only a hint: a socket
 that is gone costs one refused channel and the agent is started the usual way.
 """
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import pytest
@@ -15,7 +14,13 @@ from tests.conftest import requires_sshd, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
-PROBE = b'''
+PROBE = '''
+import os
+import sys
+
+from ddops_agent.protocol import verb
+
+
 @verb("probe_test")
 def probe_test(payload):
     if payload.get("die"):
@@ -28,9 +33,9 @@ def probe_test(payload):
 
 @pytest.fixture
 def probe_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = agent_module.agent_source() + PROBE
-    monkeypatch.setattr(agent_module, "agent_source", lambda: source)
-    monkeypatch.setattr(agent_module, "agent_digest", lambda: hashlib.sha256(source).hexdigest())
+    program = agent_module.build_program({"ddops_agent.probe_test": PROBE})
+    monkeypatch.setattr(agent_module, "agent_source", lambda: program.bundle)
+    monkeypatch.setattr(agent_module, "agent_digest", lambda: program.digest)
 
 
 def alive(pid: int) -> bool:

@@ -1,4 +1,4 @@
-"""The host agent, driven exactly as the transport drives it: `python -c BOOTSTRAP N` with source + request on stdin."""
+"""The host agent, driven exactly as the transport drives it: the bootstrap, with the bundle + request on stdin."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import BOOTSTRAP, agent_source, bootstrap_command, remote_dir
+from ddops.transport.agent import AgentProgram, agent_program, bootstrap_command, build_program, remote_dir
 
 ORIGINAL = b"past_key_values_target = DynamicCache()\n"
 PATCHED = b"past_key_values_target = DynamicCache(config=model.config)\n"
@@ -30,11 +30,11 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def run_agent(verb: str, payload: dict, *, python: str = sys.executable, source: bytes | None = None) -> dict:
+def run_agent(verb: str, payload: dict, *, python: str = sys.executable, program: AgentProgram | None = None) -> dict:
     """The agent's whole response document; the process must print one JSON line and exit 0."""
-    source = agent_source() if source is None else source
+    program = agent_program() if program is None else program
     request = json.dumps({"verb": verb, "payload": payload}).encode()
-    done = subprocess.run([python, "-c", BOOTSTRAP, str(len(source))], input=source + request,
+    done = subprocess.run(program.argv(python, cache=False), input=program.bundle + request,
                           capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr.decode()
     lines = done.stdout.decode().splitlines()
@@ -205,19 +205,27 @@ def test_commit_lists_state_dir_in_git_exclude_exactly_once(repo):
     assert lines.count("/.ddops/") == 1
 
 
-DISK_FULL_ON_DFLASH = b'''
-_real_atomic_write = atomic_write
+# Imported after the agent's own modules: every atomic write of dflash.py (through files.write_like) then fails.
+DISK_FULL_ON_DFLASH = '''
+from ddops_agent import files
+
+_real_atomic_write = files.atomic_write
+
+
 def atomic_write(path, data, mode, owner=None, durable=True):
     if path.endswith("dflash.py"):
         raise OSError(28, "No space left on device", path)
     return _real_atomic_write(path, data, mode, owner, durable)
+
+
+files.atomic_write = atomic_write
 '''
 
 
 def test_commit_puts_back_files_already_written_when_a_later_write_fails(repo):
     (repo / "dflash.py").write_bytes(ORIGINAL)
     payload = commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED), change("dflash.py", ORIGINAL, PATCHED))
-    error = fails("commit", payload, source=agent_source() + DISK_FULL_ON_DFLASH)
+    error = fails("commit", payload, program=build_program({"ddops_agent.zz_disk_full": DISK_FULL_ON_DFLASH}))
     assert error["kind"] == "io" and "dflash.py" in error["message"]
     assert (repo / "ddtree.py").read_bytes() == ORIGINAL and (repo / "dflash.py").read_bytes() == ORIGINAL
     assert [(e["event"], e["file"]) for e in journal(repo)] == [("apply", "ddtree.py"), ("revert", "ddtree.py")]
@@ -391,54 +399,82 @@ def test_facts_for_a_repo_not_yet_cloned_reports_free_space_of_its_parent(tmp_pa
 
 def test_unknown_verbs_and_garbage_requests_are_answered_as_errors():
     assert fails("frobnicate", {})["kind"] == "unknown_verb"
-    source = agent_source()
-    done = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(len(source))], input=source + b"not json",
-                          capture_output=True, timeout=30)
+    program = agent_program()
+    done = subprocess.run(program.argv(sys.executable), input=program.bundle + b"not json", capture_output=True,
+                          timeout=30)
     assert done.returncode == 0 and json.loads(done.stdout)["error"]["kind"] == "bad_request"
 
 
-EXTENSION = b'''
+EXTENSION = '''
+from ddops_agent.protocol import shipped_bundle, verb
+
+
 @verb("whoami_test")
 def whoami_test(payload):
     print("stray output must not reach the JSON answer")
-    return {"source_bytes": len(AGENT_SOURCE), "echo": payload.get("x")}
+    bundle, bootstrap = shipped_bundle()
+    return {"bundle_bytes": len(bundle), "bootstrap_lines": len(bootstrap.splitlines()), "echo": payload.get("x"),
+            "file": __file__}
 '''
 
 
-def test_extensions_register_verbs_and_see_the_shipped_source():
-    source = agent_source() + EXTENSION
-    result = ok("whoami_test", {"x": 7}, source=source)
-    assert result == {"source_bytes": len(source), "echo": 7}
+def test_extensions_register_verbs_and_see_the_shipped_bundle():
+    program = build_program({"ddops_agent.whoami_test": EXTENSION})
+    result = ok("whoami_test", {"x": 7}, program=program)
+    assert result == {"bundle_bytes": len(program.bundle), "bootstrap_lines": len(program.bootstrap.splitlines()),
+                      "echo": 7, "file": "ddops_agent/whoami_test.py"}
+
+
+FAILING_VERB = '''
+import traceback
+
+from ddops_agent.protocol import verb
+
+
+@verb("traceback_test")
+def traceback_test(payload):
+    try:
+        helper_that_fails()
+    except ZeroDivisionError:
+        return {"traceback": traceback.format_exc()}
+
+
+def helper_that_fails():
+    return 1 / 0
+'''
+
+
+def test_tracebacks_name_the_agent_module_file_and_show_its_source_line():
+    program = build_program({"ddops_agent.traceback_test": FAILING_VERB})
+    text = ok("traceback_test", {}, program=program)["traceback"]
+    assert 'File "ddops_agent/traceback_test.py", line 16, in helper_that_fails' in text
+    assert "return 1 / 0" in text and "<string>" not in text
 
 
 def test_bootstrap_command_runs_through_a_shell(repo):
-    source = agent_source()
+    program = agent_program()
     request = json.dumps({"verb": "journal", "payload": {"repo": str(repo)}}).encode()
-    done = subprocess.run(["/bin/sh", "-c", bootstrap_command(sys.executable, len(source))],
-                          input=source + request, capture_output=True, timeout=30)
+    done = subprocess.run(["/bin/sh", "-c", bootstrap_command(sys.executable, len(program.bundle))],
+                          input=program.bundle + request, capture_output=True, timeout=30)
     assert json.loads(done.stdout) == {"ok": True, "result": {"entries": [], "corrupt": []}}
 
 
-def test_the_core_agent_also_runs_as_a_plain_script(repo):
+def test_the_agent_also_runs_without_the_bootstrap_as_a_module(repo):
     request = json.dumps({"verb": "snapshot", "payload": {"repo": str(repo), "files": ["ddtree.py"]}})
-    done = subprocess.run([sys.executable, str(remote_dir() / "agent.py")], input=request.encode(),
+    done = subprocess.run([sys.executable, "-m", "ddops_agent"], input=request.encode(), cwd=remote_dir(),
                           capture_output=True, timeout=30)
     assert json.loads(done.stdout)["result"]["files"]["ddtree.py"]["sha256"] == sha(ORIGINAL)
 
 
-# Standard-library C cores that a newer or older Python names differently (the agent tries each in turn).
-OTHER_PYTHONS_STDLIB = {"_sha2", "_sha256"}
-
-
-def test_agent_imports_nothing_but_the_standard_library():
-    for path in [remote_dir() / "agent.py", *sorted(remote_dir().glob("agent_*.py"))]:
+def test_agent_imports_nothing_but_the_standard_library_and_its_own_modules():
+    for path in [remote_dir() / "bootstrap.py", *sorted((remote_dir() / "ddops_agent").glob("*.py"))]:
         tree = ast.parse(path.read_text(), feature_version=(3, 8))
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             for name in names:
                 top = name.split(".")[0]
-                assert top in sys.stdlib_module_names | OTHER_PYTHONS_STDLIB, f"{path.name} imports {name}"
+                assert top in sys.stdlib_module_names | {"ddops_agent"}, f"{path.name} imports {name}"
 
 
 def oldest_python() -> str | None:

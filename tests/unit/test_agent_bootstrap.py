@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib.metadata
 import json
@@ -13,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
+from ddops.transport.agent import agent_digest, agent_source, bootstrap_command, build_program
 
 # A verb that shows what a request sees of the process it runs in.
-PROBE = b'''
+PROBE = '''
+import os
+import sys
+
+from ddops_agent.protocol import verb
+
 CALLS = []
 
 
@@ -26,6 +30,11 @@ def probe_test(payload):
     return {"pid": os.getpid(), "calls_in_this_load": len(CALLS), "stdin": os.read(0, 100).decode(),
             "no_site": sys.flags.no_site}
 '''
+
+
+def probe_bundle() -> bytes:
+    """The shipped bundle plus the probe verb's module."""
+    return build_program({"ddops_agent.probe_test": PROBE}).bundle
 
 
 def digest_of(source: bytes) -> str:
@@ -51,7 +60,7 @@ def cached_files(cache_home: Path) -> list[Path]:
 
 
 def test_serve_answers_one_line_per_request_each_on_a_freshly_loaded_agent(tmp_path):
-    source = agent_source() + PROBE
+    source = probe_bundle()
     answers = run_bootstrap(source, request("probe_test", {}) * 3, digest=digest_of(source), serve=True,
                             cache_home=tmp_path)
     assert [a["ok"] for a in answers] == [True, True, True]
@@ -61,14 +70,14 @@ def test_serve_answers_one_line_per_request_each_on_a_freshly_loaded_agent(tmp_p
 
 
 def test_served_verbs_and_their_children_cannot_read_the_requests_that_follow(tmp_path):
-    source = agent_source() + PROBE
+    source = probe_bundle()
     answers = run_bootstrap(source, request("probe_test", {}) + request("probe_test", {}),
                             digest=digest_of(source), serve=True, cache_home=tmp_path)
     assert [a["result"]["stdin"] for a in answers] == ["", ""]
 
 
 def test_a_failing_request_does_not_end_the_session(tmp_path):
-    source = agent_source() + PROBE
+    source = probe_bundle()
     answers = run_bootstrap(source, b"not json\n" + request("frobnicate", {}) + request("probe_test", {}),
                             digest=digest_of(source), serve=True, cache_home=tmp_path)
     assert [a["ok"] for a in answers] == [False, False, True]
@@ -120,7 +129,7 @@ def test_facts_still_reports_package_versions_although_python_starts_without_sit
         expected = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("torch is not installed in this environment")
-    source = agent_source() + PROBE
+    source = probe_bundle()
     answers = run_bootstrap(source, request("probe_test", {}) + request("facts", {}), digest=digest_of(source),
                             serve=True, cache_home=tmp_path)
     assert answers[0]["result"]["no_site"] == 1
@@ -148,25 +157,3 @@ def test_the_cache_keeps_only_the_newest_versions(tmp_path, repo_dir):
     assert len(kept) == 8
     assert any(agent_digest()[:32] in path.name for path in kept)
     assert (folder / f"agent-{11:032d}-old.marshal") in kept and (folder / f"agent-{0:032d}-old.marshal") not in kept
-
-
-def test_a_patch_s_snapshot_and_commit_load_no_heavy_standard_module(tmp_path, repo_dir):
-    # Each of these costs milliseconds per host and per command (json and base64 pull in re, and re pulls in enum);
-    # the agent reaches the C cores behind them directly.
-    before, after = b"past_key_values_target = DynamicCache()\n", b"past_key_values_target = DynamicCache(config=c)\n"
-    change = {"path": "ddtree.py", "patch_ids": ["hybrid-cache"], "expected_sha256": digest_of(before),
-              "new_content_b64": base64.b64encode(after).decode(), "new_sha256": digest_of(after)}
-    requests = (request("snapshot", {"repo": str(repo_dir), "files": ["ddtree.py"]})
-                + request("commit", {"repo": str(repo_dir), "actor": "t", "changes": [change], "post_checks": []}))
-    source = agent_source()
-    command = bootstrap_command(sys.executable, len(source), digest=agent_digest(), serve=True)
-    command = command.replace(" -S ", " -X importtime -S ", 1)
-    for _ in range(2):  # the second run loads the cached compiled agent, as every run after a host's first does
-        (repo_dir / "ddtree.py").write_bytes(before)
-        done = subprocess.run(["/bin/sh", "-c", command], input=source + requests, capture_output=True, timeout=60,
-                              env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
-    assert [json.loads(line)["ok"] for line in done.stdout.decode().splitlines()] == [True, True]
-    assert (repo_dir / "ddtree.py").read_bytes() == after
-    imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()
-                if line.startswith("import time:")}
-    assert imported & {"json", "re", "enum", "base64", "hashlib", "_hashlib", "collections", "signal"} == set()

@@ -13,7 +13,7 @@ from ddops.errors import PlaybookError
 from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
-from ddops.patching.playbook import BUILTIN_DIR, PatchPlaybook, list_playbooks, load_playbook
+from ddops.patching.playbook import PatchPlaybook, builtin_dirs, list_playbooks, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_the_builtin_playbooks_are_found_by_bare_name():
     for name in BUILTINS:
         book = load_playbook(name)
         assert isinstance(book, PatchPlaybook) and book.name == name
-        assert book.path == str(BUILTIN_DIR / f"{name}.yaml")
+        assert book.path == str(builtin_dirs()[0] / f"{name}.yaml")
 
 
 @pytest.mark.parametrize("name", BUILTINS)

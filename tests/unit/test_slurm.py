@@ -91,7 +91,7 @@ def test_batch_script_starts_the_runs_agent_copy_with_the_hosts_python():
     assert script.startswith("#!/bin/sh\n")
     words = shlex.split(script, comments=True)
     assert words[:3] == ["exec", "/opt/py 3/bin/python", "-S"] and words[3] == "-c"
-    assert words[5:] == ["/repo/.ddops/runs/r1/agent.py", "/repo/.ddops/runs/r1/task-request.json"]
+    assert words[5:] == ["/repo/.ddops/runs/r1"]
     compile(words[4], "<boot>", "exec")
 
 
@@ -204,18 +204,20 @@ def test_submit_without_sbatch_fails_naming_the_login_node_and_records_the_error
     import subprocess
     import sys
 
-    from ddops.transport.agent import BOOTSTRAP, agent_source
+    from ddops.transport.agent import agent_program
 
     repo = tmp_path / "repo"
     repo.mkdir()
-    source = agent_source()
+    program = agent_program()
     payload = {"repo": str(repo), "run_id": "r1", "sbatch_args": ["--parsable", "--array=0-0"],
                "script": "#!/bin/sh\ntrue\n", "spec": {"runs": [{"index": 0, "label": "a", "command": "true"}]}}
     request = json.dumps({"verb": "slurm_submit", "payload": payload}).encode()
-    done = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(len(source))], input=source + request,
+    done = subprocess.run(program.argv(sys.executable, cache=False), input=program.bundle + request,
                           capture_output=True, timeout=30, env={**os.environ, "PATH": str(tmp_path / "nothing")})
     answer = json.loads(done.stdout)
     assert answer["error"]["kind"] == "slurm" and "sbatch: not found on this host" in answer["error"]["message"]
     state = json.loads((repo / ".ddops" / "runs" / "r1" / "state.json").read_text())
     assert state["status"] == "error" and "sbatch refused the job" in state["message"]
     assert (repo / ".ddops" / "runs" / "r1" / "job.sh").read_text() == payload["script"]
+    # what each array task will load: the agent exactly as shipped
+    assert (repo / ".ddops" / "runs" / "r1" / "agent.bundle").read_bytes() == program.bundle

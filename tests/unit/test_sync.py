@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ import pytest
 from ddops.inventory import Host
 from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError,
                               classify_dirty, make_bundle, pick_ref, pin_state, resolve_pin)
-from ddops.transport.agent import BOOTSTRAP, agent_source, remote_dir
+from ddops.transport.agent import agent_program
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
@@ -183,9 +182,9 @@ def test_pin_state_for_the_status_command():
 
 
 def call(verb: str, payload: dict, cache: Path) -> dict:
-    source = agent_source()
+    program = agent_program()
     request = json.dumps({"verb": verb, "payload": payload}).encode()
-    done = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(len(source))], input=source + request,
+    done = subprocess.run(program.argv(sys.executable, cache=False), input=program.bundle + request,
                           capture_output=True, timeout=60, env={**os.environ, "XDG_CACHE_HOME": str(cache), **GIT_ENV})
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
@@ -283,21 +282,6 @@ def test_agent_checks_the_bundle_checksum_and_only_reads_its_staging_dir(upstrea
     assert not target.exists()
 
 
-def test_agent_sync_extension_shares_no_global_name_with_other_agent_files():
-    def names(path: Path) -> set[str]:
-        tree = ast.parse(path.read_text())
-        out = set()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                out.add(node.name)
-            elif isinstance(node, ast.Assign):
-                out.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        return out
-
-    mine = names(remote_dir() / "agent_sync.py")
-    for other in [remote_dir() / "agent.py", *remote_dir().glob("agent_*.py")]:
-        if other.name != "agent_sync.py":
-            assert not mine & names(other), f"agent_sync.py redefines {mine & names(other)} from {other.name}"
 
 
 def test_bad_sync_options_are_usage_errors(tmp_path):

@@ -1,19 +1,31 @@
 """ddops agent extension: the repo at a pinned commit (inspect, save local edits, fetch, checkout detached)."""
 
-# Concatenated after remote/agent.py: it shares the core's globals (verb, AgentFault, RepoLock, ...).
-
+import hashlib
+import json
+import os
 import re
+import socket
+import stat
+import subprocess
+import time
+import uuid
 
-SYNC_LOG = "sync.jsonl"
-# Compiled (and `re` imported) on first use: most agent calls are not syncs.
-SYNC_BUNDLE_NAME_PATTERN = r"(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle"
-SYNC_DEFAULT_FETCH_TIMEOUT = 600.0
-SYNC_DEFAULT_PROBE_TIMEOUT = 10.0
-SYNC_STALE_BUNDLE_SECONDS = 24 * 3600
-SYNC_GIT_ERROR_CHARS = 2000
+from ddops_agent.protocol import (AgentFault, bad_request, identity, is_hex, optional_number, optional_str,
+                                  require_list, require_object, require_sha, require_str, verb)
+from ddops_agent.files import STATE_DIR, check_relpath, make_private_dir, open_repo, unsafe_path, write_all
+from ddops_agent.checks import kill_group
+from ddops_agent.journal import RepoLock, ensure_state_dir, lock_timeout, now_iso, read_journal, state_dir
 
 
-def sync_require_commit(payload, key="commit"):
+LOG_NAME = "sync.jsonl"
+BUNDLE_NAME_PATTERN = r"(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle"
+DEFAULT_FETCH_TIMEOUT = 600.0
+DEFAULT_PROBE_TIMEOUT = 10.0
+STALE_BUNDLE_SECONDS = 24 * 3600
+GIT_ERROR_CHARS = 2000
+
+
+def require_commit(payload, key="commit"):
     """payload[key] as a full lowercase hex commit id (sha1 or sha256 repositories)."""
     value = payload.get(key)
     if not is_hex(value, 40, 64):
@@ -21,7 +33,7 @@ def sync_require_commit(payload, key="commit"):
     return value
 
 
-def sync_repo_path(payload):
+def repo_path(payload):
     """The real path of payload["repo"], which need not exist yet (a sync may create it)."""
     raw = require_str(payload, "repo")
     path = os.path.expanduser(raw)
@@ -30,7 +42,7 @@ def sync_repo_path(payload):
     return os.path.realpath(path)
 
 
-def sync_git_env():
+def git_env():
     """The environment git runs in: never prompt (no terminal here), messages in English."""
     env = dict(os.environ)
     env["GIT_TERMINAL_PROMPT"] = "0"
@@ -40,12 +52,12 @@ def sync_git_env():
     return env
 
 
-def sync_run_git(repo, args, timeout, env=None):
+def run_git(repo, args, timeout, env=None):
     """(exit code, stdout bytes, stderr text) of `git args` in `repo`; killed with its children on timeout."""
     try:
         process = subprocess.Popen(
             ["git"] + list(args), cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, env=env or sync_git_env(),
+            stderr=subprocess.PIPE, start_new_session=True, env=env or git_env(),
         )
     except FileNotFoundError:
         raise AgentFault("no_git", "git is not installed on this host (or not on PATH)") from None
@@ -55,18 +67,18 @@ def sync_run_git(repo, args, timeout, env=None):
         kill_group(process)
         process.communicate()
         raise AgentFault("timeout", "git %s timed out after %gs and was stopped" % (args[0], timeout)) from None
-    return process.returncode, out, err.decode("utf-8", "replace").strip()[-SYNC_GIT_ERROR_CHARS:]
+    return process.returncode, out, err.decode("utf-8", "replace").strip()[-GIT_ERROR_CHARS:]
 
 
-def sync_git_ok(repo, args, timeout=60, kind="git_failed", env=None):
+def git_ok(repo, args, timeout=60, kind="git_failed", env=None):
     """stdout text of a git command that must succeed; fault `kind` with git's own message otherwise."""
-    code, out, err = sync_run_git(repo, args, timeout, env)
+    code, out, err = run_git(repo, args, timeout, env)
     if code != 0:
-        raise AgentFault(kind, "git %s failed (exit %d): %s" % (" ".join(args[:2]), code, sync_last_lines(err)))
+        raise AgentFault(kind, "git %s failed (exit %d): %s" % (" ".join(args[:2]), code, last_lines(err)))
     return out.decode("utf-8", "replace").strip()
 
 
-def sync_last_lines(text, count=6):
+def last_lines(text, count=6):
     """git's complaint in one line: from its first error:/fatal: line on (a few lines), else its last lines."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "fatal:"))), None)
@@ -76,12 +88,12 @@ def sync_last_lines(text, count=6):
     return " / ".join(picked) or "no message"
 
 
-def sync_is_checkout(repo):
+def is_checkout(repo):
     """Whether `repo` is the top of a git work tree (a `.git` directory or gitfile right there)."""
     return os.path.exists(os.path.join(repo, ".git"))
 
 
-def sync_is_empty_dir(repo):
+def is_empty_dir(repo):
     """Whether `repo` holds nothing but (maybe) ddops' own state directory."""
     try:
         return all(name == STATE_DIR for name in os.listdir(repo))
@@ -89,25 +101,25 @@ def sync_is_empty_dir(repo):
         return True
 
 
-def sync_has_commit(repo, commit):
+def has_commit(repo, commit):
     """Whether the commit object is in the repo."""
-    code, _, _ = sync_run_git(repo, ["cat-file", "-e", commit + "^{commit}"], 30)
+    code, _, _ = run_git(repo, ["cat-file", "-e", commit + "^{commit}"], 30)
     return code == 0
 
 
-def sync_head_commit(repo):
+def head_commit(repo):
     """HEAD's commit id, or None in a repo without commits."""
-    code, out, _ = sync_run_git(repo, ["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], 30)
+    code, out, _ = run_git(repo, ["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], 30)
     return out.decode().strip() if code == 0 and out.strip() else None
 
 
-def sync_remote_url(repo, name="origin"):
+def remote_url(repo, name="origin"):
     """The URL of remote `name`, or None."""
-    code, out, _ = sync_run_git(repo, ["config", "--get", "remote.%s.url" % name], 30)
+    code, out, _ = run_git(repo, ["config", "--get", "remote.%s.url" % name], 30)
     return out.decode("utf-8", "replace").strip() if code == 0 and out.strip() else None
 
 
-def sync_parse_porcelain(raw):
+def parse_porcelain(raw):
     """`git status --porcelain=v1 -z` output as [{path, xy, orig}] (orig: a rename's source, else None)."""
     items = raw.split(b"\0")
     out = []
@@ -127,16 +139,16 @@ def sync_parse_porcelain(raw):
     return out
 
 
-def sync_dirty_tracked(repo):
+def dirty_tracked(repo):
     """Tracked files with staged or unstaged changes (untracked files are left alone by checkout)."""
-    raw = sync_run_git(repo, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"], 60)
+    raw = run_git(repo, ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=no"], 60)
     code, out, err = raw
     if code != 0:
-        raise AgentFault("git_failed", "git status failed (exit %d): %s" % (code, sync_last_lines(err)))
-    return sync_parse_porcelain(out)
+        raise AgentFault("git_failed", "git status failed (exit %d): %s" % (code, last_lines(err)))
+    return parse_porcelain(out)
 
 
-def sync_file_sha_or_none(repo, rel):
+def file_sha_or_none(repo, rel):
     """The sha256 of a regular file in the repo (streamed), or None when missing or not a regular file."""
     path = os.path.join(repo, rel)
     try:
@@ -155,9 +167,9 @@ def sync_file_sha_or_none(repo, rel):
     return digest.hexdigest()
 
 
-def sync_describe_dirty(repo):
+def describe_dirty(repo):
     """Each dirty tracked file with its sha256 and the journal entries ddops wrote for it."""
-    dirty = sync_dirty_tracked(repo)
+    dirty = dirty_tracked(repo)
     if not dirty:
         return []
     entries, _ = read_journal(state_dir(repo))
@@ -166,12 +178,12 @@ def sync_describe_dirty(repo):
         if isinstance(entry.get("file"), str):
             by_file.setdefault(entry["file"], []).append(entry)
     for item in dirty:
-        item["sha256"] = sync_file_sha_or_none(repo, item["path"])
+        item["sha256"] = file_sha_or_none(repo, item["path"])
         item["journal"] = by_file.get(item["path"], [])
     return dirty
 
 
-def sync_objects_bytes(repo):
+def objects_bytes(repo):
     """Bytes under the repo's object store (to report how much a fetch brought in)."""
     root = os.path.join(repo, ".git", "objects")
     total = 0
@@ -184,13 +196,13 @@ def sync_objects_bytes(repo):
     return total
 
 
-def sync_probe_url(repo, url, timeout):
+def probe_url(repo, url, timeout):
     """Whether this host can list refs at `url` within `timeout`: {reachable, error, seconds}."""
     started = time.monotonic()
     cwd = repo if os.path.isdir(repo) else "/"
     try:
-        code, _, err = sync_run_git(cwd, ["ls-remote", "--quiet", url, "HEAD"], timeout)
-        error = None if code == 0 else sync_last_lines(err)
+        code, _, err = run_git(cwd, ["ls-remote", "--quiet", url, "HEAD"], timeout)
+        error = None if code == 0 else last_lines(err)
     except AgentFault as fault:
         code, error = -1, fault.message
     return {"reachable": code == 0, "error": error, "seconds": round(time.monotonic() - started, 3)}
@@ -199,27 +211,27 @@ def sync_probe_url(repo, url, timeout):
 # -- staging of uploaded bundles ----------------------------------------------------------------------------------
 
 
-def sync_staging_dir(create):
+def staging_dir(create):
     """Where the controller uploads bundles: a private per-user cache directory (outside any repo)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "ddops", "incoming")
     if create:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         make_private_dir(path)
-        sync_remove_stale_bundles(path)
+        remove_stale_bundles(path)
     return os.path.realpath(path)
 
 
-def sync_is_bundle_name(name):
+def is_bundle_name(name):
     """Whether `name` is a bundle name ddops makes: <commit>-<nonce>.bundle."""
-    return re.fullmatch(SYNC_BUNDLE_NAME_PATTERN, name) is not None
+    return re.fullmatch(BUNDLE_NAME_PATTERN, name) is not None
 
 
-def sync_remove_stale_bundles(directory):
+def remove_stale_bundles(directory):
     """Bundles left behind by interrupted runs, older than a day (names ddops made only)."""
-    cutoff = time.time() - SYNC_STALE_BUNDLE_SECONDS
+    cutoff = time.time() - STALE_BUNDLE_SECONDS
     for name in os.listdir(directory):
-        if sync_is_bundle_name(name) or name.endswith(".bundle.part"):
+        if is_bundle_name(name) or name.endswith(".bundle.part"):
             path = os.path.join(directory, name)
             try:
                 if os.lstat(path).st_mtime < cutoff:
@@ -228,26 +240,26 @@ def sync_remove_stale_bundles(directory):
                 pass
 
 
-def sync_bundle_target(raw):
+def bundle_target(raw):
     """The real path of an uploaded bundle: only a ddops-named file directly in the staging directory."""
     path = require_str(raw, "path", "bundle")
-    if os.path.dirname(path) != sync_staging_dir(False) or not sync_is_bundle_name(os.path.basename(path)):
+    if os.path.dirname(path) != staging_dir(False) or not is_bundle_name(os.path.basename(path)):
         raise unsafe_path(path, "bundles are only read from ddops' staging directory")
     if os.path.islink(path) or not os.path.isfile(path):
         raise AgentFault("no_bundle", "the uploaded bundle %s is missing" % path)
     return path
 
 
-def sync_discard_bundle(payload):
+def discard_bundle(payload):
     """Remove an uploaded bundle that is not needed (the commit arrived some other way)."""
     if isinstance(payload.get("bundle"), dict):
         try:
-            os.unlink(sync_bundle_target(payload["bundle"]))
+            os.unlink(bundle_target(payload["bundle"]))
         except (AgentFault, OSError):
             pass
 
 
-def sync_check_bundle(path, expected_sha):
+def check_bundle(path, expected_sha):
     """Fault `checksum` (and delete the file) when the uploaded bundle is not the bytes the controller sent."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -263,33 +275,33 @@ def sync_check_bundle(path, expected_sha):
 
 
 @verb("sync_inspect")
-def sync_inspect(payload):
+def inspect_verb(payload):
     """Where the repo stands against a commit, in one call: head, whether it has the commit, dirty files."""
-    repo = sync_repo_path(payload)
-    commit = sync_require_commit(payload)
+    repo = repo_path(payload)
+    commit = require_commit(payload)
     result = {"repo": repo, "exists": os.path.isdir(repo), "is_git": False, "empty": False, "head": None,
               "has_commit": False, "origin_url": None, "dirty": [], "probe": None, "staging_dir": None}
     if os.path.exists(repo) and not os.path.isdir(repo):
         raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
-    result["empty"] = sync_is_empty_dir(repo)
-    if result["exists"] and sync_is_checkout(repo):
+    result["empty"] = is_empty_dir(repo)
+    if result["exists"] and is_checkout(repo):
         result["is_git"] = True
-        result["head"] = sync_head_commit(repo)
-        result["has_commit"] = sync_has_commit(repo, commit)
-        result["origin_url"] = sync_remote_url(repo)
-        result["dirty"] = sync_describe_dirty(repo)
+        result["head"] = head_commit(repo)
+        result["has_commit"] = has_commit(repo, commit)
+        result["origin_url"] = remote_url(repo)
+        result["dirty"] = describe_dirty(repo)
     if not result["has_commit"]:
         url = optional_str(payload, "probe_url")
         if url:
-            timeout = optional_number(payload, "probe_timeout", SYNC_DEFAULT_PROBE_TIMEOUT)
-            result["probe"] = sync_probe_url(repo, url, timeout)
+            timeout = optional_number(payload, "probe_timeout", DEFAULT_PROBE_TIMEOUT)
+            result["probe"] = probe_url(repo, url, timeout)
         if payload.get("staging"):
-            result["staging_dir"] = sync_staging_dir(True)
+            result["staging_dir"] = staging_dir(True)
     return result
 
 
 @verb("sync_save")
-def sync_save(payload):
+def save_verb(payload):
     """Save local edits to tracked files in a git stash named after ddops, before the commit moves."""
     repo = open_repo(payload)
     paths = require_list(payload, "paths")
@@ -298,51 +310,51 @@ def sync_save(payload):
     message = require_str(payload, "message")
     if not paths:
         raise bad_request("payload.paths must name at least one file")
-    env = sync_git_env()
+    env = git_env()
     # A stash is a commit: give it an author when the host has no git identity configured.
     for key, name in (("user.name", "GIT_AUTHOR_NAME"), ("user.email", "GIT_AUTHOR_EMAIL")):
-        code, out, _ = sync_run_git(repo, ["config", "--get", key], 30)
+        code, out, _ = run_git(repo, ["config", "--get", key], 30)
         if code != 0 or not out.strip():
             value = "ddops" if key == "user.name" else "ddops@" + socket.gethostname()
             env[name] = value
             env[name.replace("AUTHOR", "COMMITTER")] = value
-    sync_git_ok(repo, ["stash", "push", "--quiet", "--message", message, "--"] + paths, kind="save_failed", env=env)
-    stash = sync_git_ok(repo, ["rev-parse", "--verify", "refs/stash"], kind="save_failed")
-    listed = sync_git_ok(repo, ["stash", "list", "--format=%H %gd"], kind="save_failed")
+    git_ok(repo, ["stash", "push", "--quiet", "--message", message, "--"] + paths, kind="save_failed", env=env)
+    stash = git_ok(repo, ["rev-parse", "--verify", "refs/stash"], kind="save_failed")
+    listed = git_ok(repo, ["stash", "list", "--format=%H %gd"], kind="save_failed")
     ref = next((line.split()[1] for line in listed.splitlines() if line.split()[0] == stash), "stash@{0}")
-    still = [item["path"] for item in sync_dirty_tracked(repo) if item["path"] in paths]
+    still = [item["path"] for item in dirty_tracked(repo) if item["path"] in paths]
     if still:
         raise AgentFault("save_failed", "git stash left these files changed: %s" % ", ".join(still))
     return {"stash": stash, "ref": ref, "message": message, "paths": paths}
 
 
-def sync_prepare_repo(repo, url):
+def prepare_repo(repo, url):
     """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url)."""
     if os.path.exists(repo) and not os.path.isdir(repo):
         raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
-    if os.path.isdir(repo) and sync_is_checkout(repo):
+    if os.path.isdir(repo) and is_checkout(repo):
         return False
-    if not sync_is_empty_dir(repo):
+    if not is_empty_dir(repo):
         raise AgentFault("not_git", "%s is not a git checkout and is not empty: ddops will not clone over it "
                                     "(move it away, or point `repo:` elsewhere)" % repo)
     os.makedirs(repo, exist_ok=True)
-    sync_git_ok(repo, ["init", "--quiet"], kind="init_failed")
+    git_ok(repo, ["init", "--quiet"], kind="init_failed")
     if url:
-        sync_git_ok(repo, ["remote", "add", "origin", url], kind="init_failed")
+        git_ok(repo, ["remote", "add", "origin", url], kind="init_failed")
     return True
 
 
-def sync_fetch_commit(repo, commit, payload):
+def fetch_commit(repo, commit, payload):
     """Bring `commit` into the repo from the remote URL or an uploaded bundle; {source, fetched_bytes}."""
     source = require_str(payload, "source")
-    timeout = optional_number(payload, "fetch_timeout", SYNC_DEFAULT_FETCH_TIMEOUT)
-    before = sync_objects_bytes(repo)
+    timeout = optional_number(payload, "fetch_timeout", DEFAULT_FETCH_TIMEOUT)
+    before = objects_bytes(repo)
     if source == "bundle":
         bundle = require_object(payload.get("bundle"), "payload.bundle")
-        path = sync_bundle_target(bundle)
+        path = bundle_target(bundle)
         try:
-            sync_check_bundle(path, require_sha(bundle, "sha256", "bundle"))
-            sync_git_ok(repo, ["fetch", "--quiet", "--no-tags", path, commit], timeout, kind="fetch_failed")
+            check_bundle(path, require_sha(bundle, "sha256", "bundle"))
+            git_ok(repo, ["fetch", "--quiet", "--no-tags", path, commit], timeout, kind="fetch_failed")
         finally:
             try:
                 os.unlink(path)
@@ -350,78 +362,78 @@ def sync_fetch_commit(repo, commit, payload):
                 pass
     elif source == "remote":
         url = require_str(payload, "repo_url")
-        if sync_remote_url(repo) == url:
+        if remote_url(repo) == url:
             # The branches and tags too, so the checkout looks like an ordinary clone to people on the host.
-            code, _, err = sync_run_git(repo, ["fetch", "--quiet", "--tags", "origin"], timeout)
+            code, _, err = run_git(repo, ["fetch", "--quiet", "--tags", "origin"], timeout)
             if code != 0:
                 raise AgentFault("fetch_failed", "git fetch from %s failed (exit %d): %s"
-                                 % (url, code, sync_last_lines(err)))
-            if not sync_has_commit(repo, commit):
-                sync_git_ok(repo, ["fetch", "--quiet", "origin", commit], timeout, kind="fetch_failed")
+                                 % (url, code, last_lines(err)))
+            if not has_commit(repo, commit):
+                git_ok(repo, ["fetch", "--quiet", "origin", commit], timeout, kind="fetch_failed")
         else:
-            sync_git_ok(repo, ["fetch", "--quiet", "--no-tags", url, commit], timeout, kind="fetch_failed")
+            git_ok(repo, ["fetch", "--quiet", "--no-tags", url, commit], timeout, kind="fetch_failed")
     else:
         raise bad_request("payload.source must be 'remote' or 'bundle'")
-    if not sync_has_commit(repo, commit):
+    if not has_commit(repo, commit):
         raise AgentFault("fetch_failed", "fetched from %s, but commit %s is not there" % (source, commit))
-    return {"source": source, "fetched_bytes": max(0, sync_objects_bytes(repo) - before)}
+    return {"source": source, "fetched_bytes": max(0, objects_bytes(repo) - before)}
 
 
-def sync_append_log(repo, record):
+def append_log(repo, record):
     """One line per sync in .ddops/sync.jsonl: who moved the checkout from where to where."""
     state = ensure_state_dir(repo)
-    path = os.path.join(state, SYNC_LOG)
+    path = os.path.join(state, LOG_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        write_all(fd, to_json(record, sort_keys=True).encode("utf-8") + b"\n")
+        write_all(fd, json.dumps(record, sort_keys=True).encode("utf-8") + b"\n")
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
 @verb("sync_fetch")
-def sync_fetch(payload):
+def fetch_verb(payload):
     """Only bring the commit in (the checkout does not move): used before rolling patches back."""
-    repo = sync_repo_path(payload)
-    commit = sync_require_commit(payload)
-    created = sync_prepare_repo(repo, optional_str(payload, "repo_url"))
-    if sync_has_commit(repo, commit):
-        sync_discard_bundle(payload)
+    repo = repo_path(payload)
+    commit = require_commit(payload)
+    created = prepare_repo(repo, optional_str(payload, "repo_url"))
+    if has_commit(repo, commit):
+        discard_bundle(payload)
         return {"created": created, "fetched": False, "source": None, "fetched_bytes": 0}
-    fetched = sync_fetch_commit(repo, commit, payload)
+    fetched = fetch_commit(repo, commit, payload)
     return dict(fetched, created=created, fetched=True)
 
 
 @verb("sync_checkout")
-def sync_checkout(payload):
+def checkout_verb(payload):
     """Fetch the commit when missing, then check it out detached; refuses if tracked files are changed."""
-    repo = sync_repo_path(payload)
-    commit = sync_require_commit(payload)
+    repo = repo_path(payload)
+    commit = require_commit(payload)
     who = identity(payload)
-    created = sync_prepare_repo(repo, optional_str(payload, "repo_url"))
+    created = prepare_repo(repo, optional_str(payload, "repo_url"))
     state = ensure_state_dir(repo)
     with RepoLock(state, lock_timeout(payload), who, "sync"):
-        before = sync_head_commit(repo)
+        before = head_commit(repo)
         fetched = {"source": None, "fetched_bytes": 0}
-        if not sync_has_commit(repo, commit):
-            fetched = sync_fetch_commit(repo, commit, payload)
+        if not has_commit(repo, commit):
+            fetched = fetch_commit(repo, commit, payload)
         else:
-            sync_discard_bundle(payload)
+            discard_bundle(payload)
         if before != commit:
             # The compare-and-swap of a sync: never move under someone's edits (the controller checked too).
-            dirty = sync_dirty_tracked(repo)
+            dirty = dirty_tracked(repo)
             if dirty:
                 raise AgentFault("dirty", "refusing to move %s: tracked files have local changes: %s"
                                  % (repo, ", ".join(item["path"] for item in dirty)))
-            timeout = optional_number(payload, "fetch_timeout", SYNC_DEFAULT_FETCH_TIMEOUT)
-            sync_git_ok(repo, ["checkout", "--quiet", "--detach", commit], timeout, kind="checkout_failed")
-        after = sync_head_commit(repo)
+            timeout = optional_number(payload, "fetch_timeout", DEFAULT_FETCH_TIMEOUT)
+            git_ok(repo, ["checkout", "--quiet", "--detach", commit], timeout, kind="checkout_failed")
+        after = head_commit(repo)
         if after != commit:
             raise AgentFault("checkout_failed", "HEAD is %s after checking out %s" % (after, commit))
         if before != after:
             record = {"event": "sync", "before": before, "after": after, "source": fetched["source"],
                       "time": now_iso(), "id": uuid.uuid4().hex}
             record.update(who)
-            sync_append_log(repo, record)
+            append_log(repo, record)
     return {"before": before, "after": after, "created": created, "fetched": fetched["source"] is not None,
             "source": fetched["source"], "fetched_bytes": fetched["fetched_bytes"]}

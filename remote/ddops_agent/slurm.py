@@ -12,9 +12,27 @@ Verbs (payloads carry `repo`, `run_id`, and `slurm_conf` when the cluster's slur
   slurm_stop   {repo, run_id, tasks?}  scancel the job, or only the given array tasks
   slurm_files  {repo, run_id}   bench_files' listing plus the job's state as text
 A Slurm run directory holds, besides spec.json and results/: job.sh (the batch script), slurm.json (job id, sbatch
-options), task-request.json, agent.py, task-<i>.out (each task's output, written by Slurm), task-<i>.json (each
+options), task-request.json, bootstrap.py + agent.bundle (the shipped agent, for the tasks), task-<i>.out (each task's output, written by Slurm), task-<i>.json (each
 task's own record), log (the task outputs merged, a `[i] ` prefix per line) and log-merge.json (how far each is).
 """
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_number, optional_str, require_list,
+                                  require_str, shipped_bundle, verb)
+from ddops_agent.files import atomic_write, is_inside, make_private_dir, open_repo, write_all
+from ddops_agent.journal import ensure_state_dir, now_iso
+from ddops_agent.bench import (ADDED_ENV, DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUNS_DIR, RUN_TAG_DIR, RUN_TAG_ID,
+                               bench_files, initial_state, log_size, open_run, parse_spec, read_json_file,
+                               read_log_range, require_run_id, runner_environment, runs_root, signal_quietly,
+                               write_json_file)
 
 SLURM_COMMAND_TIMEOUT = 30
 SLURM_SQUEUE_FORMAT = "%i|%F|%K|%T|%r|%N"
@@ -83,11 +101,15 @@ def slurm_submit(payload):
     state = initial_state(run_id, spec)
     state.update({"status": "submitted", "executor": "slurm"})
     write_json_file(os.path.join(run_dir, "state.json"), state)
-    if not AGENT_SOURCE:
-        raise bad_request("slurm_submit needs the shipped agent source (run it through the bootstrap)")
-    atomic_write(os.path.join(run_dir, "agent.py"), AGENT_SOURCE, 0o644)
+    shipped = shipped_bundle()
+    if shipped is None:
+        raise bad_request("slurm_submit needs the shipped agent bundle (run it through the bootstrap)")
+    bundle, bootstrap = shipped
+    # Each array task runs this agent again from these files (ddops/bench/slurm.py TASK_BOOT), on a compute node.
+    atomic_write(os.path.join(run_dir, "bootstrap.py"), bootstrap.encode("utf-8"), 0o644)
+    atomic_write(os.path.join(run_dir, "agent.bundle"), bundle, 0o644)
     request = {"verb": "slurm_task", "payload": {"repo": repo, "run_id": run_id}}
-    atomic_write(os.path.join(run_dir, "task-request.json"), to_json(request).encode("utf-8"), 0o644)
+    atomic_write(os.path.join(run_dir, "task-request.json"), json.dumps(request).encode("utf-8"), 0o644)
     script_path = os.path.join(run_dir, "job.sh")
     atomic_write(script_path, script.encode("utf-8"), 0o755)
     env.update(slurm_env(payload))

@@ -16,26 +16,35 @@ running but the runner is gone). Run statuses: pending, running, ok, failed, tim
 A run directory holds: spec.json (what to run: commands, env, matrix params, provenance), state.json (status,
 times, per-run exit codes and log offsets), pid (the runner's pid and start time), log (every run's output,
 appended, with a header and a footer per run), exit-<index> (each run's exit code), results/ (what the commands
-save), agent.py + runner-request.json (the detached runner: this agent, written to disk, running `bench_runner`),
+save), bootstrap.py + runner.in (the detached runner: the shipped bootstrap and bundle, written to disk, running
+`bench_runner`),
 runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked).
 """
 
+import datetime
 import glob
+import hashlib
+import json
+import os
 import re
 import signal
+import stat
+import subprocess
+import sys
+import time
 
-RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"  # compiled on first use, like the other lazy imports
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, describe_error, optional_number, optional_str,
+                                  require_list, require_object, require_str, shipped_bundle, verb)
+from ddops_agent.files import (atomic_write, check_relpath, current_sha, is_inside, make_private_dir, open_repo,
+                               read_regular, resolve_target, write_all)
+from ddops_agent.checks import run_quiet
+from ddops_agent.facts import collect_facts
+from ddops_agent.journal import ensure_state_dir, now_iso, read_journal, state_dir
+
+
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 RUNS_DIR = "runs"
 TERMINAL_STATUSES = ("completed", "failed", "stopped", "error", "lost")
-RUNNER_BOOT = (
-    "import sys\n"
-    "path = sys.argv[1]\n"
-    "with open(path, 'rb') as handle:\n"
-    "    source = handle.read()\n"
-    "namespace = {'__name__': '__ddops_agent__', 'AGENT_SOURCE': source}\n"
-    "exec(compile(source, path, 'exec'), namespace)\n"
-    "namespace['main']()\n"
-)
 RUN_TAG_ID = "DDOPS_RUN_ID"
 RUN_TAG_DIR = "DDOPS_RUN_DIR"
 DEFAULT_STOP_GRACE = 5.0
@@ -76,7 +85,7 @@ def read_json_file(path, default=None):
     """The JSON object in `path`, or `default` when it is missing or unreadable."""
     try:
         with open(path, "rb") as handle:
-            value = from_json(handle.read().decode("utf-8"))
+            value = json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError):
         return default
     return value if isinstance(value, dict) else default
@@ -260,19 +269,25 @@ def runner_environment(run_id, run_dir, spec):
 
 
 def spawn_runner(run_dir, repo, run_id, env):
-    """Start `bench_runner` detached: own session, stdin from a file, output to runner.out; returns its pid."""
-    if not AGENT_SOURCE:
-        raise bad_request("bench_launch needs the shipped agent source (run it through the bootstrap)")
-    runner_path = os.path.join(run_dir, "agent.py")
-    atomic_write(runner_path, AGENT_SOURCE, 0o600)
-    request_path = os.path.join(run_dir, "runner-request.json")
+    """Start `bench_runner` detached: own session, stdin from a file, output to runner.out; returns its pid.
+
+    The runner is this agent run again from the shipped bundle, written to the run directory: bootstrap.py reads
+    runner.in (the bundle, then the request) as the bootstrap does over ssh.
+    """
+    shipped = shipped_bundle()
+    if shipped is None:
+        raise bad_request("bench_launch needs the shipped agent bundle (run it through the bootstrap)")
+    bundle, bootstrap = shipped
+    bootstrap_path = os.path.join(run_dir, "bootstrap.py")
+    atomic_write(bootstrap_path, bootstrap.encode("utf-8"), 0o600)
     request = {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}
-    atomic_write(request_path, to_json(request).encode("utf-8"), 0o600)
-    with open(request_path, "rb") as stdin, open(os.path.join(run_dir, "runner.out"), "ab") as out:
+    stdin_path = os.path.join(run_dir, "runner.in")
+    atomic_write(stdin_path, bundle + json.dumps(request).encode("utf-8"), 0o600)
+    with open(stdin_path, "rb") as stdin, open(os.path.join(run_dir, "runner.out"), "ab") as out:
         # start_new_session: setsid() in the child, so no hangup or signal to our ssh session reaches it; every
         # descriptor is a file of ours, so the ssh channel closes as soon as this agent exits.
         process = subprocess.Popen(
-            [sys.executable, "-c", RUNNER_BOOT, runner_path], cwd=run_dir, stdin=stdin, stdout=out,
+            [sys.executable, "-S", bootstrap_path, str(len(bundle))], cwd=run_dir, stdin=stdin, stdout=out,
             stderr=subprocess.STDOUT, close_fds=True, start_new_session=True,
             env=env,
         )

@@ -1,0 +1,164 @@
+"""Starts the ddops agent on a host from the bundle on stdin (stdlib only, Python >= 3.8).
+
+Run as `python -S -c "<this file>" N [--sha256=HEX] [--serve] [--linger=SECONDS] [--probe-resident]` (or, for a
+bench run's detached runner, as `python -S bootstrap.py N`): stdin holds N bytes of agent bundle, then requests.
+The options and the protocol are described in remote/README.md.
+"""
+
+import hashlib
+import json
+import marshal
+import os
+import sys
+
+PACKAGE = "ddops_agent"
+CACHE_KEEP = 8  # compiled bundles kept per host: every ddops upgrade leaves one behind
+
+
+def fail(message):
+    """Answer a request the agent never got to see."""
+    sys.stdout.write(json.dumps({"ok": False, "error": {"kind": "bootstrap", "message": message}}) + "\n")
+    sys.stdout.flush()
+
+
+class BundleImporter(object):
+    """A meta-path finder and loader over the shipped modules, so that they import one another as a package and
+    tracebacks name their files and lines (linecache asks get_source)."""
+
+    def __init__(self, bundle, compiled):
+        self.bundle = bundle  # the bytes as shipped, for a verb that starts the agent again (protocol.shipped_bundle)
+        self.modules = dict((name, (filename, is_package, code)) for name, filename, is_package, code in compiled)
+        self.order = [entry[0] for entry in compiled]
+        self.sources = None
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.modules:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        filename, is_package, _ = self.modules[fullname]
+        spec = ModuleSpec(fullname, self, origin=filename, is_package=is_package)
+        spec.has_location = True  # sets __file__
+        return spec
+
+    def create_module(self, spec):
+        return None  # the default module object
+
+    def exec_module(self, module):
+        exec(self.modules[module.__name__][2], module.__dict__)
+
+    def get_source(self, fullname):
+        if self.sources is None:
+            self.sources = dict((entry[0], entry[3]) for entry in json.loads(self.bundle.decode("utf-8"))["modules"])
+        return self.sources.get(fullname)
+
+    def load(self):
+        """The agent package freshly executed, as a new process would load it (module state does not carry over
+        from one request to the next); its modules are attributes of it."""
+        for name in self.order:
+            sys.modules.pop(name, None)
+        for name in self.order:
+            __import__(name)
+        return sys.modules[PACKAGE]
+
+
+def compile_bundle(bundle):
+    """[(module name, file name, is package, code)] from the bundle's JSON text."""
+    return [(name, filename, is_package, compile(source, filename, "exec"))
+            for name, filename, is_package, source in json.loads(bundle.decode("utf-8"))["modules"]]
+
+
+def cache_path(digest):
+    """Where this host caches the compiled bundle `digest` for this Python."""
+    magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"").hex()
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddops")
+    return os.path.join(folder, "agent-%s-%s-%s.marshal" % (digest[:32], sys.implementation.cache_tag, magic))
+
+
+def read_cache(path):
+    """The compiled bundle cached at `path`, or None (absent, or it does not load: compiled again)."""
+    try:
+        with open(path, "rb") as handle:
+            return marshal.loads(handle.read())
+    except Exception:
+        return None
+
+
+def write_cache(path, compiled):
+    """Cache the compiled bundle; an unwritable cache only costs speed."""
+    try:
+        folder = os.path.dirname(path)
+        os.makedirs(folder, 0o700, exist_ok=True)
+        temp = "%s.%d.tmp" % (path, os.getpid())
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
+            handle.write(marshal.dumps(compiled))
+        os.replace(temp, path)
+        entries = [os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".marshal")]
+        for old in sorted(entries, key=os.path.getmtime, reverse=True)[CACHE_KEEP:]:
+            os.unlink(old)
+    except OSError:
+        pass
+
+
+def option(name, default=None):
+    """The value of `--name=VALUE` among the options, or `default`."""
+    prefix = "--%s=" % name
+    return ([arg[len(prefix):] for arg in sys.argv[2:] if arg.startswith(prefix)] or [default])[0]
+
+
+def main():
+    size = int(sys.argv[1])
+    serve = "--serve" in sys.argv[2:]
+    digest = option("sha256")
+    linger = float(option("linger", 0))
+    stdin = sys.stdin.buffer
+    if serve:
+        # Requests keep coming on the channel: read them from a descriptor of our own, and give fd 0 to /dev/null
+        # so that no child process can read them.
+        stdin = os.fdopen(os.dup(0), "rb")
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    bundle = stdin.read(size)
+    if len(bundle) != size:
+        return fail("agent bundle cut short: got %d of %d bytes" % (len(bundle), size))
+    # Only a hash checked against the bytes received names the cache (and a resident).
+    verified = bool(digest) and hashlib.sha256(bundle).hexdigest() == digest
+    cache = cache_path(digest) if verified else None
+    try:
+        compiled = read_cache(cache) if cache else None
+        if compiled is None:
+            compiled = compile_bundle(bundle)
+            if cache:
+                write_cache(cache, compiled)
+        importer = BundleImporter(bundle, compiled)
+        sys.meta_path.insert(0, importer)
+        agent = importer.load()
+    except Exception as error:
+        return fail("agent bundle does not load on Python %s: %s: %s"
+                    % (sys.version.split()[0], type(error).__name__, error))
+    if not serve:
+        return agent.protocol.main()
+    resident = agent.resident.resident_socket_path(digest) if linger > 0 and verified else None
+    announce = resident
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        response = agent.protocol.answer(line)
+        if announce:
+            response["resident"], announce = announce, None
+            if "--probe-resident" in sys.argv[2:]:
+                response["resident_alive"] = agent.resident.resident_alive(resident)
+        sys.stdout.write(agent.protocol.encode_response(response))
+        sys.stdout.flush()
+        # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
+        # controller's work on this answer.
+        agent = importer.load()
+    if resident:
+        stdin.close()
+        agent.resident.become_resident(resident, linger, importer.load)
+
+
+if __name__ == "__main__":
+    main()

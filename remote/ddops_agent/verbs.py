@@ -1,0 +1,265 @@
+"""The core verbs: snapshot, commit, rollback, read_backup, journal."""
+
+from collections import namedtuple
+import os
+import stat
+
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, identity, require_list,
+                                  require_object, require_patch_ids, require_sha, require_str, verb)
+from ddops_agent.faults import arm_faults, fault_point
+from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
+from ddops_agent.checks import parse_post_checks, run_check
+from ddops_agent.facts import collect_facts
+from ddops_agent.journal import (RepoLock, append_journal, ensure_state_dir, journal_entries, journalled_write,
+                                 lock_holder, lock_timeout, read_backup_bytes, read_journal, refuse_unwritable,
+                                 release_space, remove_stale_temps, reserve_space, settle_pending, state_dir,
+                                 store_backup)
+
+
+Change = namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
+Restore = namedtuple("Restore", "path target patch_ids expected restore force")
+
+
+# -- snapshot -------------------------------------------------------------------------------------------------
+
+
+def file_record(original, error=None):
+    """One snapshot entry: {exists, sha256, mode, size, content_b64, error}."""
+    if original is None:
+        return {"exists": False, "sha256": None, "mode": None, "size": None, "content_b64": None, "error": error}
+    return {
+        "exists": True,
+        "sha256": sha256_hex(original.data),
+        "mode": stat.S_IMODE(original.stat.st_mode),
+        "size": len(original.data),
+        "content_b64": b64_text(original.data),
+        "error": error,
+    }
+
+
+def snapshot_file(repo, rel):
+    """The snapshot entry of one file; refusals and read errors become its `error`."""
+    try:
+        return file_record(read_regular(resolve_target(repo, rel), rel))
+    except AgentFault as fault:
+        exists = fault.kind in ("symlink", "not_file", "too_large")
+        record = file_record(None, {"kind": fault.kind, "message": fault.message})
+        record["exists"] = exists
+        return record
+    except OSError as error:
+        return file_record(None, {"kind": "io", "message": "%s: %s" % (rel, error.strerror or error)})
+
+
+@verb("snapshot")
+def snapshot_verb(payload):
+    """Files with hashes and contents, the journal and the lock holder, in one call."""
+    repo = open_repo(payload)
+    files = require_list(payload, "files")
+    if not all(isinstance(rel, str) for rel in files):
+        raise bad_request("payload.files must be a list of strings")
+    state = state_dir(repo)
+    entries, corrupt = read_journal(state)
+    return {
+        "repo": repo,
+        "files": {rel: snapshot_file(repo, rel) for rel in files},
+        "journal": entries,
+        "journal_corrupt": corrupt,
+        "lock": lock_holder(state),
+        "facts": collect_facts(repo) if payload.get("facts") else None,
+    }
+
+
+# -- commit ---------------------------------------------------------------------------------------------------
+
+
+def parse_change(repo, raw, index):
+    """One validated `changes[i]` as a Change."""
+    where = "changes[%d]" % index
+    require_object(raw, where)
+    rel = require_str(raw, "path", where)
+    new_bytes = decode_b64(raw, "new_content_b64", where)
+    new_sha = require_sha(raw, "new_sha256", where)
+    if sha256_hex(new_bytes) != new_sha:
+        raise bad_request("%s (%s): new_content_b64 does not hash to new_sha256" % (where, rel))
+    if len(new_bytes) > MAX_FILE_BYTES:
+        raise AgentFault("too_large", "new content of %s is over the %d byte limit" % (rel, MAX_FILE_BYTES))
+    target = resolve_target(repo, rel)
+    return Change(rel, target, require_patch_ids(raw, where), require_sha(raw, "expected_sha256", where),
+                  new_bytes, new_sha)
+
+
+def parse_changes(repo, payload):
+    """payload["changes"] as Changes, every path validated before anything is touched."""
+    changes = [parse_change(repo, raw, index) for index, raw in enumerate(require_list(payload, "changes"))]
+    paths = [change.path for change in changes]
+    if len(set(paths)) != len(paths):
+        raise bad_request("payload.changes names the same file twice")
+    return changes
+
+
+def read_originals(changes):
+    """The current bytes of every file, faulting `conflict` when one is not what the plan was made from (or
+    `not_writable` when it could not be replaced keeping its owner)."""
+    originals = {}
+    for change in changes:
+        original = read_regular(change.target, change.path)
+        found = current_sha(original)
+        if found != change.expected:
+            state = "is missing" if found is None else "has sha256 %s" % found
+            raise AgentFault("conflict", "%s changed since it was read: expected sha256 %s, it now %s"
+                             % (change.path, change.expected, state))
+        refuse_unwritable(original, change.path)
+        remove_stale_temps(os.path.dirname(change.target), os.path.basename(change.target))
+        originals[change.path] = original
+    return originals
+
+
+def apply_change(state, change, original, who):
+    """Back the original up, write the new bytes in its place, check them, journal it."""
+    store_backup(state, original.data, change.expected)
+    journalled_write(state, change.target, change.path, change.new_bytes, original,
+                     journal_entries("apply", who, change.path, change.patch_ids,
+                                     before=change.expected, after=change.new_sha))
+
+
+def restore_original(state, change, original, who):
+    """Put the backed-up original bytes back after a failed check or write, and journal the revert."""
+    before = current_sha(read_regular(change.target, change.path))
+    if before == change.expected:
+        return  # its write never landed: nothing to put back
+    data = read_backup_bytes(state, change.expected)
+    journalled_write(state, change.target, change.path, data, original,
+                     journal_entries("revert", who, change.path, change.patch_ids,
+                                     before=before, after=change.expected))
+
+
+def revert_all(state, written, originals, who):
+    """Restore every written file, newest first."""
+    for change in reversed(written):
+        restore_original(state, change, originals[change.path], who)
+
+
+def write_changes(state, changes, originals, who):
+    """Apply every change; if one fails, put the ones already written back before reporting it."""
+    reserve = reserve_space(state, sum(len(originals[change.path].data) + 8192 for change in changes))
+    written = []
+    try:
+        for change in changes:
+            written.append(change)  # first: a write that fails half way is put back too
+            apply_change(state, change, originals[change.path], who)
+    except BaseException as error:
+        release_space(reserve)
+        try:
+            revert_all(state, written, originals, who)
+        except Exception as revert_error:
+            raise AgentFault("io", "%s; restoring the files already written also failed: %s"
+                             % (describe_error(error), describe_error(revert_error))) from error
+        raise
+    release_space(reserve)
+    return written
+
+
+@verb("commit")
+def commit_verb(payload):
+    """Compare-and-swap write with backups and journal, then post checks; revert all if one fails."""
+    repo = open_repo(payload)
+    who = identity(payload)
+    changes = parse_changes(repo, payload)
+    checks = parse_post_checks(payload)
+    timeout = lock_timeout(payload)
+    state = ensure_state_dir(repo)
+    arm_faults(state, "commit")
+    with RepoLock(state, timeout, who, "commit"):
+        fault_point("locked")
+        settle_pending(state)
+        originals = read_originals(changes)
+        written = write_changes(state, changes, originals, who)
+        results = [run_check(repo, check) for check in checks]
+        reverted = not all(result["ok"] for result in results)
+        if reverted and written:
+            revert_all(state, written, originals, who)
+    return {"written": [change.path for change in written], "checks": results, "reverted": reverted and bool(written)}
+
+
+# -- rollback -------------------------------------------------------------------------------------------------
+
+
+def parse_restore(repo, raw, index):
+    """One validated `restores[i]` as a Restore."""
+    where = "restores[%d]" % index
+    require_object(raw, where)
+    rel = require_str(raw, "path", where)
+    expected = raw.get("expected_sha256")
+    if expected is not None:
+        expected = require_sha(raw, "expected_sha256", where)
+    return Restore(rel, resolve_target(repo, rel), require_patch_ids(raw, where), expected,
+                   require_sha(raw, "restore_sha256", where), bool(raw.get("force", False)))
+
+
+def rollback_one(state, restore, who, result):
+    """Restore one file from its backup, or record why not; the result lists are filled in place."""
+    original = read_regular(restore.target, restore.path)
+    found = current_sha(original)
+    entries = journal_entries("rollback", who, restore.path, restore.patch_ids, before=found, after=restore.restore)
+    if found == restore.restore:
+        # Already the original (restored by hand): journal it, so that the journal stops calling it applied.
+        append_journal(state, entries)
+        result["unchanged"].append(restore.path)
+        return
+    if found != restore.expected and not restore.force:
+        reason = "missing" if found is None else "modified"
+        result["refused"].append({"path": restore.path, "reason": reason, "current_sha256": found})
+        return
+    data = read_backup_bytes(state, restore.restore)
+    if original is not None:
+        refuse_unwritable(original, restore.path)
+        remove_stale_temps(os.path.dirname(restore.target), os.path.basename(restore.target))
+    if found != restore.expected and original is not None:
+        store_backup(state, original.data, found)
+        append_journal(state, journal_entries("save-foreign", who, restore.path, [], sha256=found,
+                                              expected=restore.expected))
+        result["saved"].append({"path": restore.path, "sha256": found})
+    journalled_write(state, restore.target, restore.path, data, original, entries)
+    result["restored"].append(restore.path)
+
+
+@verb("rollback")
+def rollback_verb(payload):
+    """Restore files from backups; edited files are refused unless forced (then the edit is saved first)."""
+    repo = open_repo(payload)
+    who = identity(payload)
+    restores = [parse_restore(repo, raw, index) for index, raw in enumerate(require_list(payload, "restores"))]
+    timeout = lock_timeout(payload)
+    state = ensure_state_dir(repo)
+    result = {"restored": [], "refused": [], "saved": [], "unchanged": [], "failed": []}
+    arm_faults(state, "rollback")
+    with RepoLock(state, timeout, who, "rollback"):
+        fault_point("locked")
+        settle_pending(state)
+        for restore in restores:
+            try:
+                rollback_one(state, restore, who, result)
+            except AgentFault as fault:
+                result["failed"].append({"path": restore.path, "kind": fault.kind, "message": fault.message})
+            except OSError as error:
+                result["failed"].append({"path": restore.path, "kind": "io", "message": describe_error(error)})
+    return result
+
+
+# -- backups and journal on their own ---------------------------------------------------------------------------
+
+
+@verb("read_backup")
+def read_backup_verb(payload):
+    """The bytes of one backup, by its sha256."""
+    repo = open_repo(payload)
+    sha = require_sha(payload, "sha256")
+    data = read_backup_bytes(state_dir(repo), sha)
+    return {"sha256": sha, "size": len(data), "content_b64": b64_text(data)}
+
+
+@verb("journal")
+def journal_verb(payload):
+    """The parsed journal; lines that do not parse are listed, not fatal."""
+    entries, corrupt = read_journal(state_dir(open_repo(payload)))
+    return {"entries": entries, "corrupt": corrupt}
