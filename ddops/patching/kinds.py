@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 # Outcome states of one patch on one file (the plan's view; `modified` comes from the journal, see journal.py).
 PENDING = "pending"      # every expected site found in its unpatched form: applying changes the file
@@ -178,3 +178,33 @@ def syntax_problem(text: str, syntax: str) -> str | None:
 def describe_kinds() -> Mapping[str, Mapping[str, Param]]:
     """The transform kinds and their params (for docs and `did you mean`)."""
     return TRANSFORM_KINDS
+
+
+def decide(path: str, what: str, pending: Sequence[int], applied: Sequence[int], expect: int,
+           plain_text: bool = False, conflict: str | None = None) -> Outcome:
+    """The outcome of finding `pending` unpatched and `applied` patched sites where `expect` were expected."""
+    pending_t, applied_t = tuple(sorted(pending)), tuple(sorted(applied))
+    found = len(pending_t) + len(applied_t)
+    lines = ", ".join(str(n) for n in sorted(pending_t + applied_t))
+
+    def out(state: str, message: str) -> Outcome:
+        return Outcome(state, message, pending_t, applied_t, expect, plain_text)
+
+    first = min(pending_t + applied_t) if found else 1
+    if conflict:
+        return out(DRIFTED, f"{path}:{first}: {what}: {conflict}")
+    if found == 0:
+        return out(DRIFTED, f"{path}: {what} not found, patched or not: the code changed upstream")
+    if found > expect:
+        return out(AMBIGUOUS, f"{path}:{first}: {what} found {found} times (lines {lines}), expected {expect}: "
+                              "refusing to guess")
+    if found < expect:
+        return out(DRIFTED, f"{path}:{first}: {what} found {found} of {expect} expected times (lines {lines}): "
+                            "the code changed upstream")
+    if not pending_t:
+        return out(APPLIED, f"{path}:{first}: {what}: already applied (lines {lines})")
+    if not applied_t:
+        return out(PENDING, f"{path}:{first}: {what}: would change lines {lines}")
+    done = ", ".join(str(n) for n in applied_t)
+    todo = ", ".join(str(n) for n in pending_t)
+    return out(PARTIAL, f"{path}:{first}: {what}: applied at lines {done}, would change lines {todo}")
