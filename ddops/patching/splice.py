@@ -17,7 +17,9 @@ outcomes.
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
+import functools
 import io
 import re
 import textwrap
@@ -326,47 +328,81 @@ def _verbatim_dotted(src: _Source, node: ast.AST, text: str) -> None:
         raise Decline("identifier spelled with other characters")
 
 
-class _CallSites(ast.NodeVisitor):
-    """The calls of `callee` in scope (assigned to `assigned_to` when given), as libcst's SetCallKwarg sees them."""
+class _CallSites:
+    """The calls of `callee` in scope (assigned to `assigned_to` when given), as libcst's SetCallKwarg sees them.
+
+    Only the nodes whose lines hold the callee's last name are entered (`hits`, sorted line numbers): every site,
+    the assignment and the functions around it span such a line, and most of a file is skipped unvisited.
+    """
 
     def __init__(self, callee: str, assigned_to: str | None, in_function: str | None,
-                 not_in_function: str | None) -> None:
+                 not_in_function: str | None, hits: list[int]) -> None:
         self.callee, self.assigned_to = callee, assigned_to
         self.in_function, self.not_in_function = in_function, not_in_function
+        self.hits = hits
         self.functions: list[str] = []
         self.assigned: set[int] = set()
         self.calls: list[ast.Call] = []
 
-    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        # libcst enters the function before its decorators, defaults and annotations: they count as inside it.
-        self.functions.append(node.name)
-        self.generic_visit(node)
-        self.functions.pop()
+    def children(self, node: ast.AST) -> None:
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
 
-    visit_FunctionDef = visit_AsyncFunctionDef = _function
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        if self.assigned_to and isinstance(node.value, ast.Call):
-            if any(isinstance(t, ast.Name) and t.id == self.assigned_to for t in node.targets):
-                self.assigned.add(id(node.value))
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if self.assigned_to and isinstance(node.value, ast.Call):
-            if isinstance(node.target, ast.Name) and node.target.id == self.assigned_to:
-                self.assigned.add(id(node.value))
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        if _dotted(node.func) == self.callee and self._in_scope():
-            if not self.assigned_to or id(node) in self.assigned:
-                self.calls.append(node)
-        self.generic_visit(node)
+    def visit(self, node: ast.AST) -> None:
+        first = getattr(node, "lineno", None)
+        if first is not None:
+            hits = self.hits
+            i = bisect.bisect_left(hits, first)
+            if i == len(hits) or hits[i] > node.end_lineno:  # type: ignore[attr-defined]
+                return
+        kind = type(node)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            # libcst enters the function before its decorators, defaults and annotations: they count as inside.
+            self.functions.append(node.name)  # type: ignore[attr-defined]
+            self.children(node)
+            self.functions.pop()
+            return
+        if kind is ast.Call:
+            if _dotted(node.func) == self.callee and self._in_scope():  # type: ignore[attr-defined]
+                if not self.assigned_to or id(node) in self.assigned:
+                    self.calls.append(node)  # type: ignore[arg-type]
+        elif kind is ast.Assign and self.assigned_to and isinstance(node.value, ast.Call):  # type: ignore[attr-defined]
+            if any(isinstance(t, ast.Name) and t.id == self.assigned_to for t in node.targets):  # type: ignore
+                self.assigned.add(id(node.value))  # type: ignore[attr-defined]
+        elif kind is ast.AnnAssign and self.assigned_to and isinstance(node.value, ast.Call):  # type: ignore
+            if isinstance(node.target, ast.Name) and node.target.id == self.assigned_to:  # type: ignore
+                self.assigned.add(id(node.value))  # type: ignore[attr-defined]
+        self.children(node)
 
     def _in_scope(self) -> bool:
         if self.not_in_function is not None and self.not_in_function in self.functions:
             return False
         return self.in_function is None or self.in_function in self.functions
+
+
+def _hit_lines(source: bytes, name: bytes) -> list[int]:
+    """1-based numbers of the lines that contain name."""
+    lines = []
+    i = source.find(name)
+    while i != -1:
+        line = source.count(b"\n", 0, i) + 1
+        lines.append(line)
+        nl = source.find(b"\n", i)
+        if nl == -1:
+            break
+        i = source.find(name, nl + 1)
+    return lines
+
+
+@functools.lru_cache(maxsize=64)
+def _value_tree(value_code: str) -> ast.expr:
+    return ast.parse(value_code, mode="eval").body
 
 
 def set_call_kwarg(source: bytes, params: Mapping[str, Any], expect: int, path: str) -> tuple[Outcome, bytes]:
@@ -379,15 +415,18 @@ def set_call_kwarg(source: bytes, params: Mapping[str, Any], expect: int, path: 
     if placeholders or not all(n.isascii() for n in names) or any(c in value_code for c in "\n\r#\\"):
         raise Decline("a parameter libcst might read differently")
     try:
-        value_tree = ast.parse(value_code, mode="eval").body
+        value_tree = _value_tree(value_code)
     except SyntaxError:
         raise Decline("value does not parse") from None
     what = describe("set_call_kwarg", params)
     tree = parse(source)
-    src = _Source(source)
     if (in_function or not_in_function) and not source.isascii():
         raise Decline("function names may be spelled otherwise")
-    finder = _CallSites(callee, assigned_to, in_function, not_in_function)
+    hits = _hit_lines(source, callee.split(".")[-1].encode())
+    if not hits:
+        return decide(path, what, [], [], expect), source
+    src = _Source(source)
+    finder = _CallSites(callee, assigned_to, in_function, not_in_function, hits)
     try:
         finder.visit(tree)
     except RecursionError:
