@@ -330,6 +330,26 @@ class Runner:
                  lambda n: d + ["-i", str(inv(n)), "patch", PLAYBOOK, "--all", "--check", "--json"],
                  self._ddops_env(False), leaves="same", verify=expect("changed")),
         ]
+        if self.args.baseline_repo:
+            # The same ddops rows run from another checkout (e.g. the commit before a change), in the same run.
+            base = [sys.executable, "-m", "ddops"]
+            repo = str(Path(self.args.baseline_repo).resolve())
+
+            def base_env(cold: bool) -> Callable[[int], dict[str, str]]:
+                return lambda n: {**self._ddops_env(cold)(n), "PYTHONPATH": repo}
+
+            for key, label, argv, cold, needs, leaves, status in (
+                    ("cold", "first apply (plan cache off)", ["patch", PLAYBOOK], True, "pristine", "applied",
+                     "changed"),
+                    ("warm", "first apply (plan cache warm)", ["patch", PLAYBOOK], False, "pristine", "applied",
+                     "changed"),
+                    ("rerun", "idempotent rerun", ["patch", PLAYBOOK], False, "applied", "same", "ok"),
+                    ("rollback", "rollback", ["rollback", "--yes"], False, "applied", "dirty", "changed"),
+                    ("check", "--check", ["patch", PLAYBOOK, "--check"], False, "pristine", "same", "changed")):
+                tools.append(Tool(
+                    f"baseline-{key}", f"baseline ddops ({Path(repo).name}): {label}", "baseline",
+                    (lambda a: lambda n: base + ["-i", str(inv(n)), a[0], *a[1:], "--all", "--json"])(argv),
+                    base_env(cold), needs=needs, leaves=leaves, verify=expect(status)))
         fabric_python = sys.executable if _has_module(sys.executable, "fabric") else (
             str(self.anchors_bin / "python") if self.anchors_bin else None)
         if fabric_python:
@@ -854,6 +874,13 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
         ratio = med("ddops-cold") / med("ddops")
         lines.append(f"| ddops-cold ≤ 1.3× ddops (warm) | {med('ddops-cold'):.2f} s / {med('ddops'):.2f} s = "
                      f"{ratio:.2f}× | {'yes' if ratio <= 1.3 else 'NO'} |")
+    for key, base in (("ddops-cold", "baseline-cold"), ("ddops", "baseline-warm"), ("ddops-rerun", "baseline-rerun"),
+                      ("ddops-check", "baseline-check"), ("ddops-rollback", "baseline-rollback")):
+        if med(key) is not None and med(base) is not None:
+            # "no slower than the baseline checkout", with 10% for this shared machine's noise
+            ratio = med(key) / med(base)
+            lines.append(f"| {key} ≤ 1.1× {base} | {med(key):.2f} s / {med(base):.2f} s = {ratio:.2f}× | "
+                         f"{'yes' if ratio <= 1.1 else 'NO'} |")
     for key, want in (("ddops", 2), ("ddops-cold", 2), ("ddops-fresh", 2), ("ddops-rerun", 1), ("ddops-check", 1),
                       ("ddops-rollback", 2)):
         runs = [s for s in stats.get(key, {}).values() if s.get("ok")]
@@ -920,7 +947,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-repeats", type=int, default=3, help="At most this many for Ansible (default 3).")
     p.add_argument("--only", help="Tools or groups, comma-separated: ddops, anchor, floor, ddops-cold, ddops, "
                                   "ddops-fresh, ddops-rerun, ddops-check, ddops-rollback, fabric, openssh, pyinfra, "
-                                  "ansible, ansible-warm.")
+                                  "ansible, ansible-warm, baseline (with --baseline-repo).")
+    p.add_argument("--baseline-repo", help="Another ddops checkout (e.g. `git worktree add /tmp/before REV`): its "
+                                           "patch/rerun/check/rollback rows run in the same run (group baseline).")
     p.add_argument("--no-scaling", action="store_true", help="Skip the 1000-file transform-cache case.")
     p.add_argument("--scaling-repeats", type=int, default=2, help="Runs per scaling case (default 2).")
     p.add_argument("--scaling-hosts", default="1,8", help="Host counts of the scaling case (default 1,8).")
