@@ -1,7 +1,8 @@
 """The pure patch core: transforms (libcst), planning with a content-hash cache, checks, journal and rollback plans.
 
-Importing this package stays cheap: libcst is loaded only with `ddops.patching.transforms` (or `plan`). The names
-below are re-exported lazily so `from ddops.patching import Planner` works without loading libcst up front.
+Importing this package stays cheap: libcst is loaded only with `ddops.patching.transforms`, which plan.py imports
+only when splice.py's stdlib fast path declines a transform. The names below are re-exported lazily so
+`from ddops.patching import Planner` works without loading libcst up front.
 """
 
 from __future__ import annotations
