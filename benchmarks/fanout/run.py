@@ -349,7 +349,8 @@ class Runner:
                 tools.append(Tool(
                     f"baseline-{key}", f"baseline ddops ({Path(repo).name}): {label}", "baseline",
                     (lambda a: lambda n: base + ["-i", str(inv(n)), a[0], *a[1:], "--all", "--json"])(argv),
-                    base_env(cold), needs=needs, leaves=leaves, verify=expect(status)))
+                    base_env(cold), needs=needs, leaves=leaves, verify=expect(status),
+                    cwd=Path(repo)))  # `python -m` puts the cwd first on sys.path, before PYTHONPATH
         fabric_python = sys.executable if _has_module(sys.executable, "fabric") else (
             str(self.anchors_bin / "python") if self.anchors_bin else None)
         if fabric_python:

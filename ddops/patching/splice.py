@@ -176,8 +176,10 @@ def _is_compound(stmt: ast.stmt) -> bool:
 def _names(text: str, mode: str) -> set[str]:
     """Identifiers (names, attributes, def/class/argument names) in a pattern; placeholders excluded."""
     source, _ = substitute_placeholders(textwrap.dedent(text).strip())
-    if mode == "statement" and is_header(source):
-        source += "\n    pass"
+    if mode == "statement":  # an anchor: a statement, or a compound statement's header alone
+        if is_header(source):
+            source += "\n    pass"
+        mode = "exec"
     tree = ast.parse(source + ("\n" if mode != "eval" else ""), mode=mode)
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -210,8 +212,7 @@ def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | Non
         elif kind == "wrap_statement_in_if":
             alternatives = [_names(params["statement"], "exec") | scope]
         elif kind == "insert_statement" and params.get("anchor") is not None:
-            alternatives = [_names(params["anchor"], "statement" if is_header(params["anchor"].strip()) else "exec")
-                            | scope]
+            alternatives = [_names(params["anchor"], "statement") | scope]
         else:
             return None
     except (SyntaxError, ValueError, RecursionError):
