@@ -86,7 +86,8 @@ def main() -> int:
     walls = [r["wall"] for r in runs]
     print(json.dumps({"repo": args.repo, "engine": args.engine, "playbook": args.playbook, "files": len(files),
                       "wall_median": round(statistics.median(walls), 3), "wall_min": round(min(walls), 3),
-                      "wall_max": round(max(walls), 3), "cpu_median": round(statistics.median(r["cpu"] for r in runs), 3),
+                      "wall_max": round(max(walls), 3),
+                      "cpu_median": round(statistics.median(r["cpu"] for r in runs), 3),
                       "rss_mb_max": round(max(r["rss_mb"] for r in runs), 1), "libcst_loaded": runs[0]["libcst"],
                       "states": runs[0]["states"], "computed": runs[0]["computed"]}))
     return 0

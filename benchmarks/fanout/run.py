@@ -869,8 +869,8 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
     # Issue 13: the first plan of a new content (plan cache off) as fast as the warm path.
     if med("ddops-cold") is not None and med("fabric") is not None:
         ratio = med("ddops-cold") / med("fabric")
-        lines.append(f"| ddops-cold ≤ 1.0× fabric | {med('ddops-cold'):.2f} s / {med('fabric'):.2f} s = {ratio:.2f}× | "
-                     f"{'yes' if ratio <= 1.0 else 'NO'} |")
+        lines.append(f"| ddops-cold ≤ 1.0× fabric | {med('ddops-cold'):.2f} s / {med('fabric'):.2f} s = "
+                     f"{ratio:.2f}× | {'yes' if ratio <= 1.0 else 'NO'} |")
     if med("ddops-cold") is not None and med("ddops") is not None:
         ratio = med("ddops-cold") / med("ddops")
         lines.append(f"| ddops-cold ≤ 1.3× ddops (warm) | {med('ddops-cold'):.2f} s / {med('ddops'):.2f} s = "

@@ -9,11 +9,9 @@ The tests also pin down that it does answer the common cases, or it would be a s
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 from pathlib import Path
-from types import MappingProxyType
 
 import libcst as cst
 import pytest
@@ -21,7 +19,7 @@ import pytest
 from ddops.patching import splice, transforms
 from ddops.patching.kinds import APPLIED, DRIFTED, PENDING
 from ddops.patching.plan import plan_file
-from ddops.playbook import Patch, TransformSpec, load_playbook
+from ddops.playbook import Patch, load_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"  # before/ and after/<playbook>/
@@ -84,9 +82,11 @@ def variants(name: str, data: bytes) -> dict[str, bytes]:
 CALLS = [
     "DynamicCache()", "DynamicCache( )", "DynamicCache(\n    )", "DynamicCache(a)", "DynamicCache(a )",
     "DynamicCache(a, )", "DynamicCache(a ,)", "DynamicCache(a , b ,)", "DynamicCache(a,b,)",
-    "DynamicCache(\n        a,\n        b,\n    )", "DynamicCache(\n        a,\n    )", "DynamicCache(\n        a\n    )",
+    "DynamicCache(\n        a,\n        b,\n    )", "DynamicCache(\n        a,\n    )",
+    "DynamicCache(\n        a\n    )",
     "DynamicCache(  # comment\n    )", "DynamicCache(a  # c\n    )", "DynamicCache(a,  # c\n    )",
-    "DynamicCache(a, # x\n        b # y\n    )", "DynamicCache((a))", "DynamicCache((a) , (b) ,)", "DynamicCache(( a ) )",
+    "DynamicCache(a, # x\n        b # y\n    )", "DynamicCache((a))", "DynamicCache((a) , (b) ,)",
+    "DynamicCache(( a ) )",
     "DynamicCache(*args, **kw)", "DynamicCache(*a , **b )", "DynamicCache(a, *rest)", "DynamicCache(config=None)",
     "DynamicCache(config = None)", "DynamicCache(config=(None))", "DynamicCache(config=(  None ))",
     "DynamicCache(config=  # c\n        None)", "DynamicCache(a, config=None, b=2)", "DynamicCache(config=None,)",
@@ -98,7 +98,8 @@ CALLS = [
     "DynamicCache(config=1_0)", "DynamicCache(config=10)", "DynamicCache(config=0xA)",
     "DynamicCache(config=x[a,])", "DynamicCache(config=x[a])", "DynamicCache(config=a and b and c)",
     "DynamicCache(config=(a and b) and c)", "DynamicCache(config=f(*a, k=1))", "DynamicCache(config=[1, 2,])",
-    "(DynamicCache())", "(\n        DynamicCache()\n    )", "DynamicCache() # DynamicCache()", "DynamicCache \\\n        ()",
+    "(DynamicCache())", "(\n        DynamicCache()\n    )", "DynamicCache() # DynamicCache()",
+    "DynamicCache \\\n        ()",
     "DynamicCache(x for x in y)", "DynamicCache((x for x in y))", "DynamicCache(DynamicCache())",
     "DynamicCache(config=DynamicCache())", "transformers.DynamicCache()", "cache_utils.DynamicCache(a)",
     "DynamicCache(a)(b)", "DynamicCache(\"DynamicCache()\")", "DynamicCache(a=1, **{'config': None})",
@@ -110,9 +111,11 @@ WRAPPERS = [
     "def generate(target):\n    x = 1\n    def inner():\n        past_key_values_target = {call}\n        return 1\n"
     "    return inner\n",
     "async def generate(target):\n    past_key_values_target: Cache = {call}\n",
-    "class C:\n    @staticmethod\n    def generate(target=lambda: {call}):\n        past_key_values_target = y = {call}\n",
+    "class C:\n    @staticmethod\n    def generate(target=lambda: {call}):\n"
+    "        past_key_values_target = y = {call}\n",
     "@decorate({call})\ndef generate(target):\n    a, past_key_values_target = {call}, 2\n",
-    "# comment about DynamicCache()\ns = 'past_key_values_target = DynamicCache()'\npast_key_values_target = {call}\n",
+    "# comment about DynamicCache()\ns = 'past_key_values_target = DynamicCache()'\n"
+    "past_key_values_target = {call}\n",
     "def generate(target):\n    if x:\n        past_key_values_target = {call}\n    else:\n"
     "        past_key_values_target = {call}\n",
     "def generate(target):\n    past_key_values_target = {call}; other = DynamicCache()\n",
