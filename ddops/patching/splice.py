@@ -342,8 +342,9 @@ class _CallSites:
         self.in_function, self.not_in_function = in_function, not_in_function
         self.hits = hits
         self.functions: list[str] = []
-        self.assigned: set[int] = set()
+        self.assigned: dict[int, ast.Name] = {}  # id(call) -> the target naming it
         self.calls: list[ast.Call] = []
+        self.scope_defs: list[ast.AST] = []  # functions named in_function or not_in_function (spelling checked)
 
     def children(self, node: ast.AST) -> None:
         for name in node._fields:
@@ -366,6 +367,8 @@ class _CallSites:
         if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
             # libcst enters the function before its decorators, defaults and annotations: they count as inside.
             self.functions.append(node.name)  # type: ignore[attr-defined]
+            if node.name in (self.in_function, self.not_in_function):  # type: ignore[attr-defined]
+                self.scope_defs.append(node)
             self.children(node)
             self.functions.pop()
             return
@@ -374,17 +377,22 @@ class _CallSites:
                 if not self.assigned_to or id(node) in self.assigned:
                     self.calls.append(node)  # type: ignore[arg-type]
         elif kind is ast.Assign and self.assigned_to and isinstance(node.value, ast.Call):  # type: ignore[attr-defined]
-            if any(isinstance(t, ast.Name) and t.id == self.assigned_to for t in node.targets):  # type: ignore
-                self.assigned.add(id(node.value))  # type: ignore[attr-defined]
+            for t in node.targets:  # type: ignore[attr-defined]
+                if isinstance(t, ast.Name) and t.id == self.assigned_to:
+                    self.assigned[id(node.value)] = t  # type: ignore[attr-defined]
+                    break
         elif kind is ast.AnnAssign and self.assigned_to and isinstance(node.value, ast.Call):  # type: ignore
             if isinstance(node.target, ast.Name) and node.target.id == self.assigned_to:  # type: ignore
-                self.assigned.add(id(node.value))  # type: ignore[attr-defined]
+                self.assigned[id(node.value)] = node.target  # type: ignore[attr-defined]
         self.children(node)
 
     def _in_scope(self) -> bool:
         if self.not_in_function is not None and self.not_in_function in self.functions:
             return False
         return self.in_function is None or self.in_function in self.functions
+
+
+_DEF = re.compile(rb"(?:async[ \t\f]+)?def[ \t\f]+([^\s(]+)")
 
 
 def _hit_lines(source: bytes, name: bytes) -> list[int]:
@@ -421,8 +429,6 @@ def set_call_kwarg(source: bytes, params: Mapping[str, Any], expect: int, path: 
         raise Decline("value does not parse") from None
     what = describe("set_call_kwarg", params)
     tree = parse(source)
-    if (in_function or not_in_function) and not source.isascii():
-        raise Decline("function names may be spelled otherwise")
     hits = _hit_lines(source, callee.split(".")[-1].encode())
     if not hits:
         return decide(path, what, [], [], expect), source
@@ -432,6 +438,15 @@ def set_call_kwarg(source: bytes, params: Mapping[str, Any], expect: int, path: 
         finder.visit(tree)
     except RecursionError:
         raise Decline("deeply nested") from None
+    if not source.isascii():
+        # ast NFKC-normalises identifiers, libcst compares them as written: the names that decided must be verbatim
+        for node in finder.scope_defs:
+            if not _DEF.match(source, src.start(node)) or _DEF.match(source, src.start(node)).group(1) != \
+                    node.name.encode():  # type: ignore[attr-defined]
+                raise Decline("a function name spelled with other characters")
+        for target in finder.assigned.values():
+            if source[src.start(target):src.end(target)] != target.id.encode():
+                raise Decline("an assignment target spelled with other characters")
     calls = sorted(finder.calls, key=src.start)
     spans = [(src.start(c), src.end(c)) for c in calls]
     for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
@@ -444,8 +459,6 @@ def set_call_kwarg(source: bytes, params: Mapping[str, Any], expect: int, path: 
     value_source = _Source(value_code.encode())
     for call in calls:
         _verbatim_dotted(src, call.func, callee)
-        if assigned_to and not source.isascii():
-            raise Decline("assignment targets may be spelled otherwise")
         rpar = src.end(call) - 1
         if src.data[rpar] != 0x29:
             raise Decline("call does not end with `)`")

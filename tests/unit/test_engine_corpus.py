@@ -103,7 +103,8 @@ CALLS = [
     "DynamicCache(x for x in y)", "DynamicCache((x for x in y))", "DynamicCache(DynamicCache())",
     "DynamicCache(config=DynamicCache())", "transformers.DynamicCache()", "cache_utils.DynamicCache(a)",
     "DynamicCache(a)(b)", "DynamicCache(\"DynamicCache()\")", "DynamicCache(a=1, **{'config': None})",
-    "DynamicCache(config=None)  # config", "DynamicCache(λ)", "DynamicCache(config='é')",
+    "DynamicCache(config=None)  # config", "DynamicCache(λ)", "DynamicCache(config='é')", "(DynamicCache)()",
+    "(\n        DynamicCache\n    )()", "DynamicCache(a)  # τ → the acceptance length",
 ]
 
 WRAPPERS = [
@@ -120,6 +121,8 @@ WRAPPERS = [
     "        past_key_values_target = {call}\n",
     "def generate(target):\n    past_key_values_target = {call}; other = DynamicCache()\n",
     "past_key_values_target = {call}",
+    "# Unicode elsewhere: τ → ∞\ndef generate(target):\n    past_key_values_target = {call}\n",
+    "def generate(target):\n    past_key_values_target = {call}\ndef ｇenerate():\n    ｐast_key_values_target = {call}\n",
 ]
 
 VALUES = ['target.config if hasattr(target, "config") else None', "None", "10", "'fast'", "(a)", "[1, 2,]",
@@ -164,7 +167,7 @@ ODD_CALLS = {  # where ast's view and libcst's may differ: the fast path decline
     "DynamicCache(config=target.config if hasattr(target, 'con' 'fig') else None)",
     "DynamicCache(config=target.config if hasattr(target, f'config') else None)", "DynamicCache(config=x[a,])",
     "DynamicCache(config=(a and b) and c)", "DynamicCache(config=f(*a, k=1))", "DynamicCache(x for x in y)",
-    "DynamicCache(λ)", "DynamicCache(config='é')",
+    "DynamicCache(config='é')",
     "DynamicCache(DynamicCache())", "DynamicCache(config=DynamicCache())",  # a site inside a site
 }
 
@@ -188,7 +191,8 @@ def snippet(wrapper: int, call: str) -> bytes:
 def test_set_call_kwarg_fast_path_equals_libcst_on_every_generated_call_site():
     # every layout with the structural specs; the scoping wrappers with a sample of layouts; every value where a
     # keyword is already there (applied or not)
-    cases = [(0, call, params, expect) for call in CALLS for params in SET_CALL_KWARG[:8] for expect in (1, 2)]
+    cases = [(0, call, params, expect) for call in CALLS for i, params in enumerate(SET_CALL_KWARG[:8])
+             for expect in ((1, 2) if i < 2 else (1,))]
     cases += [(w, call, params, 1) for w in range(1, len(WRAPPERS)) for call in CALLS[::4]
               for params in (SET_CALL_KWARG[i] for i in (0, 2, 3, 4))]
     cases += [(0, call, params, 1) for call in CALLS if "config" in call for params in SET_CALL_KWARG[8:]]
@@ -196,8 +200,8 @@ def test_set_call_kwarg_fast_path_equals_libcst_on_every_generated_call_site():
     for wrapper, call, params, expect in cases:
         source = snippet(wrapper, call)
         module = parsed(source)
-        if not compare("set_call_kwarg", params, expect, "m.py", source, module) and module is not None \
-                and params["value"] in VALUES[:2]:
+        if not compare("set_call_kwarg", params, expect, "m.py", source, module) and wrapper == 0 \
+                and module is not None and params["value"] in VALUES[:2]:
             declined.add(call)
     assert declined == ODD_CALLS  # the ordinary layouts are all answered without libcst
 
@@ -282,3 +286,13 @@ def test_an_applied_call_with_other_quotes_and_parentheses_is_applied_on_the_fas
     source = b"past_key_values_target = DynamicCache(config = (target.config) if hasattr(target, 'config') else None)\n"
     outcome, new = splice.plan_fast("set_call_kwarg", SET_CALL_KWARG[0], 1, "m.py", source)
     assert outcome.state == APPLIED and new == source
+
+
+def test_a_file_with_unicode_comments_is_planned_on_the_fast_path_and_look_alike_names_are_left_to_libcst():
+    commented = snippet(len(WRAPPERS) - 2, "DynamicCache()")
+    outcome, new = splice.plan_fast("set_call_kwarg", SET_CALL_KWARG[5], 1, "m.py", commented)
+    assert outcome.state == PENDING and b"DynamicCache(config=None)" in new
+    # `ｐast_key_values_target` is `past_key_values_target` to ast (NFKC), another name to libcst
+    look_alike = snippet(len(WRAPPERS) - 1, "DynamicCache()")
+    assert splice.plan_fast("set_call_kwarg", SET_CALL_KWARG[0], 1, "m.py", look_alike) is None
+    assert splice.plan_fast("set_call_kwarg", SET_CALL_KWARG[2], 1, "m.py", look_alike) is None
