@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ddops.strenum import StrEnum
 
@@ -185,3 +185,31 @@ def syntax_problem(text: str, syntax: str) -> str | None:
     return None
 
 
+def decide(path: str, what: str, pending: Sequence[int], applied: Sequence[int], expect: int,
+           plain_text: bool = False, conflict: str | None = None) -> Outcome:
+    """The outcome of finding `pending` unpatched and `applied` patched sites where `expect` were expected."""
+    pending_t, applied_t = tuple(sorted(pending)), tuple(sorted(applied))
+    found = len(pending_t) + len(applied_t)
+    lines = ", ".join(str(n) for n in sorted(pending_t + applied_t))
+
+    def out(state: str, message: str) -> Outcome:
+        return Outcome(state, message, pending_t, applied_t, expect, plain_text)
+
+    first = min(pending_t + applied_t) if found else 1
+    if conflict:
+        return out(DRIFTED, f"{path}:{first}: {what}: {conflict}")
+    if found == 0:
+        return out(DRIFTED, f"{path}: {what} not found, patched or not: the code changed upstream")
+    if found > expect:
+        return out(AMBIGUOUS, f"{path}:{first}: {what} found {found} times (lines {lines}), expected {expect}: "
+                              "refusing to guess")
+    if found < expect:
+        return out(DRIFTED, f"{path}:{first}: {what} found {found} of {expect} expected times (lines {lines}): "
+                            "the code changed upstream")
+    if not pending_t:
+        return out(APPLIED, f"{path}:{first}: {what}: already applied (lines {lines})")
+    if not applied_t:
+        return out(PENDING, f"{path}:{first}: {what}: would change lines {lines}")
+    done = ", ".join(str(n) for n in applied_t)
+    todo = ", ".join(str(n) for n in pending_t)
+    return out(PARTIAL, f"{path}:{first}: {what}: applied at lines {done}, would change lines {todo}")

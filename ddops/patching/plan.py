@@ -27,8 +27,9 @@ from ddops.patching.playbook import Patch, fingerprint
 if TYPE_CHECKING:
     import libcst as cst
 
-# libcst (~0.5 s to import) and the transforms load only when a plan must really be computed: a rerun whose plans
-# are all in the on-disk cache never pays for the parser.
+# libcst (~0.35 s to import) and the transforms load only when a plan needs them: a rerun whose plans are all in
+# the on-disk cache never pays for the parser, and neither does a plan that splice.py's stdlib fast path answers
+# (set_call_kwarg; any kind whose names are absent from the file). DDOPS_PLAN_ENGINE=libcst turns that path off.
 
 # libcst needs minutes for a few MB of code (~60 KB/s per transform here): bigger Python files are refused so that a
 # generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB; text_replace has no limit.
@@ -159,7 +160,7 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
     A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
     BLOCKED and changes nothing.
     """
-    from ddops.patching import transforms
+    from ddops.patching import splice
 
     blocked = blocked or {}
     if source is None:
@@ -167,7 +168,7 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
             PatchResult(p.id, Outcome(DRIFTED, f"{path}: no such file: the code changed upstream",
                                       expected=p.transform.expect_for(path), plain_text=p.transform.plain_text))
             for p in patches))
-    encoding_error = transforms.utf8_error(path, source)
+    encoding_error = splice.utf8_error(path, source)
     work = _Working(source)
     results: list[PatchResult] = []
     states: dict[str, str] = {}
@@ -193,12 +194,10 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
-    import libcst as cst
+    from ddops.patching import splice
 
-    from ddops.patching import transforms
-
-    if transforms.is_text_kind(kind):
-        outcome, data = transforms.text_replace(work.data(), params["old"], params["new"], expect, path)
+    if splice.is_text_kind(kind):
+        outcome, data = splice.text_replace(work.data(), params["old"], params["new"], expect, path)
         if outcome.changes:
             work.set_data(data)
         return outcome
@@ -206,6 +205,22 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
     if size > MAX_PYTHON_TRANSFORM_BYTES:
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
+    # The stdlib fast path first (splice.py): it gives libcst's answer, or None where it cannot vouch for it.
+    if work.syntax_error is None and os.environ.get("DDOPS_PLAN_ENGINE") != "libcst":
+        fast = splice.plan_fast(kind, params, expect, path, work.data())
+        if fast is not None:
+            outcome, data = fast
+            if outcome.changes:
+                work.set_data(data)
+            return outcome
+    return _run_libcst(kind, params, expect, path, work)
+
+
+def _run_libcst(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
+    import libcst as cst
+
+    from ddops.patching import transforms
+
     try:
         module = work.module()
     except cst.ParserSyntaxError as exc:
@@ -255,7 +270,7 @@ class Planner:
     def __init__(self, max_entries: int = 1024, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.max_entries = max_entries
         self.cache_hits = 0
-        self.cache_misses = 0  # plans really computed (libcst work)
+        self.cache_misses = 0  # plans really computed (not from a cache)
         self.disk_hits = 0
         self.disk = PlanStore(Path(cache_dir)) if cache_dir is not None else None
         self._cache: OrderedDict[tuple[str | None, str], FilePlan] = OrderedDict()
@@ -348,7 +363,7 @@ def _code_version() -> str:
     """Plans cached on disk are only valid for the code that made them: hash the planning code itself."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("plan.py", "transforms.py", "kinds.py", "../playbook.py"):
+    for name in ("plan.py", "transforms.py", "splice.py", "kinds.py", "playbook.py"):
         try:
             digest.update((here / name).read_bytes())
         except OSError:

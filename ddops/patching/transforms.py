@@ -15,8 +15,9 @@ from typing import Any, Callable, Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ddops.patching.kinds import (AMBIGUOUS, APPLIED, DRIFTED, ERROR, PARTIAL, PENDING, TEXT_KINDS, Outcome,
-                                  is_header, placeholder_name, substitute_placeholders)
+from ddops.patching.kinds import ERROR, Outcome, decide, is_header, placeholder_name, substitute_placeholders
+# The libcst-free parts of planning live in splice.py; these names stay importable from here.
+from ddops.patching.splice import is_text_kind, text_replace, utf8_error  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structural matching: two snippets are the same code when they differ only in layout, parentheses and quotes.
@@ -586,49 +587,9 @@ TRANSFORMERS: dict[str, Callable[..., SiteTransformer]] = {
 # ---------------------------------------------------------------------------------------------------------------
 # Running one transform: counts -> outcome.
 
-def decide(path: str, what: str, pending: Sequence[int], applied: Sequence[int], expect: int,
-           plain_text: bool = False, conflict: str | None = None) -> Outcome:
-    """The outcome of finding `pending` unpatched and `applied` patched sites where `expect` were expected."""
-    pending_t, applied_t = tuple(sorted(pending)), tuple(sorted(applied))
-    found = len(pending_t) + len(applied_t)
-    lines = ", ".join(str(n) for n in sorted(pending_t + applied_t))
-
-    def out(state: str, message: str) -> Outcome:
-        return Outcome(state, message, pending_t, applied_t, expect, plain_text)
-
-    first = min(pending_t + applied_t) if found else 1
-    if conflict:
-        return out(DRIFTED, f"{path}:{first}: {what}: {conflict}")
-    if found == 0:
-        return out(DRIFTED, f"{path}: {what} not found, patched or not: the code changed upstream")
-    if found > expect:
-        return out(AMBIGUOUS, f"{path}:{first}: {what} found {found} times (lines {lines}), expected {expect}: "
-                              "refusing to guess")
-    if found < expect:
-        return out(DRIFTED, f"{path}:{first}: {what} found {found} of {expect} expected times (lines {lines}): "
-                            "the code changed upstream")
-    if not pending_t:
-        return out(APPLIED, f"{path}:{first}: {what}: already applied (lines {lines})")
-    if not applied_t:
-        return out(PENDING, f"{path}:{first}: {what}: would change lines {lines}")
-    done = ", ".join(str(n) for n in applied_t)
-    todo = ", ".join(str(n) for n in pending_t)
-    return out(PARTIAL, f"{path}:{first}: {what}: applied at lines {done}, would change lines {todo}")
-
-
 def syntax_error_outcome(path: str, exc: cst.ParserSyntaxError, expect: int = 1) -> Outcome:
     message = getattr(exc, "message", None) or str(exc).splitlines()[0]
     return Outcome(ERROR, f"{path}:{exc.editor_line}:{exc.editor_column}: syntax error: {message}", expected=expect)
-
-
-def utf8_error(path: str, source: bytes) -> Outcome | None:
-    """An error outcome when source is not UTF-8 (ddops edits UTF-8 only), else None."""
-    try:
-        source.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = source[: exc.start].count(b"\n") + 1
-        return Outcome(ERROR, f"{path}:{line}: not valid UTF-8 (byte {exc.start}): ddops edits UTF-8 files only")
-    return None
 
 
 def parse_module(source: bytes) -> cst.Module:
@@ -645,53 +606,3 @@ def transform_module(kind: str, params: dict[str, Any], expect: int, module: cst
     outcome = decide(path, transformer.describe(), transformer.pending, transformer.applied, expect,
                      conflict=transformer.conflict)
     return outcome, (new_module if outcome.changes else module)
-
-
-def text_replace(source: bytes, old: str, new: str, expect: int, path: str) -> tuple[Outcome, bytes]:
-    """Exact text `old` -> `new`; an occurrence of `new` is an applied site. Keeps the file's CRLF line endings."""
-    error = utf8_error(path, source)
-    if error is not None:
-        return dataclasses.replace(error, plain_text=True, expected=expect), source
-    text = source.decode("utf-8")
-    first_nl = text.find("\n")
-    if first_nl > 0 and text[first_nl - 1] == "\r":
-        old, new = _crlf(old), _crlf(new)
-    olds = _spans(text, old)
-    news = _spans(text, new)
-    pending = [o for o in olds if not any(n[0] <= o[0] and o[1] <= n[1] for n in news)]
-    applied = [n for n in news if not any(o[0] <= n[0] and n[1] <= o[1] for o in pending)]
-
-    def line(pos: int) -> int:
-        return text.count("\n", 0, pos) + 1
-
-    first_line = old.strip().splitlines()[0] if old.strip() else old
-    what = f"text `{first_line}`" + (" (+ more lines)" if old.strip().count("\n") else "")
-    outcome = decide(path, what, [line(s) for s, _ in pending], [line(s) for s, _ in applied], expect,
-                     plain_text=True)
-    if not outcome.changes:
-        return outcome, source
-    parts: list[str] = []
-    pos = 0
-    for start, end in pending:
-        parts.append(text[pos:start])
-        parts.append(new)
-        pos = end
-    parts.append(text[pos:])
-    return outcome, "".join(parts).encode("utf-8")
-
-
-def _crlf(s: str) -> str:
-    return s.replace("\r\n", "\n").replace("\n", "\r\n")
-
-
-def _spans(text: str, needle: str) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    start = text.find(needle)
-    while start != -1:
-        out.append((start, start + len(needle)))
-        start = text.find(needle, start + len(needle))
-    return out
-
-
-def is_text_kind(kind: str) -> bool:
-    return kind in TEXT_KINDS

@@ -192,7 +192,7 @@ import sys
 from pathlib import Path
 from ddops.patching.playbook import load_playbook
 from ddops.patching.plan import Planner
-patches = load_playbook("hybrid-cache").patches
+patches = load_playbook("crop-relative").patches  # kinds that need libcst (hybrid-cache never loads it)
 source = Path({str(FIXTURES_FOR_DISK / "ddtree.py")!r}).read_bytes()
 planner = Planner(cache_dir={str(tmp_path)!r})
 planner.plan_file("ddtree.py", source, patches)
