@@ -16,8 +16,6 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddops.patching.kinds import ERROR, Outcome, decide, is_header, placeholder_name, substitute_placeholders
-# The libcst-free parts of planning live in splice.py; these names stay importable from here.
-from ddops.patching.splice import is_text_kind, text_replace, utf8_error  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structural matching: two snippets are the same code when they differ only in layout, parentheses and quotes.
