@@ -16,8 +16,10 @@ From Python, `ensure_models(directory)` builds once and reuses the build while t
 """
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import time
@@ -27,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from model import ByteTokenizer, DFlashDraftModel, extract_context_feature  # noqa: E402
@@ -40,8 +43,8 @@ TARGET_LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", 
 HIDDEN_SIZE = 64
 BLOCK_SIZE = 8
 TARGETS = ("qwen3.5-hybrid", "qwen3-attn")  # directory names under --out; each draft is <name>-draft
-DEFAULT_TARGET_STEPS = 150
-DEFAULT_DISTILL_STEPS = 300
+DEFAULT_TARGET_STEPS = 200
+DEFAULT_DISTILL_STEPS = 600
 REPLY_CHARS = 200  # longer than any benchmark reply (max_new_tokens <= 128), so no reply is seen ending
 
 
@@ -117,12 +120,21 @@ def reply_text(sentences: list[str], first: int, chars: int = REPLY_CHARS) -> st
 
 
 def training_prompts(rng: random.Random, count: int) -> list[str]:
-    """Question-like prompts of varied length (the benchmark's own prompts are never trained on)."""
+    """Prompts of 1-120 characters, half word salad and half random characters, so the target learns to answer any
+    prompt (the benchmark's own prompts are never trained on)."""
     words = ("how many what is the sum of apples pens she sold half in may why does a cache hold keys explain "
              "write a function that returns list three tips rewrite your answer fix the bug prime numbers below "
              "step by step give two sentences about decoding trees drafts").split()
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 32))).capitalize() + rng.choice("?.")
-            for _ in range(count)]
+    chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789      ,.?!'^()-+*/="
+    prompts = []
+    for _ in range(count):
+        length = rng.randint(1, 120)
+        if rng.random() < 0.5:
+            text = " ".join(rng.choice(words) for _ in range(length // 5 + 1)).capitalize()
+        else:
+            text = "".join(rng.choice(chars) for _ in range(length))
+        prompts.append(text[:length])
+    return prompts
 
 
 def training_chats(rng: random.Random, count: int, sentences: list[str]) -> list[tuple[list[int], int]]:
@@ -153,7 +165,7 @@ def pad_batch(chats: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.T
 # --- training -------------------------------------------------------------------------------------------------------
 
 
-def train_target(target, steps: int, seed: int, batch: int = 8, lr: float = 1e-2, reply: int = 48) -> float | None:
+def train_target(target, steps: int, seed: int, batch: int = 8, lr: float = 2e-2, reply: int = 80) -> float | None:
     """Teach the target the corpus replies (next-token loss on the reply tokens); returns the last loss."""
     if steps <= 0:
         return None
@@ -187,7 +199,7 @@ def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int) -> torc
 
 
 def distill_draft(target, draft: DFlashDraftModel, steps: int, seed: int, batch: int = 32,
-                  new_tokens: int = 96, lr: float = 5e-3) -> float | None:
+                  new_tokens: int = 80, lr: float = 5e-3) -> float | None:
     """Teach the draft the target's next block: at a random anchor s it sees the target features of tokens < s and
     the block [token s, mask, ...], and must predict tokens s+1.. of the target's greedy continuation."""
     if steps <= 0:
@@ -249,33 +261,46 @@ def recipe(seed: int, target_steps: int, distill_steps: int) -> dict:
             "torch": torch.__version__.split("+")[0], "code": digest.hexdigest()[:16]}
 
 
-def build_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_STEPS,
-                 distill_steps: int = DEFAULT_DISTILL_STEPS, log=print) -> dict[str, Path]:
-    """Train and save both targets and their drafts under out; returns {name: path} for all four models."""
+def build_pair(out: Path, kind: str, seed: int, target_steps: int, distill_steps: int) -> str:
+    """Train and save one target and its draft under out/<kind> and out/<kind>-draft; returns a line for the log."""
     # One thread: these models are too small to share out, and on a busy host extra threads only spin.
     torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
+    began = time.process_time()
     tokenizer = ByteTokenizer()
-    paths: dict[str, Path] = {}
-    for kind in TARGETS:
-        began = time.process_time()
-        target = build_target(seed, kind)
-        target_loss = train_target(target, target_steps, seed)
-        draft = build_draft(seed, target.config.num_hidden_layers)
-        draft_loss = distill_draft(target, draft, distill_steps, seed)
-        for name, module in ((kind, target), (f"{kind}-draft", draft)):
-            path = out / name
-            path.mkdir(parents=True, exist_ok=True)
-            module.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-            paths[name] = path
-        log(f"{kind}: target {target_steps} steps (loss {_loss(target_loss)}), draft {distill_steps} steps "
+    target = build_target(seed, kind)
+    target_loss = train_target(target, target_steps, seed)
+    draft = build_draft(seed, target.config.num_hidden_layers)
+    draft_loss = distill_draft(target, draft, distill_steps, seed)
+    for name, module in ((kind, target), (f"{kind}-draft", draft)):
+        path = out / name
+        path.mkdir(parents=True, exist_ok=True)
+        module.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return (f"{kind}: target {target_steps} steps (loss {_loss(target_loss)}), draft {distill_steps} steps "
             f"(loss {_loss(draft_loss)}), {time.process_time() - began:.1f} s CPU -> {out / kind}")
+
+
+def build_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_STEPS,
+                 distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
+    """Train and save both targets and their drafts under out (one process per target when jobs > 1)."""
+    out = Path(out)
+    args = [(out, kind, seed, target_steps, distill_steps) for kind in TARGETS]
+    if jobs > 1 and (target_steps or distill_steps):  # untrained models build faster than a process starts
+        # spawn, not fork: a forked torch can hang in its thread pools.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(args)), mp_context=context) as pool:
+            lines = list(pool.map(build_pair, *zip(*args)))
+    else:
+        lines = [build_pair(*a) for a in args]
+    for line in lines:
+        log(line)
     (out / "recipe.json").write_text(json.dumps(recipe(seed, target_steps, distill_steps), indent=2) + "\n")
-    return paths
+    return {name: out / name for kind in TARGETS for name in (kind, f"{kind}-draft")}
 
 
 def ensure_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_STEPS,
-                  distill_steps: int = DEFAULT_DISTILL_STEPS, log=print) -> dict[str, Path]:
+                  distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
     """build_models, unless out already holds a build of the same recipe (the code, corpus and settings)."""
     out = Path(out)
     stamp = out / "recipe.json"
@@ -286,7 +311,7 @@ def ensure_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_S
         return {name: out / name for name in names}
     if stamp.exists():
         stamp.unlink()  # a half-rebuilt directory must never pass for the old build
-    return build_models(out, seed, target_steps, distill_steps, log)
+    return build_models(out, seed, target_steps, distill_steps, log, jobs)
 
 
 def _loss(value: float | None) -> str:
@@ -299,10 +324,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=DEFAULT_TARGET_STEPS)
     parser.add_argument("--distill-steps", type=int, default=DEFAULT_DISTILL_STEPS)
+    parser.add_argument("--jobs", type=int, default=2, help="targets built at once, one process each")
     parser.add_argument("--force", action="store_true", help="rebuild even when --out holds the same recipe")
     args = parser.parse_args()
     build = build_models if args.force else ensure_models
-    paths = build(args.out, args.seed, args.target_steps, args.distill_steps)
+    paths = build(args.out, args.seed, args.target_steps, args.distill_steps, jobs=args.jobs)
     print("models: " + ", ".join(str(path) for path in paths.values()))
 
 
