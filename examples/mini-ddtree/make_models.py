@@ -43,8 +43,11 @@ TARGET_LAYER_TYPES = ["full_attention", "linear_attention", "linear_attention", 
 HIDDEN_SIZE = 64
 BLOCK_SIZE = 8
 TARGETS = ("qwen3.5-hybrid", "qwen3-attn")  # directory names under --out; each draft is <name>-draft
-DEFAULT_TARGET_STEPS = 200
-DEFAULT_DISTILL_STEPS = 600
+# Per target: the pure-attention one needs more steps to keep to the corpus past a long prompt.
+DEFAULT_TARGET_STEPS = {"qwen3.5-hybrid": 200, "qwen3-attn": 300}
+TARGET_LR = {"qwen3.5-hybrid": 2e-2, "qwen3-attn": 1e-2}
+DEFAULT_DISTILL_STEPS = 800
+PROMPT_LENGTHS = (40, 240)  # characters of the draft's distillation prompts: the benchmark's are 30-400 tokens
 REPLY_CHARS = 200  # longer than any benchmark reply (max_new_tokens <= 128), so no reply is seen ending
 
 
@@ -206,28 +209,29 @@ def distill_draft(target, draft: DFlashDraftModel, steps: int, seed: int, batch:
         return None
     rng = random.Random(seed + 2)
     tokenizer = ByteTokenizer()
-    prompts = []
-    for text in training_prompts(rng, batch):
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-        prompts.append(tokenizer.encode(chat))
-    # Equal lengths for batched greedy decoding: left-trim every prompt to the shortest (they all end the same way).
-    shortest = min(len(p) for p in prompts)
-    prompt_ids = torch.tensor([p[len(p) - shortest:] for p in prompts])
-    with torch.inference_mode():
-        sequences = greedy_continuations(target, prompt_ids, new_tokens=new_tokens)
-        hidden_states = target(sequences, output_hidden_states=True).hidden_states
-        features = extract_context_feature(hidden_states, draft.target_layer_ids)
-    sequences, features = sequences.clone(), features.clone()  # leave inference mode for training
+    # Two groups of equal-length prompts (batched greedy decoding needs equal lengths): short ones, and long ones
+    # like the benchmark's later turns, so the draft learns at the context lengths it will meet.
+    groups = []
+    for length in PROMPT_LENGTHS:
+        texts = [(text * (length // max(len(text), 1) + 1))[:length] for text in training_prompts(rng, batch // 2)]
+        chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+        prompt_ids = torch.tensor([tokenizer.encode(chat) for chat in chats])
+        with torch.inference_mode():
+            sequences = greedy_continuations(target, prompt_ids, new_tokens=new_tokens)
+            hidden_states = target(sequences, output_hidden_states=True).hidden_states
+            features = extract_context_feature(hidden_states, draft.target_layer_ids)
+        groups.append((prompt_ids.shape[1], sequences.clone(), features.clone()))  # clone: leave inference mode
 
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    block_size, prompt_length = draft.block_size, prompt_ids.shape[1]
+    block_size = draft.block_size
     optimizer = torch.optim.AdamW(draft.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     draft.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
+        prompt_length, sequences, features = rng.choice(groups)
         anchor = rng.randint(prompt_length, sequences.shape[1] - block_size)
         block = sequences[:, anchor : anchor + block_size].clone()
         labels = block[:, 1:].clone()
@@ -252,7 +256,7 @@ def distill_draft(target, draft: DFlashDraftModel, steps: int, seed: int, batch:
 # --- building and caching -------------------------------------------------------------------------------------------
 
 
-def recipe(seed: int, target_steps: int, distill_steps: int) -> dict:
+def recipe(seed: int, target_steps: int | None, distill_steps: int) -> dict:
     """Everything the weights depend on: the settings and the bytes of the code and corpus that make them."""
     digest = hashlib.sha256()
     for path in [HERE / "make_models.py", DATA_DIR / "corpus.txt", *sorted((HERE / "model").glob("*.py"))]:
@@ -261,7 +265,7 @@ def recipe(seed: int, target_steps: int, distill_steps: int) -> dict:
             "torch": torch.__version__.split("+")[0], "code": digest.hexdigest()[:16]}
 
 
-def build_pair(out: Path, kind: str, seed: int, target_steps: int, distill_steps: int) -> str:
+def build_pair(out: Path, kind: str, seed: int, target_steps: int | None, distill_steps: int) -> str:
     """Train and save one target and its draft under out/<kind> and out/<kind>-draft; returns a line for the log."""
     # One thread: these models are too small to share out, and on a busy host extra threads only spin.
     torch.set_num_threads(1)
@@ -269,7 +273,8 @@ def build_pair(out: Path, kind: str, seed: int, target_steps: int, distill_steps
     began = time.process_time()
     tokenizer = ByteTokenizer()
     target = build_target(seed, kind)
-    target_loss = train_target(target, target_steps, seed)
+    target_steps = DEFAULT_TARGET_STEPS[kind] if target_steps is None else target_steps
+    target_loss = train_target(target, target_steps, seed, lr=TARGET_LR[kind])
     draft = build_draft(seed, target.config.num_hidden_layers)
     draft_loss = distill_draft(target, draft, distill_steps, seed)
     for name, module in ((kind, target), (f"{kind}-draft", draft)):
@@ -281,12 +286,12 @@ def build_pair(out: Path, kind: str, seed: int, target_steps: int, distill_steps
             f"(loss {_loss(draft_loss)}), {time.process_time() - began:.1f} s CPU -> {out / kind}")
 
 
-def build_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_STEPS,
+def build_models(out: Path, seed: int = 0, target_steps: int | None = None,
                  distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
     """Train and save both targets and their drafts under out (one process per target when jobs > 1)."""
     out = Path(out)
     args = [(out, kind, seed, target_steps, distill_steps) for kind in TARGETS]
-    if jobs > 1 and (target_steps or distill_steps):  # untrained models build faster than a process starts
+    if jobs > 1 and (target_steps is None or target_steps or distill_steps):  # untrained models build faster than a process starts
         # spawn, not fork: a forked torch can hang in its thread pools.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(min(jobs, len(args)), mp_context=context) as pool:
@@ -299,7 +304,7 @@ def build_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_ST
     return {name: out / name for kind in TARGETS for name in (kind, f"{kind}-draft")}
 
 
-def ensure_models(out: Path, seed: int = 0, target_steps: int = DEFAULT_TARGET_STEPS,
+def ensure_models(out: Path, seed: int = 0, target_steps: int | None = None,
                   distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
     """build_models, unless out already holds a build of the same recipe (the code, corpus and settings)."""
     out = Path(out)
@@ -322,7 +327,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("models"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=DEFAULT_TARGET_STEPS)
+    parser.add_argument("--target-steps", type=int, default=None,
+                        help=f"training steps of every target (default: {DEFAULT_TARGET_STEPS})")
     parser.add_argument("--distill-steps", type=int, default=DEFAULT_DISTILL_STEPS)
     parser.add_argument("--jobs", type=int, default=2, help="targets built at once, one process each")
     parser.add_argument("--force", action="store_true", help="rebuild even when --out holds the same recipe")
