@@ -46,8 +46,7 @@ TARGETS = ("qwen3.5-hybrid", "qwen3-attn")  # directory names under --out; each 
 # Per target: the pure-attention one needs more steps to keep to the corpus past a long prompt.
 DEFAULT_TARGET_STEPS = {"qwen3.5-hybrid": 200, "qwen3-attn": 300}
 TARGET_LR = {"qwen3.5-hybrid": 2e-2, "qwen3-attn": 1e-2}
-DEFAULT_DISTILL_STEPS = 800
-PROMPT_LENGTHS = (40, 240)  # characters of the draft's distillation prompts: the benchmark's are 30-400 tokens
+DEFAULT_DISTILL_STEPS = 600
 REPLY_CHARS = 200  # longer than any benchmark reply (max_new_tokens <= 128), so no reply is seen ending
 
 
@@ -209,29 +208,28 @@ def distill_draft(target, draft: DFlashDraftModel, steps: int, seed: int, batch:
         return None
     rng = random.Random(seed + 2)
     tokenizer = ByteTokenizer()
-    # Two groups of equal-length prompts (batched greedy decoding needs equal lengths): short ones, and long ones
-    # like the benchmark's later turns, so the draft learns at the context lengths it will meet.
-    groups = []
-    for length in PROMPT_LENGTHS:
-        texts = [(text * (length // max(len(text), 1) + 1))[:length] for text in training_prompts(rng, batch // 2)]
-        chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
-        prompt_ids = torch.tensor([tokenizer.encode(chat) for chat in chats])
-        with torch.inference_mode():
-            sequences = greedy_continuations(target, prompt_ids, new_tokens=new_tokens)
-            hidden_states = target(sequences, output_hidden_states=True).hidden_states
-            features = extract_context_feature(hidden_states, draft.target_layer_ids)
-        groups.append((prompt_ids.shape[1], sequences.clone(), features.clone()))  # clone: leave inference mode
+    prompts = []
+    for text in training_prompts(rng, batch):
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+        prompts.append(tokenizer.encode(chat))
+    # Equal lengths for batched greedy decoding: left-trim every prompt to the shortest (they all end the same way).
+    shortest = min(len(p) for p in prompts)
+    prompt_ids = torch.tensor([p[len(p) - shortest:] for p in prompts])
+    with torch.inference_mode():
+        sequences = greedy_continuations(target, prompt_ids, new_tokens=new_tokens)
+        hidden_states = target(sequences, output_hidden_states=True).hidden_states
+        features = extract_context_feature(hidden_states, draft.target_layer_ids)
+    sequences, features = sequences.clone(), features.clone()  # leave inference mode for training
 
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    block_size = draft.block_size
+    block_size, prompt_length = draft.block_size, prompt_ids.shape[1]
     optimizer = torch.optim.AdamW(draft.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     draft.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
-        prompt_length, sequences, features = rng.choice(groups)
         anchor = rng.randint(prompt_length, sequences.shape[1] - block_size)
         block = sequences[:, anchor : anchor + block_size].clone()
         labels = block[:, 1:].clone()
@@ -291,7 +289,8 @@ def build_models(out: Path, seed: int = 0, target_steps: int | None = None,
     """Train and save both targets and their drafts under out (one process per target when jobs > 1)."""
     out = Path(out)
     args = [(out, kind, seed, target_steps, distill_steps) for kind in TARGETS]
-    if jobs > 1 and (target_steps is None or target_steps or distill_steps):  # untrained models build faster than a process starts
+    # Untrained models build faster than a process starts.
+    if jobs > 1 and (target_steps is None or target_steps or distill_steps):
         # spawn, not fork: a forked torch can hang in its thread pools.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(min(jobs, len(args)), mp_context=context) as pool:
