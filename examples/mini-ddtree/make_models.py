@@ -46,7 +46,8 @@ TARGETS = ("qwen3.5-hybrid", "qwen3-attn")  # directory names under --out; each 
 # Per target: the pure-attention one needs more steps to keep to the corpus past a long prompt.
 DEFAULT_TARGET_STEPS = {"qwen3.5-hybrid": 200, "qwen3-attn": 300}
 TARGET_LR = {"qwen3.5-hybrid": 2e-2, "qwen3-attn": 1e-2}
-DEFAULT_DISTILL_STEPS = 600
+# The hybrid's draft needs more: a rejected draft token stays in the Gated DeltaNet state, so every miss costs more.
+DEFAULT_DISTILL_STEPS = {"qwen3.5-hybrid": 1000, "qwen3-attn": 600}
 REPLY_CHARS = 200  # longer than any benchmark reply (max_new_tokens <= 128), so no reply is seen ending
 
 
@@ -254,7 +255,7 @@ def distill_draft(target, draft: DFlashDraftModel, steps: int, seed: int, batch:
 # --- building and caching -------------------------------------------------------------------------------------------
 
 
-def recipe(seed: int, target_steps: int | None, distill_steps: int) -> dict:
+def recipe(seed: int, target_steps: int | None, distill_steps: int | None) -> dict:
     """Everything the weights depend on: the settings and the bytes of the code and corpus that make them."""
     digest = hashlib.sha256()
     for path in [HERE / "make_models.py", DATA_DIR / "corpus.txt", *sorted((HERE / "model").glob("*.py"))]:
@@ -263,7 +264,7 @@ def recipe(seed: int, target_steps: int | None, distill_steps: int) -> dict:
             "torch": torch.__version__.split("+")[0], "code": digest.hexdigest()[:16]}
 
 
-def build_pair(out: Path, kind: str, seed: int, target_steps: int | None, distill_steps: int) -> str:
+def build_pair(out: Path, kind: str, seed: int, target_steps: int | None, distill_steps: int | None) -> str:
     """Train and save one target and its draft under out/<kind> and out/<kind>-draft; returns a line for the log."""
     # One thread: these models are too small to share out, and on a busy host extra threads only spin.
     torch.set_num_threads(1)
@@ -273,6 +274,7 @@ def build_pair(out: Path, kind: str, seed: int, target_steps: int | None, distil
     target = build_target(seed, kind)
     target_steps = DEFAULT_TARGET_STEPS[kind] if target_steps is None else target_steps
     target_loss = train_target(target, target_steps, seed, lr=TARGET_LR[kind])
+    distill_steps = DEFAULT_DISTILL_STEPS[kind] if distill_steps is None else distill_steps
     draft = build_draft(seed, target.config.num_hidden_layers)
     draft_loss = distill_draft(target, draft, distill_steps, seed)
     for name, module in ((kind, target), (f"{kind}-draft", draft)):
@@ -285,12 +287,12 @@ def build_pair(out: Path, kind: str, seed: int, target_steps: int | None, distil
 
 
 def build_models(out: Path, seed: int = 0, target_steps: int | None = None,
-                 distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
+                 distill_steps: int | None = None, log=print, jobs: int = 2) -> dict[str, Path]:
     """Train and save both targets and their drafts under out (one process per target when jobs > 1)."""
     out = Path(out)
     args = [(out, kind, seed, target_steps, distill_steps) for kind in TARGETS]
     # Untrained models build faster than a process starts.
-    if jobs > 1 and (target_steps is None or target_steps or distill_steps):
+    if jobs > 1 and (target_steps is None or target_steps or distill_steps is None or distill_steps):
         # spawn, not fork: a forked torch can hang in its thread pools.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(min(jobs, len(args)), mp_context=context) as pool:
@@ -304,7 +306,7 @@ def build_models(out: Path, seed: int = 0, target_steps: int | None = None,
 
 
 def ensure_models(out: Path, seed: int = 0, target_steps: int | None = None,
-                  distill_steps: int = DEFAULT_DISTILL_STEPS, log=print, jobs: int = 2) -> dict[str, Path]:
+                  distill_steps: int | None = None, log=print, jobs: int = 2) -> dict[str, Path]:
     """build_models, unless out already holds a build of the same recipe (the code, corpus and settings)."""
     out = Path(out)
     stamp = out / "recipe.json"
@@ -328,7 +330,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=None,
                         help=f"training steps of every target (default: {DEFAULT_TARGET_STEPS})")
-    parser.add_argument("--distill-steps", type=int, default=DEFAULT_DISTILL_STEPS)
+    parser.add_argument("--distill-steps", type=int, default=None,
+                        help=f"distillation steps of every draft (default: {DEFAULT_DISTILL_STEPS})")
     parser.add_argument("--jobs", type=int, default=2, help="targets built at once, one process each")
     parser.add_argument("--force", action="store_true", help="rebuild even when --out holds the same recipe")
     args = parser.parse_args()
