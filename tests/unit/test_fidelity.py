@@ -63,8 +63,9 @@ def test_the_report_flags_the_lossy_method_not_lossless_and_names_the_example():
     rows = {r.method: r for r in report.rows}
     assert [r.method for r in report.lossy_rows] == ["ddtree_tb8"]
     assert rows["ddtree_tb8"].flags == ("best", "NOT LOSSLESS")
-    assert rows["ddtree_tb8"].note == ("NOT LOSSLESS: 4.00x faster than baseline but only 66.7% of outputs match at "
-                                       "T=0; response 1 first differs at generated token 2 (baseline 7, this method 70)")
+    assert rows["ddtree_tb8"].note == (
+        "NOT LOSSLESS: 4.00x faster than baseline but only 66.7% of outputs match at T=0; "
+        "response 1 first differs at generated token 2 (baseline 7, this method 70)")
     assert rows["dflash"].flags == () and rows["dflash"].note == ""
 
 
@@ -131,7 +132,8 @@ def test_one_row_per_method_and_target_across_hosts_and_repeats():
     assert hybrid.divergence == ("h1", Divergence(1, 2, 7, 70)) and hybrid.note.endswith("on h1")
     assert attn.fidelity == 1.0 and not attn.lossy
     # Every run: (mean[4] + mean[4] + mean[3]) / 3 responses; the same in all three runs, so no spread.
-    assert attn.acceptance_length.mean == pytest.approx(11 / 3) and attn.acceptance_length.std == 0 and attn.acceptance_length.n == 3
+    tau = attn.acceptance_length
+    assert tau.mean == pytest.approx(11 / 3) and tau.std == 0 and tau.n == 3
 
 
 def test_aggregated_cells_show_mean_and_std_and_the_number_of_runs():
