@@ -19,6 +19,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # One plan cache for the whole run (subprocesses inherit it): shared by the tests, never the user's ~/.cache.
 os.environ.setdefault("DDOPS_CACHE_DIR", tempfile.mkdtemp(prefix="ddops-test-cache-"))
 MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
+# The trained mini models (both targets and their drafts), shared with scripts/demo and kept across sessions:
+# make_models.py rebuilds them only when its recipe (code, corpus, settings) changed.
+MINI_MODELS = Path(os.environ.get("DDOPS_MINI_MODELS", REPO_ROOT / ".cache" / "mini-ddtree-models"))
+
+
+def mini_ddtree_models(out: Path = MINI_MODELS) -> Path:
+    """examples/mini-ddtree's trained models under out (qwen3.5-hybrid, qwen3-attn, each with -draft), built once."""
+    subprocess.run([sys.executable, "make_models.py", "--out", str(out)], cwd=MINI_DDTREE, check=True,
+                   capture_output=True, timeout=900,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    return out
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> object:

@@ -6,7 +6,7 @@ import re
 from statistics import fmean
 from typing import Any, Iterable
 
-from ddops.bench.summary import MethodSummary, ResultFileError, finite_number, output_digest
+from ddops.bench.summary import Divergence, MethodSummary, ResultFileError, finite_number, output_digest
 
 BASELINE = "baseline"
 _TREE = re.compile(r"ddtree_tb(\d+)\Z")
@@ -53,6 +53,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
 
     baseline_tpot: float | None = None
     baseline_outputs: dict[int, list[int]] = {}
+    prompt_lengths: dict[int, int] = {}
     if BASELINE in per_method:
         baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token")
                               for i, v in per_method[BASELINE])
@@ -60,6 +61,9 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             tokens = _tokens(source, i, BASELINE, v)
             if tokens is not None:
                 baseline_outputs[i] = tokens
+            prompt = _number(source, i, BASELINE, v, "num_input_tokens", optional=True)
+            if prompt is not None:
+                prompt_lengths[i] = int(prompt)
 
     out: list[MethodSummary] = []
     for method in sorted(per_method, key=method_order):
@@ -81,11 +85,14 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
         if baseline_tpot is not None and mean_tpot:
             speedup = baseline_tpot / mean_tpot
 
-        fidelity = None
-        compared = [(t, baseline_outputs[i]) for (i, _), t in zip(items, tokens_list)
+        fidelity, divergence = None, None
+        compared = [(i, t, baseline_outputs[i]) for (i, _), t in zip(items, tokens_list)
                     if t is not None and i in baseline_outputs]
         if compared and len(compared) == len(items):
-            fidelity = sum(1 for t, b in compared if t == b) / len(compared)
+            fidelity = sum(1 for _, t, b in compared if t == b) / len(compared)
+            differing = [(i, t, b) for i, t, b in compared if t != b]
+            if differing:
+                divergence = first_divergence(*differing[0], prompt_lengths.get(differing[0][0], 0))
 
         out.append(MethodSummary(
             method=method, source=source, engine="ddtree", n_responses=len(items),
@@ -98,8 +105,18 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             model=str(model) if model is not None else None,
             attn=str(attn) if attn is not None else None,
             output_digests=digests if len(digests) == len(items) else (),
+            first_difference=divergence,
         ))
     return out
+
+
+def first_divergence(response: int, tokens: list[int], baseline: list[int], prompt_length: int) -> Divergence:
+    """The first position where two outputs (prompt included) differ, counted from the first generated token."""
+    common = min(len(tokens), len(baseline))
+    at = next((k for k in range(common) if tokens[k] != baseline[k]), common)
+    return Divergence(response=response, position=max(at - prompt_length, 0),
+                      baseline_token=baseline[at] if at < len(baseline) else None,
+                      method_token=tokens[at] if at < len(tokens) else None)
 
 
 def _args(args: Any) -> dict[str, Any]:

@@ -18,6 +18,16 @@ class ResultFileError(DdopsError):
 
 
 @dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where one response first differs from the baseline's: the example a NOT LOSSLESS flag points at."""
+
+    response: int  # index in the result file's responses
+    position: int  # generated-token index (0 = the first token after the prompt)
+    baseline_token: int | None  # None where that output had already ended
+    method_token: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class MethodSummary:
     """One method's numbers from one result file; times in seconds, None where the file cannot say."""
 
@@ -40,6 +50,7 @@ class MethodSummary:
     output_throughput: float | None = None  # vLLM: output tok/s over all concurrent requests
     failed: int = 0  # vLLM: failed requests
     output_digests: tuple[str, ...] = ()  # per response, in prompt order: lets the report compare runs
+    first_difference: Divergence | None = None  # the first response whose output differs from the baseline's
 
     @property
     def label(self) -> str:

@@ -517,12 +517,15 @@ def report(ctx: typer.Context,
            run_ids: Annotated[Optional[list[str]], typer.Argument(help="Collected run ids (default: the newest).",
                                                                   show_default=False)] = None,
            fmt: Annotated[str, typer.Option("--format", help="table, json, csv or md.")] = "table",
-           plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here.",
-                                                        show_default=False)] = None,
+           by: Annotated[Optional[str], typer.Option("--by", help="host: one row per host and method (repeats "
+                                                     "aggregated); method: one row per method over every host and "
+                                                     "repeat. Default: both tables.", show_default=False)] = None,
+           plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here (speedup and "
+                                                        "τ per method, with error bars).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.report import build_report, to_csv, to_json, to_markdown
+    from ddops.bench.report import BY, aggregate, build_report, groups_markdown, to_csv, to_json
     from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 
@@ -531,6 +534,9 @@ def report(ctx: typer.Context,
         fmt = "json"
     if fmt not in ("table", "json", "csv", "md"):
         raise UsageError(f"--format {fmt}: use table, json, csv or md")
+    if by is not None and by not in BY:
+        raise UsageError(f"--by {by}: use host or method")
+    views = [by] if by else list(BY)
     root = results_root(results_dir)
     ids = [check_run_id(r) for r in run_ids or []]
     if not ids:
@@ -545,9 +551,10 @@ def report(ctx: typer.Context,
     elif fmt == "csv":
         sys.stdout.write(to_csv(rep))
     elif fmt == "md":
-        sys.stdout.write(to_markdown(rep))
-    else:
-        _report_table(rep, ids)
+        sys.stdout.write("\n".join(groups_markdown(aggregate(rep, view)) for view in views))
+    elif rep.rows:
+        for view in views:
+            _report_table(aggregate(rep, view), ids)
     if plot is not None and rep.rows:
         from ddops.bench.plot import plot_report
 
@@ -561,21 +568,23 @@ def report(ctx: typer.Context,
         raise typer.Exit(1)
 
 
-def _report_table(rep: Any, run_ids: Sequence[str]) -> None:
-    from ddops.bench.report import report_columns
+def _report_table(groups: Sequence[Any], run_ids: Sequence[str]) -> None:
+    """Aggregated rows as a rich table (mean ± std over n runs), lossy rows red, and a note under it for each."""
+    from ddops.bench.report import group_columns, note_label
 
-    headers, rows = report_columns(rep)
-    table = Table(title=f"bench report: {', '.join(run_ids)}", header_style="bold")
+    headers, rows = group_columns(groups)
+    scope = "per host" if groups and groups[0].by == "host" else "per method, all hosts"
+    table = Table(title=f"bench report {', '.join(run_ids)}: {scope} (mean ± std over n runs)", header_style="bold")
     for h in headers:
-        numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "T")
+        numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "T", "Hosts")
         table.add_column(h, justify="right" if numeric else "left")
     method_col = headers.index("Method")
-    for r, cells in zip(rep.rows, rows):
+    for g, cells in zip(groups, rows):
         cells = [escape(c) for c in cells]
-        if r.best_budget:
+        if g.best_budget:
             cells[method_col] = f"[bold]{cells[method_col]}[/]"
-        table.add_row(*cells, style="red" if r.lossy else None)
+        table.add_row(*cells, style="red" if g.lossy else None)
     console.print(table)
-    for r in rep.rows:
-        if r.lossy:
-            console.print(f"[red]{escape(r.host)} {escape(str(r.dataset))} {escape(r.method)}: {escape(r.note)}[/]")
+    for g in groups:
+        if g.lossy:
+            console.print(f"[red]{escape(note_label(g))}: {escape(g.note)}[/]")

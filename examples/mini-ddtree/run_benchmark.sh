@@ -19,23 +19,24 @@ MODEL_DIR="${MODEL_DIR:-models}"
 PYTHON="${PYTHON:-python3}"
 read -r -a TORCHRUN <<< "${TORCHRUN:-torchrun}"   # e.g. TORCHRUN="python3 -m torch.distributed.run"
 read -r -a MODES <<< "${MODES:-sdpa}"            # add flash_attn on hosts that have the flash_attn package
-read -r -a TASKS <<< "${TASKS:-mini:2}"           # dataset:max_samples, datasets are data/<name>.jsonl
+read -r -a TASKS <<< "${TASKS:-mini:8}"           # dataset:max_samples, datasets are data/<name>.jsonl
 read -r -a TEMPERATURES <<< "${TEMPERATURES:-0.0}"
 
 MODEL_DRAFT_PAIRS=(
-  "${MODEL_DIR}/target|${MODEL_DIR}/draft"
+  "${MODEL_DIR}/qwen3.5-hybrid|${MODEL_DIR}/qwen3.5-hybrid-draft"
+  "${MODEL_DIR}/qwen3-attn|${MODEL_DIR}/qwen3-attn-draft"
 )
 
 COMMON_BENCHMARK_ARGS=(
-  --max-new-tokens "${MAX_NEW_TOKENS:-16}"
+  --max-new-tokens "${MAX_NEW_TOKENS:-64}"
   --tree-budget "${TREE_BUDGET:-4,8}"
 )
 
 mkdir -p "$LOG_DIR" "$RUN_DIR"
 
-if [[ ! -f "${MODEL_DIR}/target/config.json" || ! -f "${MODEL_DIR}/draft/config.json" ]]; then
-  "$PYTHON" make_models.py --out "$MODEL_DIR" --distill-steps "${DISTILL_STEPS:-300}" || exit 1
-fi
+# make_models.py returns at once when MODEL_DIR already holds a build of the same recipe.
+"$PYTHON" make_models.py --out "$MODEL_DIR" ${TARGET_STEPS:+--target-steps "$TARGET_STEPS"} \
+  ${DISTILL_STEPS:+--distill-steps "$DISTILL_STEPS"} || exit 1
 
 slugify() {
   local value="$1"

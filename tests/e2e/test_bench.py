@@ -34,9 +34,10 @@ MINI_PLAN = "mini-ddtree-bench"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
-    """mini-DDTree's tiny models, built once (undistilled: fast, and the numbers do not matter here)."""
+    """mini-DDTree's tiny models, built once (untrained: fast, and the numbers do not matter here)."""
     out = tmp_path_factory.mktemp("mini-models")
-    subprocess.run([sys.executable, "make_models.py", "--out", str(out), "--distill-steps", "0"], cwd=MINI_DDTREE,
+    subprocess.run([sys.executable, "make_models.py", "--out", str(out), "--target-steps", "0", "--distill-steps", "0"],
+                   cwd=MINI_DDTREE,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, check=True,
                    capture_output=True, timeout=300)
     return out
@@ -121,7 +122,7 @@ def direct_numbers(pt: Path) -> dict[str, dict[str, float]]:
     for m in methods:
         tau = fmean(fmean(r[m].acceptance_lengths) for r in data["responses"]) if m != "baseline" else None
         out[m] = {"tokens_per_s": 1 / tpot[m], "speedup": tpot["baseline"] / tpot[m], "tau": tau,
-                  "temperature": data["args"]["temperature"]}
+                  "temperature": data["args"]["temperature"], "model": data["args"]["model_name_or_path"]}
     return out
 
 
@@ -173,7 +174,8 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
     for h in bed.hosts:
         remote = sorted((h.repo_dir / ".ddops" / "runs" / run_id / "results").glob("*.pt"))
         local = sorted((results_dir / run_id / h.name).glob("*.pt"))
-        assert [p.name for p in local] == [p.name for p in remote] == ["mini__t0.0__sdpa.pt", "mini__t1.0__sdpa.pt"]
+        assert [p.name for p in local] == [p.name for p in remote] == ["mini__qwen3-attn__t0.0__sdpa.pt",
+                                                                       "mini__qwen3.5-hybrid__t0.0__sdpa.pt"]
         assert [sha256(p) for p in local] == [sha256(p) for p in remote]
         entry = manifest["hosts"][h.name]
         assert entry["gpu"] == {"model": None, "count": 0, "driver": None}
@@ -188,8 +190,8 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
         assert {f["sha256"] for f in entry["files"]} == {sha256(p) for p in local}
 
     # Resumable: what is already here is skipped; a missing or damaged file is fetched again.
-    (results_dir / run_id / "host1" / "mini__t0.0__sdpa.pt").unlink()
-    (results_dir / run_id / "host2" / "mini__t1.0__sdpa.pt").write_bytes(b"damaged")
+    (results_dir / run_id / "host1" / "mini__qwen3.5-hybrid__t0.0__sdpa.pt").unlink()
+    (results_dir / run_id / "host2" / "mini__qwen3-attn__t0.0__sdpa.pt").write_bytes(b"damaged")
     code, doc = ddops_json(bed, results_dir, "bench", "collect", run_id)
     assert code == 0
     fetched = {h["host"]: (h["data"]["fetched"], h["data"]["kept"]) for h in doc["hosts"]}
@@ -199,12 +201,12 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
     proc = ddops(bed, results_dir, "bench", "report", run_id, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
-    assert len(rows) == 3 * 2 * 4  # hosts x temperatures x (baseline, dflash, ddtree_tb4, ddtree_tb8)
+    assert len(rows) == 3 * 2 * 4  # hosts x targets x (baseline, dflash, ddtree_tb4, ddtree_tb8)
     for h in bed.hosts:
         for pt in (results_dir / run_id / h.name).glob("*.pt"):
             for method, want in direct_numbers(pt).items():
                 (row,) = [r for r in rows if r["host"] == h.name and r["method"] == method
-                          and r["temperature"] == want["temperature"]]
+                          and r["temperature"] == want["temperature"] and r["model"] == want["model"]]
                 assert row["tokens_per_s"] == pytest.approx(want["tokens_per_s"], rel=1e-9)
                 assert row["speedup"] == pytest.approx(want["speedup"], rel=1e-9)
                 if want["tau"] is not None:
@@ -268,7 +270,7 @@ def test_a_crashing_run_is_reported_with_its_exit_code_and_log_tail(mini_bed, re
     plan = tmp_path / "crash-bench.yaml"
     plan.write_text((REPO_ROOT / "playbooks" / f"{MINI_PLAN}.yaml").read_text()
                     .replace("matrix:\n  dataset: [mini]", "matrix:\n  dataset: [no-such-dataset]")
-                    .replace("temperature: [0.0, 1.0]", "temperature: [0.0]")
+                    .replace("target: [qwen3.5-hybrid, qwen3-attn]", "target: [qwen3-attn]")
                     .replace("name: mini-ddtree-bench", "name: crash-bench"))
     proc = ddops(bed, results_dir, "bench", str(plan), "--all", "--follow", "--run-id", "20261130-0000-boom",
                  timeout=180)

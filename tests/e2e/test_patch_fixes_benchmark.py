@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.sshd, pytest.mark.torch, requires_sshd]
 pytest.importorskip("transformers")
 
 RUN_BENCHMARK = (
-    "test -f models/target/config.json || python make_models.py --out models --distill-steps 0 >/dev/null; "
-    "python benchmark.py --model-name-or-path models/target --draft-name-or-path models/draft --dataset mini "
+    "test -f models/qwen3.5-hybrid/config.json || python make_models.py --out models --target-steps 0 "
+    "--distill-steps 0 >/dev/null; python benchmark.py --model-name-or-path models/qwen3.5-hybrid "
+    "--draft-name-or-path models/qwen3.5-hybrid-draft --dataset mini "
     "--max-samples 1 --max-new-tokens 8 --tree-budget 4 --save-path runs/e2e.pt"
 )
 

@@ -38,10 +38,10 @@ def slurm_plan(path: Path) -> Path:
   tree_budgets: "4"
 matrix:
   case:
-    - {dataset: mini, temperature: 0.0, delay: 0}
-    - {dataset: mini, temperature: 1.0, delay: 0}
-    - {dataset: nosuch, temperature: 0.0, delay: 0}
-    - {dataset: mini, temperature: 0.5, delay: 900}
+    - {dataset: mini, target: qwen3-attn, temperature: 0.0, delay: 0}
+    - {dataset: mini, target: qwen3.5-hybrid, temperature: 0.0, delay: 0}
+    - {dataset: nosuch, target: qwen3-attn, temperature: 0.0, delay: 0}
+    - {dataset: mini, target: qwen3-attn, temperature: 0.5, delay: 900}
 command: >-
   sleep {delay} &&
 """ + command)
@@ -53,7 +53,9 @@ def cluster_bed(slurm_cluster, tmp_path_factory):
     """(inventory path, shared repo, results dir): a login node (testbed sshd) whose `slurm:` names the cluster."""
     shared = tmp_path_factory.mktemp("shared-fs")
     repo = git_seed(MINI_DDTREE, shared / "ddtree")
-    subprocess.run([sys.executable, "make_models.py", "--out", str(repo / "models"), "--distill-steps", "0"],
+    # Untrained models (seconds to build): this test is about Slurm's plumbing, not the numbers.
+    subprocess.run([sys.executable, "make_models.py", "--out", str(repo / "models"), "--target-steps", "0",
+                    "--distill-steps", "0"],
                    cwd=repo, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, check=True,
                    capture_output=True, timeout=300)
     with started_testbeds(tmp_path_factory) as start:
@@ -193,7 +195,8 @@ def test_bench_runs_the_plan_as_one_job_array_on_the_shared_checkout(cluster_bed
     manifest = json.loads((results / RUN / "manifest.json").read_text())
     entry = manifest["hosts"]["login"]
     assert entry["executor"] == "slurm" and entry["job_id"] == job
-    assert sorted(f["path"] for f in entry["files"]) == ["mini__t0.0__sdpa.pt", "mini__t1.0__sdpa.pt"]
+    assert sorted(f["path"] for f in entry["files"]) == ["mini__qwen3-attn__t0.0__sdpa.pt",
+                                                         "mini__qwen3.5-hybrid__t0.0__sdpa.pt"]
     assert [c["slurm"]["array_index"] for c in entry["commands"]] == [0, 1, 2, 3]
     assert all(c["slurm"]["node"] == "localhost" for c in entry["commands"][:3])
     assert entry["patches"] and all(p["in_place"] for p in entry["patches"])

@@ -68,7 +68,8 @@ def test_mini_plan_is_a_cpu_plan_and_uses_only_flags_benchmark_py_accepts():
     plan = load_bench_plan(PLAYBOOKS / "mini-ddtree-bench.yaml")
     assert plan.gpus == 0 and plan.summarizer == "ddtree" and plan.timeout_minutes <= 15
     runs = expand_runs(plan, {"python": "python3"}, "/r")
-    assert [r.params["temperature"] for r in runs] == [0.0, 1.0]
+    assert [(r.params["target"], r.params["temperature"]) for r in runs] == [("qwen3.5-hybrid", 0.0),
+                                                                           ("qwen3-attn", 0.0)]
     used = set(re.findall(r"(--[a-z-]+)", runs[0].command.split("benchmark.py", 1)[1]))
     real_flags = {"--model-name-or-path", "--draft-name-or-path", "--dataset", "--max-samples", "--max-new-tokens",
                   "--temperature", "--tree-budget", "--flash-attn", "--save-path"}

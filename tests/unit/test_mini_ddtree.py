@@ -1,6 +1,8 @@
 """examples/mini-ddtree reproduces the upstream DDTree failures on a hybrid Qwen3.5 target, one per fix, and runs to
-completion once all fixes are in. The fixes are applied here by plain string replacement on a copy of the example;
-the example itself stays unpatched. See examples/mini-ddtree/PATCH_SITES.md for the sites."""
+completion once all fixes are in; its trained models reach the acceptance lengths of a real draft, and on the
+pure-attention target every method reproduces the baseline token for token. The fixes are applied here by plain
+string replacement on a copy of the example; the example itself stays unpatched. See
+examples/mini-ddtree/PATCH_SITES.md for the sites."""
 
 import json
 import os
@@ -38,6 +40,9 @@ CROP_SITES = [
     ("model/dflash.py", "past_key_values_target", "start", 1),
 ]
 BENCH_ARGS = ["--dataset", "mini", "--max-samples", "1", "--max-new-tokens", "8", "--tree-budget", "4"]
+HYBRID, ATTN = "qwen3.5-hybrid", "qwen3-attn"
+# Issue #14's floors, at temperature 0 on the mini dataset: what a draft worth benchmarking reaches.
+DDTREE_TB8_TAU_FLOOR, DFLASH_TAU_FLOOR = 3.0, 2.0
 
 
 def replace_exactly(path: Path, old: str, new: str, count: int) -> None:
@@ -89,11 +94,12 @@ def bench_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
+    """Untrained models (seconds to build): enough for the failure modes, which happen before any number counts."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers", minversion="5.0")
     out = tmp_path_factory.mktemp("mini-ddtree-models")
     subprocess.run(
-        [sys.executable, "make_models.py", "--out", str(out), "--distill-steps", "0"],
+        [sys.executable, "make_models.py", "--out", str(out), "--target-steps", "0", "--distill-steps", "0"],
         cwd=EXAMPLE, env=bench_env(), check=True, capture_output=True, text=True, timeout=300,
     )
     return out
@@ -110,8 +116,8 @@ def patched_copy(tmp_path: Path, models: Path, fixes) -> Path:
 
 def run_benchmark_py(repo: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "benchmark.py", "--model-name-or-path", "models/target",
-         "--draft-name-or-path", "models/draft", *BENCH_ARGS, "--save-path", "runs/out.pt"],
+        [sys.executable, "benchmark.py", "--model-name-or-path", f"models/{HYBRID}",
+         "--draft-name-or-path", f"models/{HYBRID}-draft", *BENCH_ARGS, "--save-path", "runs/out.pt"],
         cwd=repo, env=bench_env(), capture_output=True, text=True, timeout=300,
     )
 
@@ -171,17 +177,21 @@ def test_fully_fixed_benchmark_completes_through_torchrun_and_saves_the_document
 
     repo = patched_copy(tmp_path, models, FIXES)
     env = {**bench_env(), "PYTHON": sys.executable, "TORCHRUN": f"{sys.executable} -m torch.distributed.run",
-           "MASTER_PORT": str(free_port()), "TREE_BUDGET": "4,8", "MAX_NEW_TOKENS": "8"}
+           "MASTER_PORT": str(free_port()), "TREE_BUDGET": "4,8", "MAX_NEW_TOKENS": "8", "TASKS": "mini:2",
+           "TARGET_STEPS": "0", "DISTILL_STEPS": "0"}  # the recipe the fixture built: make_models.py reuses it
     result = subprocess.run(["bash", "run_benchmark.sh"], cwd=repo, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (saved,) = (repo / "runs").glob("*.pt")
-    assert saved.name == "mini__models_target__models_draft__temp0.0__sdpa.pt"
+    saved_files = sorted((repo / "runs").glob("*.pt"))
+    assert [p.name for p in saved_files] == [
+        f"mini__models_{ATTN}__models_{ATTN}-draft__temp0.0__sdpa.pt",
+        f"mini__models_{HYBRID}__models_{HYBRID}-draft__temp0.0__sdpa.pt"]
+    saved = saved_files[1]
 
     with torch.serialization.safe_globals([types.SimpleNamespace]):
         run = torch.load(saved, weights_only=True)
     assert set(run) == {"responses", "block_size", "target_attn_implementation", "draft_attn_implementation", "args"}
-    assert run["block_size"] == 4
+    assert run["block_size"] == 8
     assert (run["target_attn_implementation"], run["draft_attn_implementation"]) == ("sdpa", "sdpa")
     assert isinstance(run["args"], dict) and run["args"]["tree_budget"] == "4,8" and run["args"]["max_samples"] == 2
     assert len(run["responses"]) >= 2  # two samples, one row per turn
@@ -198,44 +208,138 @@ def test_fully_fixed_benchmark_completes_through_torchrun_and_saves_the_document
         assert response["baseline"].acceptance_lengths == [1] * response["baseline"].decode_rounds
 
 
-TREE_IS_LOSSLESS_ON_FULL_ATTENTION = r"""
-import json, sys, torch
-sys.path.insert(0, ".")
-import make_models
-from ddtree import ddtree_generate
-from dflash import dflash_generate
-from model import ByteTokenizer, load_and_process_dataset
+@pytest.fixture(scope="session")
+def trained_models() -> Path:
+    """The demo's trained models (tests/conftest.py caches them on disk while their recipe is unchanged)."""
+    from tests.conftest import mini_ddtree_models
 
-make_models.TARGET_LAYER_TYPES = ["full_attention"] * 4
-target = make_models.build_target(0)
-draft = make_models.build_draft(0, 4)
-make_models.distill_draft(target, draft, steps=200, seed=0)
-tokenizer = ByteTokenizer()
-report = []
-for row in load_and_process_dataset("mini")[:3]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], tokenize=False,
-                                         add_generation_prompt=True)
-    ids = tokenizer.encode(text, return_tensors="pt")
-    common = dict(model=draft, target=target, input_ids=ids, mask_token_id=draft.mask_token_id,
-                  max_new_tokens=24, stop_token_ids=[tokenizer.eos_token_id])
-    base = dflash_generate(block_size=1, **common)
-    for name, run in [("dflash", dflash_generate(block_size=4, **common)),
-                      ("ddtree_tb8", ddtree_generate(block_size=4, tree_budget=8, **common))]:
-        report.append({"method": name, "same": torch.equal(run.output_ids, base.output_ids),
-                       "longest": max(run.acceptance_lengths)})
-    spec = draft.spec_generate(target, ids, 24, [tokenizer.eos_token_id], 0.0)
-    report.append({"method": "spec_generate", "same": torch.equal(spec, base.output_ids), "longest": 0})
-print(json.dumps(report))
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
+    return mini_ddtree_models()
+
+
+def greedy_run(repo: Path, target: str, max_samples: int = 8, max_new_tokens: int = 64) -> dict:
+    import torch
+
+    save = repo / "runs" / f"{target}.pt"
+    result = subprocess.run(
+        [sys.executable, "benchmark.py", "--model-name-or-path", f"models/{target}", "--draft-name-or-path",
+         f"models/{target}-draft", "--dataset", "mini", "--max-samples", str(max_samples), "--max-new-tokens",
+         str(max_new_tokens), "--tree-budget", "8", "--temperature", "0", "--save-path", str(save)],
+        cwd=repo, env=bench_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with torch.serialization.safe_globals([types.SimpleNamespace]):
+        return torch.load(save, weights_only=True)
+
+
+def tau(run: dict, method: str) -> float:
+    per_response = [sum(r[method].acceptance_lengths) / len(r[method].acceptance_lengths) for r in run["responses"]]
+    return sum(per_response) / len(per_response)
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(tmp_path_factory, trained_models) -> dict:
+    """The patched benchmark, greedy, over the whole mini dataset, on both trained targets: {repo, runs}."""
+    repo = patched_copy(tmp_path_factory.mktemp("trained"), trained_models, FIXES)
+    return {"repo": repo, "runs": {target: greedy_run(repo, target) for target in (HYBRID, ATTN)}}
+
+
+EXACT_ACCEPTANCE = r"""
+import json, sys, types, torch
+sys.path.insert(0, ".")
+from transformers import AutoModelForCausalLM
+from ddtree import build_ddtree_tree
+from model import DFlashDraftModel, extract_context_feature
+torch.set_num_threads(1)
+name = sys.argv[1]
+target = AutoModelForCausalLM.from_pretrained(f"models/{name}", dtype=torch.float32).eval()
+draft = DFlashDraftModel.from_pretrained(f"models/{name}-draft", dtype=torch.float32).eval()
+with torch.serialization.safe_globals([types.SimpleNamespace]):
+    run = torch.load(f"runs/{name}.pt", weights_only=True)
+
+def acceptance(prompt, continuation, budget):
+    # Each round drafts from the exact target features of the accepted prefix (recomputed, never cached) and
+    # accepts the longest drafted path the target's own greedy continuation follows, plus the target's next token.
+    lengths, pos = [], 1  # the first generated token comes from the prefill
+    while pos < len(continuation):
+        prefix = torch.cat([prompt, continuation[:pos]])[None]
+        hidden = target(prefix[:, :-1], output_hidden_states=True).hidden_states
+        block = torch.full((1, draft.block_size), draft.mask_token_id)
+        block[0, 0] = prefix[0, -1]
+        out = draft(target_hidden=extract_context_feature(hidden, draft.target_layer_ids),
+                    noise_embedding=target.model.embed_tokens(block),
+                    position_ids=torch.arange(prefix.shape[1] - 1 + draft.block_size)[None])
+        logits = target.lm_head(out[0, 1:])
+        accepted = 0
+        if budget is None:  # DFlash: one chain
+            chain = logits.argmax(-1).tolist()
+            while accepted < len(chain) and pos + accepted < len(continuation) \
+                    and chain[accepted] == continuation[pos + accepted]:
+                accepted += 1
+        else:
+            child_maps = build_ddtree_tree(logits, budget)[3]
+            node = 0
+            while pos + accepted < len(continuation) and int(continuation[pos + accepted]) in child_maps[node]:
+                node = child_maps[node][int(continuation[pos + accepted])]
+                accepted += 1
+        lengths.append(accepted + 1)
+        pos += accepted + 1
+    return lengths
+
+taus = {}
+with torch.inference_mode():
+    for method, budget in (("dflash", None), ("ddtree_tb8", 8)):
+        per_response = []
+        for response in run["responses"]:
+            base = response["baseline"]
+            ids = base.output_ids[0]
+            lengths = acceptance(ids[: base.num_input_tokens], ids[base.num_input_tokens :], budget)
+            per_response.append(sum(lengths) / len(lengths))
+        taus[method] = sum(per_response) / len(per_response)
+print(json.dumps(taus))
 """
 
 
-@pytest.mark.torch
-def test_dflash_and_ddtree_reproduce_the_baseline_exactly_on_a_full_attention_target(tmp_path, models):
-    """The generators are lossless where the cache can be rolled back: divergence on the hybrid is Gated DeltaNet's."""
-    repo = patched_copy(tmp_path, models, FIXES[:3])  # relative crops suffice without linear-attention layers
-    result = subprocess.run([sys.executable, "-c", TREE_IS_LOSSLESS_ON_FULL_ATTENTION], cwd=repo, env=bench_env(),
-                            capture_output=True, text=True, timeout=300)
+def exact_tau(repo: Path, target: str) -> dict[str, float]:
+    """tau as a lossless verifier would measure it: the draft against the baseline's own greedy output."""
+    result = subprocess.run([sys.executable, "-c", EXACT_ACCEPTANCE, target], cwd=repo, env=bench_env(),
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert all(entry["same"] for entry in report), report
-    assert max(entry["longest"] for entry in report) > 1, "the draft never got a token accepted"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.torch
+def test_trained_drafts_reach_the_acceptance_length_floors_on_the_pure_attention_target(greedy_runs):
+    run = greedy_runs["runs"][ATTN]
+    assert len(run["responses"]) == 9  # eight prompts, one of them two turns
+    assert tau(run, "ddtree_tb8") >= DDTREE_TB8_TAU_FLOOR, tau(run, "ddtree_tb8")
+    assert tau(run, "dflash") >= DFLASH_TAU_FLOOR, tau(run, "dflash")
+
+
+@pytest.mark.torch
+def test_exact_verification_measures_the_same_tau_as_the_benchmark_where_verification_is_lossless(greedy_runs):
+    exact = exact_tau(greedy_runs["repo"], ATTN)
+    for method in ("dflash", "ddtree_tb8"):
+        assert exact[method] == pytest.approx(tau(greedy_runs["runs"][ATTN], method), abs=0.1), method
+
+
+@pytest.mark.torch
+def test_the_hybrid_targets_draft_reaches_the_floors_under_exact_verification(greedy_runs):
+    """On the hybrid the benchmark's own tau is lower: rejected drafts and tree siblings stay in the Gated DeltaNet
+    state and lead the target astray (see the README's figures). The models themselves are as good as the
+    pure-attention pair: measured against the target's own greedy output, the draft reaches the floors."""
+    exact = exact_tau(greedy_runs["repo"], HYBRID)
+    assert exact["ddtree_tb8"] >= DDTREE_TB8_TAU_FLOOR, exact
+    assert exact["dflash"] >= DFLASH_TAU_FLOOR, exact
+
+
+@pytest.mark.torch
+def test_on_the_pure_attention_target_every_method_reproduces_the_baseline_exactly(greedy_runs):
+    """Where every cache layer can be rolled back, speculation is lossless: divergence on the hybrid is Gated
+    DeltaNet's recurrent state, not the generators'."""
+    import torch
+
+    for response in greedy_runs["runs"][ATTN]["responses"]:
+        for method in ("dflash", "ddtree_tb8"):
+            assert torch.equal(response[method].output_ids, response["baseline"].output_ids), method
