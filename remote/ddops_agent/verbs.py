@@ -101,8 +101,16 @@ def read_originals(changes):
     """The current bytes of every file, faulting `conflict` when one is not what the plan was made from (or
     `not_writable` when it could not be replaced keeping its owner)."""
     originals = {}
+    seen = {}
     for change in changes:
         original = read_regular(change.target, change.path)
+        # Two names of one file (`b/x.py` with `b -> a`, or hard links) would both pass the compare-and-swap
+        # below, and the second write would land on the first's result.
+        inode = None if original is None else (original.stat.st_dev, original.stat.st_ino)
+        if inode is not None and inode in seen:
+            raise AgentFault("unsafe_path", "%s and %s are the same file (a symlinked directory or a hard link): "
+                                            "nothing written" % (seen[inode], change.path))
+        seen[inode] = change.path
         found = current_sha(original)
         if found != change.expected:
             state = "is missing" if found is None else "has sha256 %s" % found
@@ -117,6 +125,13 @@ def read_originals(changes):
 def apply_change(state, change, original, who):
     """Back the original up, write the new bytes in its place, check them, journal it."""
     store_backup(state, original.data, change.expected)
+    # Compare-and-swap once more right before this write: the first check was made before any file was written,
+    # and what was written since (or anyone else) may have changed this one.
+    found = current_sha(read_regular(change.target, change.path))
+    if found != change.expected:
+        state_now = "is missing" if found is None else "has sha256 %s" % found
+        raise AgentFault("conflict", "%s changed while the commit ran: expected sha256 %s, it now %s"
+                         % (change.path, change.expected, state_now))
     journalled_write(state, change.target, change.path, change.new_bytes, original,
                      journal_entries("apply", who, change.path, change.patch_ids,
                                      before=change.expected, after=change.new_sha))
@@ -125,8 +140,10 @@ def apply_change(state, change, original, who):
 def restore_original(state, change, original, who):
     """Put the backed-up original bytes back after a failed check or write, and journal the revert."""
     before = current_sha(read_regular(change.target, change.path))
-    if before == change.expected:
-        return  # its write never landed: nothing to put back
+    if before != change.new_sha:
+        # Its write never landed, or someone else wrote the file since (the check right before each write found
+        # it changed): nothing of ours to put back, and a foreign edit is not ours to overwrite.
+        return
     data = read_backup_bytes(state, change.expected)
     journalled_write(state, change.target, change.path, data, original,
                      journal_entries("revert", who, change.path, change.patch_ids,
