@@ -176,7 +176,7 @@ def write_changes(state, changes, originals, who):
     return written
 
 
-@verb("commit")
+@verb("commit", interrupt=False)
 def commit_verb(payload):
     """Compare-and-swap write with backups and journal, then post checks; revert all if one fails."""
     repo = open_repo(payload)
@@ -240,7 +240,7 @@ def rollback_one(state, restore, who, result):
     result["restored"].append(restore.path)
 
 
-@verb("rollback")
+@verb("rollback", interrupt=False)
 def rollback_verb(payload):
     """Restore files from backups; edited files are refused unless forced (then the edit is saved first)."""
     repo = open_repo(payload)

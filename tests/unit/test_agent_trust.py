@@ -3,13 +3,16 @@ directories into .git/, result globs through symlink loops, and a revert that ca
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import build_program
+from ddops.transport.agent import agent_program, build_program
 from tests.unit.test_agent import (ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, fails, journal, ok,
                                    repo, run_agent)
 
@@ -96,3 +99,91 @@ def test_snapshot_does_not_read_git_config_through_a_symlinked_directory(repo):
     (repo / "lnk").symlink_to(".git")
     record = ok("snapshot", {"repo": str(repo), "files": ["lnk/config"]})["files"]["lnk/config"]
     assert record["error"]["kind"] == "unsafe_path" and record["content_b64"] is None
+
+
+# -- results globs and request deadlines (item 10) ----------------------------------------------------------------
+
+
+def run_request(request: dict, *, program=None, timeout: float = 20) -> tuple[dict, float]:
+    """(the agent's answer, seconds it took) for a raw request document."""
+    program = agent_program() if program is None else program
+    started = time.monotonic()
+    done = subprocess.run(program.argv(sys.executable, cache=False), input=program.bundle + json.dumps(request).encode(),
+                          capture_output=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout.decode().splitlines()[0]), time.monotonic() - started
+
+
+@pytest.fixture
+def run_results(repo: Path) -> Path:
+    """A finished bench run's results folder (run id r1), holding a.pt and sub/b.pt."""
+    results = repo / ".ddops" / "runs" / "r1" / "results"
+    (results / "sub").mkdir(parents=True)
+    (results / "a.pt").write_bytes(b"abc")
+    (results / "sub" / "b.pt").write_bytes(b"def")
+    return results
+
+
+def test_a_results_glob_does_not_follow_symlink_loops_and_answers_at_once(repo, run_results):
+    # Two links to their own folder: glob's `**` followed them into 2**depth paths and never answered.
+    (run_results / "loop1").symlink_to(".")
+    (run_results / "sub" / "loop2").symlink_to("..")
+    answer, seconds = run_request({"verb": "bench_files", "deadline": 15,
+                                   "payload": {"repo": str(repo), "run_id": "r1", "pattern": "**/*.pt"}})
+    assert answer["ok"], answer
+    assert [f["path"] for f in answer["result"]["files"]] == ["a.pt", "sub/b.pt"]
+    assert [r["path"] for r in answer["result"]["refused"]] == ["loop1", "sub/loop2"]
+    assert seconds < 10
+
+
+def test_a_results_glob_matches_as_glob_does_without_leaving_the_result_dir(repo, run_results, tmp_path):
+    (run_results / ".hidden.pt").write_bytes(b"x")
+    (run_results / "sub" / "deeper").mkdir()
+    (run_results / "sub" / "deeper" / "c.pt").write_bytes(b"c")
+    (run_results / "notes.txt").write_bytes(b"n")
+    (tmp_path / "outside.pt").write_bytes(b"o")
+    (run_results / "out.pt").symlink_to(tmp_path / "outside.pt")
+    for pattern, files in [("*.pt", ["a.pt"]), ("**/*.pt", ["a.pt", "sub/b.pt", "sub/deeper/c.pt"]),
+                           ("sub/*.pt", ["sub/b.pt"]), ("sub/**/*.pt", ["sub/b.pt", "sub/deeper/c.pt"]),
+                           ("**", ["a.pt", "notes.txt", "sub/b.pt", "sub/deeper/c.pt"])]:
+        listing = ok("bench_files", {"repo": str(repo), "run_id": "r1", "pattern": pattern})
+        assert [f["path"] for f in listing["files"]] == files, pattern
+    assert [r["path"] for r in listing["refused"]] == ["out.pt"]
+
+
+SLOW_MODULE = '''
+import time
+
+from ddops_agent.protocol import verb
+
+
+@verb("spin_test")
+def spin_test(payload):
+    while True:  # a verb that would never answer: a hostile glob, a hung filesystem
+        sum(range(1000))
+'''
+
+
+def test_every_request_is_stopped_at_its_deadline_and_answered_as_timeout():
+    program = build_program({"ddops_agent.spin": SLOW_MODULE})
+    answer, seconds = run_request({"verb": "spin_test", "payload": {}, "deadline": 1}, program=program)
+    assert answer == {"ok": False, "error": {"kind": "timeout", "message": answer["error"]["message"]}}
+    assert "deadline (1s)" in answer["error"]["message"] and seconds < 8
+
+
+def test_the_controller_sends_its_deadline_with_every_request(repo):
+    from ddops.inventory import Host
+    from ddops.transport.local import LocalSession
+
+    session = LocalSession(Host(name="local", address="127.0.0.1", repo=str(repo)))
+    try:
+        # A post check that outlives the call's timeout: the agent cuts it at the deadline and reverts, answering
+        # before the controller gives up, instead of leaving a commit running behind a "timed out".
+        reply = session.call_agent("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED),
+                                                            checks=[{"name": "slow", "command": "sleep 30",
+                                                                     "timeout": 60}]), timeout=3)
+    finally:
+        session.close()
+    assert reply["reverted"] is True and reply["checks"][0]["timed_out"] is True
+    assert "deadline" in reply["checks"][0]["output"]
+    assert (repo / "ddtree.py").read_bytes() == ORIGINAL
