@@ -86,8 +86,8 @@ def agent_program() -> AgentProgram:
 
 def agent_deadline(timeout: float) -> float:
     """The deadline a request carries for the agent: a little before the caller stops waiting, so the agent's
-    `timeout` answer (it stops the verb there) still arrives."""
-    return max(0.1, timeout - min(5.0, timeout / 10))
+    `timeout` answer (it stops the verb there) still arrives, even from an agent that took a while to start."""
+    return max(0.1, timeout - min(5.0, max(1.0, timeout / 5)))
 
 
 def agent_request(verb: str, payload: Mapping[str, object], timeout: float) -> bytes:

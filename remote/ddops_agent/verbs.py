@@ -151,13 +151,48 @@ def restore_original(state, change, original, who):
 
 
 def revert_all(state, written, originals, who):
-    """Restore every written file, newest first."""
+    """Restore every written file, newest first; each is tried even after one failed (the first error is raised)."""
+    failure = None
     for change in reversed(written):
-        restore_original(state, change, originals[change.path], who)
+        try:
+            restore_original(state, change, originals[change.path], who)
+        except (AgentFault, OSError) as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
+
+
+def file_state(change):
+    """What `change`'s file holds now, in words: `still patched`, `restored`, or what else."""
+    try:
+        found = current_sha(read_regular(change.target, change.path))
+    except (AgentFault, OSError) as error:
+        return "%s unreadable (%s)" % (change.path, describe_error(error))
+    if found == change.new_sha:
+        return "%s still patched" % change.path
+    if found == change.expected:
+        return "%s restored" % change.path
+    return "%s %s" % (change.path, "missing" if found is None else "holds sha256 %s, neither the original nor the "
+                                                                  "patched file" % found)
+
+
+def put_back(state, written, originals, who, reserve, why):
+    """Free the reserve (the room the originals need) and restore every written file; fault `revert_failed`,
+    naming what each file holds now, when that fails too."""
+    release_space(reserve)
+    try:
+        revert_all(state, written, originals, who)
+    except (AgentFault, OSError) as error:
+        raise AgentFault("revert_failed", "%s; putting the originals back failed (%s): %s"
+                         % (why, describe_error(error), ", ".join(file_state(change) for change in written))) from None
 
 
 def write_changes(state, changes, originals, who):
-    """Apply every change; if one fails, put the ones already written back before reporting it."""
+    """Apply every change; if one fails, put the ones already written back before reporting it.
+
+    (written, reserve): the disk held back stays held until the post checks have passed or the files are put back
+    (release_space or put_back), so that a check that fills the disk cannot take the room the revert needs.
+    """
     reserve = reserve_space(state, sum(len(originals[change.path].data) + 8192 for change in changes))
     written = []
     try:
@@ -165,15 +200,23 @@ def write_changes(state, changes, originals, who):
             written.append(change)  # first: a write that fails half way is put back too
             apply_change(state, change, originals[change.path], who)
     except BaseException as error:
-        release_space(reserve)
-        try:
-            revert_all(state, written, originals, who)
-        except Exception as revert_error:
-            raise AgentFault("io", "%s; restoring the files already written also failed: %s"
-                             % (describe_error(error), describe_error(revert_error))) from error
+        put_back(state, written, originals, who, reserve, describe_error(error))
         raise
+    return written, reserve
+
+
+def run_post_checks(state, repo, checks, written, originals, who, reserve):
+    """Every post check's result; if one fails, every written file is put back (then the reserve is freed)."""
+    try:
+        results = [run_check(repo, check) for check in checks]
+    except BaseException as error:
+        put_back(state, written, originals, who, reserve, "a post check could not run: %s" % describe_error(error))
+        raise
+    failed = [result["name"] for result in results if not result["ok"]]
+    if failed and written:
+        put_back(state, written, originals, who, reserve, "post check %s failed" % ", ".join(failed))
     release_space(reserve)
-    return written
+    return results
 
 
 @verb("commit", interrupt=False)
@@ -190,11 +233,9 @@ def commit_verb(payload):
         fault_point("locked")
         settle_pending(state)
         originals = read_originals(changes)
-        written = write_changes(state, changes, originals, who)
-        results = [run_check(repo, check) for check in checks]
+        written, reserve = write_changes(state, changes, originals, who)
+        results = run_post_checks(state, repo, checks, written, originals, who, reserve)
         reverted = not all(result["ok"] for result in results)
-        if reverted and written:
-            revert_all(state, written, originals, who)
     return {"written": [change.path for change in written], "checks": results, "reverted": reverted and bool(written)}
 
 

@@ -181,9 +181,25 @@ def test_the_controller_sends_its_deadline_with_every_request(repo):
         # before the controller gives up, instead of leaving a commit running behind a "timed out".
         reply = session.call_agent("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED),
                                                             checks=[{"name": "slow", "command": "sleep 30",
-                                                                     "timeout": 60}]), timeout=3)
+                                                                     "timeout": 60}]), timeout=8)
     finally:
         session.close()
     assert reply["reverted"] is True and reply["checks"][0]["timed_out"] is True
     assert "deadline" in reply["checks"][0]["output"]
     assert (repo / "ddtree.py").read_bytes() == ORIGINAL
+
+
+# -- a revert that cannot finish (item 4) --------------------------------------------------------------------------
+
+
+def test_a_revert_that_fails_names_what_each_file_holds_now(repo):
+    (repo / "dflash.py").write_bytes(ORIGINAL)
+    # The check fails and takes the backups with it: the originals cannot be put back.
+    error = fails("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED),
+                                           change("dflash.py", ORIGINAL, PATCHED_AGAIN),
+                                           checks=[{"name": "vandal", "command": "rm -rf .ddops/backups; exit 3"}]))
+    assert error["kind"] == "revert_failed", error
+    assert error["message"].startswith("post check vandal failed; putting the originals back failed (backup ")
+    assert error["message"].endswith(": ddtree.py still patched, dflash.py still patched")
+    # What the journal says agrees with the files: both applied, nothing claims a revert.
+    assert [(e["event"], e["file"]) for e in journal(repo)] == [("apply", "ddtree.py"), ("apply", "dflash.py")]
