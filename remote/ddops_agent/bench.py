@@ -9,7 +9,8 @@ Verbs (payloads always carry `repo`; `run_id` is a plain name: letters, digits, 
   bench_status {repo, run_id}         state + the log tail of every failed run
   bench_stop   {repo, run_id, grace}  SIGTERM, then SIGKILL, every process of the run; state becomes stopped
   bench_list   {repo}                 every run, newest first
-  bench_files  {repo, run_id, pattern?}  result files (path, real_path, sha256, size); symlinks refused
+  bench_files  {repo, run_id, pattern?}  result files (path, real_path, sha256, size); symlinks refused, never
+                                      followed (the walk does not enter a linked directory)
 State statuses: starting, running, completed, failed, stopped, error, and lost (computed on read: the state says
 running but the runner is gone). Run statuses: pending, running, ok, failed, timeout (exit 124), stopped.
 
