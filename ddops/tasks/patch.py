@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 import shlex
+import time
 from typing import Any, Sequence
 
 from ddops import __version__
-from ddops.errors import AgentError
+from ddops.errors import AgentError, CommandTimeout
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
@@ -79,14 +80,19 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
         "new_content_b64": base64.b64encode(f.new or b"").decode("ascii"),
         "new_sha256": f.after_sha,
     } for f in changing]
+    seconds = commit_timeout(host, lock_timeout, list(post_checks.values()))
     try:
         reply = session.call_agent("commit", {
             "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
-            "changes": changes, "post_checks": list(post_checks.values()), "lock_timeout": lock_timeout})
+            "changes": changes, "post_checks": list(post_checks.values()), "lock_timeout": lock_timeout},
+            timeout=seconds)
     except AgentError as exc:
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{exc} (changed since it was read: nothing written; run again)", data)
         raise
+    except CommandTimeout:
+        # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
+        return after_commit_timeout(host, session, changing, seconds, lock_timeout, data)
     data["written"] = reply.get("written", [])
     data["reverted"] = bool(reply.get("reverted"))
     data["checks"] += [{"name": c["name"], "ok": c["ok"], "kind": "command", "path": "", "message":
@@ -97,6 +103,49 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
                            for c in failed)
         return TaskOutcome(FAILED, f"check failed after writing, originals restored: {detail}", data)
     return TaskOutcome(CHANGED, f"patched {', '.join(data['written'])}", data)
+
+
+def commit_timeout(host: Host, lock_timeout: float, post_checks: Sequence[dict[str, Any]]) -> float:
+    """How long a commit's answer may take: the host's command timeout for the writes, plus the lock wait and every
+    post check's own timeout (they run one after another), all of which the agent may spend first."""
+    return host.command_timeout + lock_timeout + sum(float(c.get("timeout") or 60) for c in post_checks)
+
+
+def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[Any], seconds: float,
+                         lock_timeout: float, data: dict[str, Any]) -> TaskOutcome:
+    """The outcome of a commit whose answer did not come within `seconds`: read the files, the lock and the journal
+    (waiting up to lock_timeout for a commit still running there to end) and report what the host holds."""
+    settle_until = time.monotonic() + lock_timeout
+    paths = [f.path for f in changing]
+    while True:
+        reply = session.call_agent("snapshot", {"repo": host.repo, "files": paths})
+        holder = reply.get("lock")  # None: free; {} while its holder has not said who it is yet
+        running = holder is not None and holder.get("verb", "commit") == "commit"
+        if not running or time.monotonic() >= settle_until:
+            break
+        time.sleep(0.25)
+    entries = list(reply.get("journal") or [])
+    states, patched = [], []
+    for f in changing:
+        found = (reply["files"].get(f.path) or {}).get("sha256")
+        if found == f.after_sha:
+            patched.append(f.path)
+            journalled = journal_mod.last_written(entries, f.path) == f.after_sha
+            states.append(f"{f.path} patched" + ("" if journalled else " (not journalled yet)"))
+        elif found == f.before_sha:
+            states.append(f"{f.path} original")
+        else:
+            states.append(f"{f.path} changed by someone else (sha256 {found})" if found else f"{f.path} missing")
+    data["written"] = patched
+    late = f"the commit's answer did not come within {seconds:g}s"
+    if running:
+        who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
+        return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
+                                   f"{', '.join(states)}; `ddops status` shows how it ends", data)
+    if len(patched) == len(changing):
+        return TaskOutcome(CHANGED, f"patched {', '.join(patched)} ({late}, but the host's files and journal show "
+                                    f"that it finished)", data)
+    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", data)
 
 
 def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,

@@ -20,8 +20,8 @@ from ddops.resources import remote_dir
 
 AGENT_PACKAGE = "ddops_agent"
 
-__all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_source", "bootstrap_command", "build_program",
-           "remote_dir"]
+__all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "agent_source", "bootstrap_command",
+           "build_program", "remote_dir"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,18 @@ def build_program(extra_modules: Mapping[str, str] | None = None) -> AgentProgra
 def agent_program() -> AgentProgram:
     """The agent program as this ddops ships it (read once per process)."""
     return build_program()
+
+
+def agent_deadline(timeout: float) -> float:
+    """The deadline a request carries for the agent: a little before the caller stops waiting, so the agent's
+    `timeout` answer (it stops the verb there) still arrives, even from an agent that took a while to start."""
+    return max(0.1, timeout - min(5.0, max(1.0, timeout / 5)))
+
+
+def agent_request(verb: str, payload: Mapping[str, object], timeout: float) -> bytes:
+    """One request line for the agent, with the deadline it must answer by (remote/README.md, protocol)."""
+    return json.dumps({"verb": verb, "payload": payload, "deadline": round(agent_deadline(timeout), 3)}).encode() \
+        + b"\n"
 
 
 def agent_source() -> bytes:

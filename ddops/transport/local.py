@@ -19,6 +19,7 @@ from typing import Any
 from ddops.errors import AgentError, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport import CommandResult
+from ddops.transport.agent import agent_request
 
 
 def agent_argv(python: str) -> tuple[list[str], bytes]:
@@ -77,7 +78,7 @@ class LocalSession:
         timeout = self.host.command_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.round_trips += 1
-        request = json.dumps({"verb": verb, "payload": payload}).encode() + b"\n"
+        request = agent_request(verb, payload, timeout)
         if self._agent is None:
             argv, source = agent_argv(self.python)
             self._stderr = tempfile.TemporaryFile()

@@ -12,6 +12,7 @@ import paramiko
 
 from ddops.errors import CommandTimeout, ConnectionLost, TransportError
 from ddops.inventory import Host
+from ddops.transport.agent import agent_request
 from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
                                           parse_agent_reply)
 from ddops.transport.channel import ChannelReader, CommandResult, send_all
@@ -147,7 +148,7 @@ class Session:
         timeout = self.host.command_timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout
-        request = json.dumps({"verb": verb, "payload": payload}).encode() + b"\n"
+        request = agent_request(verb, payload, timeout)
         self.round_trips += 1
         agent = self._agent
         try:

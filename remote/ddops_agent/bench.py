@@ -9,7 +9,8 @@ Verbs (payloads always carry `repo`; `run_id` is a plain name: letters, digits, 
   bench_status {repo, run_id}         state + the log tail of every failed run
   bench_stop   {repo, run_id, grace}  SIGTERM, then SIGKILL, every process of the run; state becomes stopped
   bench_list   {repo}                 every run, newest first
-  bench_files  {repo, run_id, pattern?}  result files (path, real_path, sha256, size); symlinks refused
+  bench_files  {repo, run_id, pattern?}  result files (path, real_path, sha256, size); symlinks refused, never
+                                      followed (the walk does not enter a linked directory)
 State statuses: starting, running, completed, failed, stopped, error, and lost (computed on read: the state says
 running but the runner is gone). Run statuses: pending, running, ok, failed, timeout (exit 124), stopped.
 
@@ -22,7 +23,7 @@ runner.out (the runner's own output: a traceback if it ever crashes), stop (pres
 """
 
 import datetime
-import glob
+import fnmatch
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ import sys
 import time
 
 from ddops_agent.protocol import (AgentFault, b64_text, bad_request, describe_error, optional_number, optional_str,
-                                  require_list, require_object, require_str, shipped_bundle, verb)
+                                  check_deadline, require_list, require_object, require_str, shipped_bundle, verb)
 from ddops_agent.files import (atomic_write, check_relpath, current_sha, is_inside, make_private_dir, open_repo,
                                read_regular, resolve_target, write_all)
 from ddops_agent.checks import run_quiet
@@ -296,7 +297,7 @@ def spawn_runner(run_dir, repo, run_id, env):
     return process.pid
 
 
-@verb("bench_launch")
+@verb("bench_launch", interrupt=False)
 def bench_launch(payload):
     """Create the run directory and start its runner detached; answers as soon as the runner is going."""
     repo = open_repo(payload)
@@ -486,7 +487,7 @@ def group_alive(pgid):
         return True
 
 
-@verb("bench_runner")
+@verb("bench_runner", bounded=False)
 def bench_runner(payload):
     """The detached runner itself (started by bench_launch; never called over ssh)."""
     repo, run_id, run_dir = open_run(payload)
@@ -642,7 +643,7 @@ def run_processes(run_id, run_dir, state):
     return sorted(pids), roots
 
 
-@verb("bench_stop")
+@verb("bench_stop", interrupt=False)
 def bench_stop(payload):
     """End every process of the run (SIGTERM, then SIGKILL after `grace` s) and record it as stopped."""
     repo, run_id, run_dir = open_run(payload)
@@ -716,22 +717,82 @@ def hash_file(path):
     return digest.hexdigest(), size
 
 
+# Entries a results pattern may visit: a listing past this is a mistake (or a trap), not a benchmark's output.
+MAX_RESULT_ENTRIES = 100000
+
+
+def name_matches(name, segment):
+    """Whether one path component matches one pattern segment (as glob: `*` does not match a leading dot)."""
+    if name.startswith(".") and not segment.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, segment)
+
+
+def path_matches(parts, segments):
+    """Whether path components `parts` match pattern `segments` (`**`: any number of visible directories)."""
+    if not segments:
+        return not parts
+    if segments[0] == "**":
+        return path_matches(parts, segments[1:]) or (
+            bool(parts) and not parts[0].startswith(".") and path_matches(parts[1:], segments))
+    return bool(parts) and name_matches(parts[0], segments[0]) and path_matches(parts[1:], segments[1:])
+
+
+def may_lead_to_match(parts, segments):
+    """Whether something below directory `parts` could match `segments` (else the walk does not enter it)."""
+    if not parts:
+        return True
+    if not segments:
+        return False
+    if segments[0] == "**":
+        return may_lead_to_match(parts, segments[1:]) or (
+            not parts[0].startswith(".") and may_lead_to_match(parts[1:], segments))
+    return name_matches(parts[0], segments[0]) and may_lead_to_match(parts[1:], segments[1:])
+
+
+def walk_results(result_dir, segments):
+    """(relative parts, is symlink) of every entry below result_dir that the pattern reaches, in sorted order.
+
+    Never follows a symlink (a link to `.` twice over makes a `**` walk exponential: glob listed 85k paths in 10 s
+    and went on), visits at most MAX_RESULT_ENTRIES entries, and stops at the request's deadline.
+    """
+    found = []
+    visited = 0
+    pending = [()]
+    while pending:
+        parts = pending.pop()
+        try:
+            entries = sorted(os.scandir(os.path.join(result_dir, *parts)), key=lambda entry: entry.name)
+        except OSError:
+            continue
+        for entry in entries:
+            visited += 1
+            check_deadline()
+            if visited > MAX_RESULT_ENTRIES:
+                raise AgentFault("too_large", "results pattern %r reaches over %d entries under %s: narrow it"
+                                 % ("/".join(segments), MAX_RESULT_ENTRIES, result_dir))
+            sub = parts + (entry.name,)
+            if entry.is_symlink():
+                if path_matches(sub, segments) or may_lead_to_match(sub, segments):
+                    found.append((sub, True))
+            elif entry.is_dir(follow_symlinks=False):
+                if may_lead_to_match(sub, segments):
+                    pending.append(sub)
+            elif path_matches(sub, segments):
+                found.append((sub, False))
+    return sorted(found)
+
+
 def result_files(result_dir, pattern):
     """(files, refused): regular files under result_dir matching `pattern`; symlinks and escapes refused."""
     files, refused = [], []
     real_root = os.path.realpath(result_dir)
-    for path in sorted(glob.glob(os.path.join(glob.escape(result_dir), pattern), recursive=True)):
-        rel = os.path.relpath(path, result_dir)
-        if os.path.isdir(path) and not os.path.islink(path):
-            continue
-        parts = rel.split(os.sep)
-        link = None
-        for depth in range(1, len(parts) + 1):
-            if os.path.islink(os.path.join(result_dir, *parts[:depth])):
-                link = os.sep.join(parts[:depth])
-                break
-        if link is not None:
-            refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % link})
+    segments = [segment for segment in pattern.split("/") if segment not in ("", ".")]
+    for parts, is_link in walk_results(result_dir, segments):
+        rel = os.sep.join(parts)
+        path = os.path.join(result_dir, rel)
+        if is_link:
+            refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % rel})
             continue
         if not is_inside(os.path.realpath(path), real_root):
             refused.append({"path": rel, "reason": "resolves outside the run's result dir"})

@@ -4,7 +4,8 @@ import os
 import subprocess
 import time
 
-from ddops_agent.protocol import optional_number, optional_str, require_list, require_object, require_str
+from ddops_agent.protocol import (optional_number, optional_str, require_list, require_object, require_str,
+                                  within_deadline)
 
 
 CHECK_OUTPUT_BYTES = 4096
@@ -44,13 +45,15 @@ def output_tail(data):
 def run_check(repo, check):
     """Run one post check with /bin/sh in the repo: {name, ok, exit_code, output, timed_out, seconds}."""
     started = time.monotonic()
+    # No longer than the request's deadline: past it the controller has stopped waiting for the answer.
+    timeout = within_deadline(check["timeout"])
     process = subprocess.Popen(
         ["/bin/sh", "-c", check["command"]], cwd=repo, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     timed_out = False
     try:
-        output, _ = process.communicate(timeout=check["timeout"])
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(process)
@@ -58,7 +61,8 @@ def run_check(repo, check):
     exit_code = None if timed_out else process.returncode
     text = output_tail(output)
     if timed_out:
-        text += "\n[ddops: timed out after %gs]" % check["timeout"]
+        text += "\n[ddops: timed out after %gs%s]" % (timeout, "" if timeout == check["timeout"]
+                                                         else ", the end of the commit's deadline")
     return {
         "name": check["name"], "ok": exit_code == 0, "exit_code": exit_code, "output": text,
         "timed_out": timed_out, "seconds": round(time.monotonic() - started, 3),

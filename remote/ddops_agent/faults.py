@@ -3,12 +3,15 @@
 import json
 import os
 import signal
+import time
 
 
 # Test-only fault points (see remote/README.md, "Fault injection"): stage -> action, loaded by arm_faults from
 # the repo's own .ddops/faults.json; WRITE_TARGETS maps the files being written to their repo-relative paths.
 FAULTS = {}
 WRITE_TARGETS = {}
+# How long a "stall" holds the write up: a disk or filesystem that stops answering for a while (an NFS server away).
+STALL_SECONDS = 4.0
 # The sshd process that connected a resident's session (set by serve_connection; None for an exec'd agent).
 SSH_SESSION_PID = None
 
@@ -31,7 +34,8 @@ def arm_faults(state, verb_name):
 
 
 def fault_point(stage, target=None):
-    """Do what an armed fault asks at this stage ("kill": cut the SSH connection and die; "drop": cut it only)."""
+    """Do what an armed fault asks at this stage ("kill": cut the SSH connection and die; "drop": cut it only;
+    "stall": carry on after STALL_SECONDS)."""
     if not FAULTS or (target is not None and target not in WRITE_TARGETS):
         return
     action = FAULTS.pop("%s:%s" % (stage, WRITE_TARGETS.get(target)), None) or FAULTS.pop(stage, None)
@@ -41,6 +45,8 @@ def fault_point(stage, target=None):
             os.kill(session, signal.SIGKILL)
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stall":
+        time.sleep(STALL_SECONDS)
 
 
 def ssh_session_pid():

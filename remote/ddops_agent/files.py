@@ -69,6 +69,12 @@ def resolve_target(repo, rel):
     if not is_inside(parent, repo):
         raise unsafe_path(rel, "it resolves outside the repo (through a symlinked directory)")
     target = os.path.join(parent, os.path.basename(joined))
+    # The textual check above sees `lnk/config`; with `lnk -> .git` it is .git/config all the same (a commit could
+    # write core.fsmonitor there): what counts is where the path resolves.
+    inside = os.path.relpath(target, repo).split(os.sep)
+    if inside[0] in PROTECTED_TOP_DIRS or ".git" in inside:
+        raise unsafe_path(rel, "it resolves to %s, inside %s/ (through a symlinked directory)"
+                          % ("/".join(inside), inside[0] if inside[0] in PROTECTED_TOP_DIRS else ".git"))
     if os.path.islink(target):
         raise AgentFault("symlink", "refusing %s: it is a symlink (ddops never writes through symlinks)" % rel)
     return target

@@ -8,7 +8,7 @@ import stat
 import time
 import uuid
 
-from ddops_agent.protocol import AgentFault, optional_number
+from ddops_agent.protocol import AgentFault, optional_number, within_deadline
 from ddops_agent.faults import WRITE_TARGETS, fault_point
 from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
                                resolve_target, sha256_hex, verify_written, write_all, write_like)
@@ -375,8 +375,8 @@ class RepoLock:
 
 
 def lock_timeout(payload):
-    """payload["lock_timeout"] in seconds (default 10)."""
-    return optional_number(payload, "lock_timeout", DEFAULT_LOCK_TIMEOUT)
+    """payload["lock_timeout"] in seconds (default 10), no longer than what is left of the request's deadline."""
+    return within_deadline(optional_number(payload, "lock_timeout", DEFAULT_LOCK_TIMEOUT))
 
 
 def reserve_space(state, size):

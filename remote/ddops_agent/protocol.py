@@ -4,10 +4,20 @@ import base64
 import binascii
 import json
 import os
+import signal
 import sys
+import threading
+import time
 
 
 VERBS = {}
+# name -> (interrupt, bounded): whether the verb is stopped where it stands at its request's deadline, and whether
+# it has a deadline at all (see verb()).
+VERB_LIMITS = {}
+# Seconds a request may run when it names no deadline of its own (a controller always sends one).
+DEFAULT_DEADLINE = 600.0
+# The monotonic time the current request must be answered by; None while none runs (or it has no deadline).
+DEADLINE = [None]
 
 
 def b64_text(data):
@@ -30,16 +40,69 @@ class AgentFault(Exception):
         self.message = message
 
 
-def verb(name):
-    """Register the decorated `function(payload) -> dict` as the handler of verb `name`."""
+def verb(name, interrupt=True, bounded=True):
+    """Register the decorated `function(payload) -> dict` as the handler of verb `name`.
+
+    Every request has a deadline (its `deadline` field, in seconds, else DEFAULT_DEADLINE). interrupt: stop the verb
+    where it stands when the deadline passes (answer kind `timeout`); verbs that write are registered with
+    interrupt=False and stop only at their own safe points instead (time_left: the lock wait, each post check),
+    never half way through a write. bounded=False: no deadline at all (a detached runner that lasts as long as its
+    plan says).
+    """
 
     def register(function):
         if name in VERBS:
             raise ValueError("agent verb %r is registered twice" % name)
         VERBS[name] = function
+        VERB_LIMITS[name] = (interrupt, bounded)
         return function
 
     return register
+
+
+class DeadlinePassed(BaseException):
+    """The request's deadline passed (a BaseException, so that no verb's `except Exception` swallows it)."""
+
+
+def time_left():
+    """Seconds until the current request's deadline (0 once past), or None when it has none."""
+    if DEADLINE[0] is None:
+        return None
+    return max(0.0, DEADLINE[0] - time.monotonic())
+
+
+def within_deadline(seconds):
+    """`seconds` cut down to what is left of the request's deadline."""
+    left = time_left()
+    return seconds if left is None else min(seconds, left)
+
+
+def check_deadline():
+    """Raise DeadlinePassed once the request's deadline is past (for loops of unknown length)."""
+    if DEADLINE[0] is not None and time.monotonic() >= DEADLINE[0]:
+        raise DeadlinePassed()
+
+
+def on_alarm(number, frame):
+    raise DeadlinePassed()
+
+
+def call_before_deadline(function, payload, seconds, interrupt):
+    """function(payload) under a deadline of `seconds` (None: none); an interruptible verb is stopped at it by
+    SIGALRM wherever it stands (where there is no alarm to set, at its next check_deadline)."""
+    DEADLINE[0] = None if seconds is None else time.monotonic() + seconds
+    alarm = (interrupt and seconds is not None and hasattr(signal, "setitimer")
+             and threading.current_thread() is threading.main_thread())
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        return call_with_stdout_on_stderr(function, payload)
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        DEADLINE[0] = None
 
 
 # -- payload fields -------------------------------------------------------------------------------------------
@@ -147,7 +210,7 @@ def failure(kind, message):
 
 
 def parse_request(raw):
-    """(verb name, payload) from the request bytes."""
+    """(verb name, payload, deadline in seconds) from the request bytes."""
     try:
         request = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
@@ -156,7 +219,8 @@ def parse_request(raw):
         raise bad_request('request must be {"verb": str, "payload": {...}}')
     payload = request.get("payload")
     payload = {} if payload is None else payload
-    return request["verb"], require_object(payload, "payload")
+    deadline = optional_number(request, "deadline", DEFAULT_DEADLINE, "request")
+    return request["verb"], require_object(payload, "payload"), deadline
 
 
 def call_with_stdout_on_stderr(function, payload):
@@ -174,11 +238,16 @@ def call_with_stdout_on_stderr(function, payload):
 
 def answer(raw):
     """The response document for request bytes `raw`; never raises for a verb's failure."""
+    seconds = None
     try:
-        name, payload = parse_request(raw)
+        name, payload, seconds = parse_request(raw)
         if name not in VERBS:
             raise AgentFault("unknown_verb", "unknown verb %r (this agent knows %s)" % (name, ", ".join(sorted(VERBS))))
-        return {"ok": True, "result": call_with_stdout_on_stderr(VERBS[name], payload)}
+        interrupt, bounded = VERB_LIMITS[name]
+        return {"ok": True, "result": call_before_deadline(VERBS[name], payload, seconds if bounded else None,
+                                                           interrupt)}
+    except DeadlinePassed:
+        return failure("timeout", "stopped at the request's deadline (%gs); nothing of it is left running" % seconds)
     except AgentFault as fault:
         return failure(fault.kind, fault.message)
     except OSError as error:

@@ -71,7 +71,7 @@ def slurm_job(run_dir):
     return job
 
 
-@verb("slurm_submit")
+@verb("slurm_submit", interrupt=False)
 def slurm_submit(payload):
     """Create the run directory, write the batch script and submit it as one job array."""
     repo = open_repo(payload)
@@ -131,7 +131,7 @@ def slurm_submit(payload):
 # -- one array task (on the compute node) -------------------------------------------------------------------------
 
 
-@verb("slurm_task")
+@verb("slurm_task", bounded=False)
 def slurm_task(payload):
     """Run this array task's command, recording node, GPU ids, start, end and exit in task-<index>.json."""
     repo, run_id, run_dir = open_run(payload)
@@ -289,7 +289,7 @@ def slurm_poll(payload):
             "created": spec.get("launched"), "run_dir": run_dir}
 
 
-@verb("slurm_stop")
+@verb("slurm_stop", interrupt=False)
 def slurm_stop(payload):
     """scancel the run's job (every task), or only the array tasks listed in `tasks`."""
     repo, run_id, run_dir = open_run(payload)

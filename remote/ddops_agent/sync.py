@@ -300,7 +300,7 @@ def inspect_verb(payload):
     return result
 
 
-@verb("sync_save")
+@verb("sync_save", interrupt=False)
 def save_verb(payload):
     """Save local edits to tracked files in a git stash named after ddops, before the commit moves."""
     repo = open_repo(payload)
@@ -391,7 +391,7 @@ def append_log(repo, record):
         os.close(fd)
 
 
-@verb("sync_fetch")
+@verb("sync_fetch", interrupt=False)
 def fetch_verb(payload):
     """Only bring the commit in (the checkout does not move): used before rolling patches back."""
     repo = repo_path(payload)
@@ -404,7 +404,7 @@ def fetch_verb(payload):
     return dict(fetched, created=created, fetched=True)
 
 
-@verb("sync_checkout")
+@verb("sync_checkout", interrupt=False)
 def checkout_verb(payload):
     """Fetch the commit when missing, then check it out detached; refuses if tracked files are changed."""
     repo = repo_path(payload)

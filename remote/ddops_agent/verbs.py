@@ -101,8 +101,16 @@ def read_originals(changes):
     """The current bytes of every file, faulting `conflict` when one is not what the plan was made from (or
     `not_writable` when it could not be replaced keeping its owner)."""
     originals = {}
+    seen = {}
     for change in changes:
         original = read_regular(change.target, change.path)
+        # Two names of one file (`b/x.py` with `b -> a`, or hard links) would both pass the compare-and-swap
+        # below, and the second write would land on the first's result.
+        inode = None if original is None else (original.stat.st_dev, original.stat.st_ino)
+        if inode is not None and inode in seen:
+            raise AgentFault("unsafe_path", "%s and %s are the same file (a symlinked directory or a hard link): "
+                                            "nothing written" % (seen[inode], change.path))
+        seen[inode] = change.path
         found = current_sha(original)
         if found != change.expected:
             state = "is missing" if found is None else "has sha256 %s" % found
@@ -117,6 +125,13 @@ def read_originals(changes):
 def apply_change(state, change, original, who):
     """Back the original up, write the new bytes in its place, check them, journal it."""
     store_backup(state, original.data, change.expected)
+    # Compare-and-swap once more right before this write: the first check was made before any file was written,
+    # and what was written since (or anyone else) may have changed this one.
+    found = current_sha(read_regular(change.target, change.path))
+    if found != change.expected:
+        state_now = "is missing" if found is None else "has sha256 %s" % found
+        raise AgentFault("conflict", "%s changed while the commit ran: expected sha256 %s, it now %s"
+                         % (change.path, change.expected, state_now))
     journalled_write(state, change.target, change.path, change.new_bytes, original,
                      journal_entries("apply", who, change.path, change.patch_ids,
                                      before=change.expected, after=change.new_sha))
@@ -125,8 +140,10 @@ def apply_change(state, change, original, who):
 def restore_original(state, change, original, who):
     """Put the backed-up original bytes back after a failed check or write, and journal the revert."""
     before = current_sha(read_regular(change.target, change.path))
-    if before == change.expected:
-        return  # its write never landed: nothing to put back
+    if before != change.new_sha:
+        # Its write never landed, or someone else wrote the file since (the check right before each write found
+        # it changed): nothing of ours to put back, and a foreign edit is not ours to overwrite.
+        return
     data = read_backup_bytes(state, change.expected)
     journalled_write(state, change.target, change.path, data, original,
                      journal_entries("revert", who, change.path, change.patch_ids,
@@ -134,13 +151,48 @@ def restore_original(state, change, original, who):
 
 
 def revert_all(state, written, originals, who):
-    """Restore every written file, newest first."""
+    """Restore every written file, newest first; each is tried even after one failed (the first error is raised)."""
+    failure = None
     for change in reversed(written):
-        restore_original(state, change, originals[change.path], who)
+        try:
+            restore_original(state, change, originals[change.path], who)
+        except (AgentFault, OSError) as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
+
+
+def file_state(change):
+    """What `change`'s file holds now, in words: `still patched`, `restored`, or what else."""
+    try:
+        found = current_sha(read_regular(change.target, change.path))
+    except (AgentFault, OSError) as error:
+        return "%s unreadable (%s)" % (change.path, describe_error(error))
+    if found == change.new_sha:
+        return "%s still patched" % change.path
+    if found == change.expected:
+        return "%s restored" % change.path
+    return "%s %s" % (change.path, "missing" if found is None else "holds sha256 %s, neither the original nor the "
+                                                                  "patched file" % found)
+
+
+def put_back(state, written, originals, who, reserve, why):
+    """Free the reserve (the room the originals need) and restore every written file; fault `revert_failed`,
+    naming what each file holds now, when that fails too."""
+    release_space(reserve)
+    try:
+        revert_all(state, written, originals, who)
+    except (AgentFault, OSError) as error:
+        raise AgentFault("revert_failed", "%s; putting the originals back failed (%s): %s"
+                         % (why, describe_error(error), ", ".join(file_state(change) for change in written))) from None
 
 
 def write_changes(state, changes, originals, who):
-    """Apply every change; if one fails, put the ones already written back before reporting it."""
+    """Apply every change; if one fails, put the ones already written back before reporting it.
+
+    (written, reserve): the disk held back stays held until the post checks have passed or the files are put back
+    (release_space or put_back), so that a check that fills the disk cannot take the room the revert needs.
+    """
     reserve = reserve_space(state, sum(len(originals[change.path].data) + 8192 for change in changes))
     written = []
     try:
@@ -148,18 +200,26 @@ def write_changes(state, changes, originals, who):
             written.append(change)  # first: a write that fails half way is put back too
             apply_change(state, change, originals[change.path], who)
     except BaseException as error:
-        release_space(reserve)
-        try:
-            revert_all(state, written, originals, who)
-        except Exception as revert_error:
-            raise AgentFault("io", "%s; restoring the files already written also failed: %s"
-                             % (describe_error(error), describe_error(revert_error))) from error
+        put_back(state, written, originals, who, reserve, describe_error(error))
         raise
+    return written, reserve
+
+
+def run_post_checks(state, repo, checks, written, originals, who, reserve):
+    """Every post check's result; if one fails, every written file is put back (then the reserve is freed)."""
+    try:
+        results = [run_check(repo, check) for check in checks]
+    except BaseException as error:
+        put_back(state, written, originals, who, reserve, "a post check could not run: %s" % describe_error(error))
+        raise
+    failed = [result["name"] for result in results if not result["ok"]]
+    if failed and written:
+        put_back(state, written, originals, who, reserve, "post check %s failed" % ", ".join(failed))
     release_space(reserve)
-    return written
+    return results
 
 
-@verb("commit")
+@verb("commit", interrupt=False)
 def commit_verb(payload):
     """Compare-and-swap write with backups and journal, then post checks; revert all if one fails."""
     repo = open_repo(payload)
@@ -173,11 +233,9 @@ def commit_verb(payload):
         fault_point("locked")
         settle_pending(state)
         originals = read_originals(changes)
-        written = write_changes(state, changes, originals, who)
-        results = [run_check(repo, check) for check in checks]
+        written, reserve = write_changes(state, changes, originals, who)
+        results = run_post_checks(state, repo, checks, written, originals, who, reserve)
         reverted = not all(result["ok"] for result in results)
-        if reverted and written:
-            revert_all(state, written, originals, who)
     return {"written": [change.path for change in written], "checks": results, "reverted": reverted and bool(written)}
 
 
@@ -223,7 +281,7 @@ def rollback_one(state, restore, who, result):
     result["restored"].append(restore.path)
 
 
-@verb("rollback")
+@verb("rollback", interrupt=False)
 def rollback_verb(payload):
     """Restore files from backups; edited files are refused unless forced (then the edit is saved first)."""
     repo = open_repo(payload)

@@ -96,6 +96,59 @@ def test_a_full_disk_at_every_step_of_a_commit_fails_cleanly_with_the_originals_
     full.assert_clean("host1")
 
 
+class WithPostCheck:
+    """A session whose commits carry one more post check (as a playbook's `run:` check would)."""
+
+    def __init__(self, session, check: dict) -> None:
+        self.session, self.check = session, check
+
+    def call_agent(self, verb: str, payload: dict, **kwargs):
+        if verb == "commit":
+            payload = {**payload, "post_checks": [*payload["post_checks"], self.check]}
+        return self.session.call_agent(verb, payload, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.session, name)
+
+
+def filling_check(command: str = "") -> dict:
+    """A post check that fills the disk (after `command`), then fails."""
+    return {"name": "fills-the-disk", "timeout": 30,
+            "command": f"{command} cat /dev/zero > .check-filler 2>/dev/null; exit 1"}
+
+
+def test_a_post_check_that_fills_the_disk_cannot_stop_the_revert(full):
+    repo = full.repo("host1")
+    fresh(full, repo)
+    result = full.patch("host1", wrap=lambda host, session: WithPostCheck(session, filling_check()))["host1"]
+    assert (repo / ".check-filler").stat().st_size > 0  # the check did fill the disk
+    (repo / ".check-filler").unlink()
+    # The room held back for the originals was still held while the check ran: they are back.
+    assert result.status == "failed" and "check failed after writing, originals restored" in result.message, \
+        result.message
+    assert full.assert_nothing_lost("host1")["host1"] == {"dflash.py": "old", "ddtree.py": "old"}
+    assert full.patch("host1")["host1"].status == "changed"
+    assert full.rollback("host1")["host1"].status == "changed"
+    full.assert_clean("host1")
+
+
+def test_a_revert_that_still_fails_says_each_file_is_still_patched_and_fails_the_host(full):
+    repo = full.repo("host1")
+    fresh(full, repo)
+    # The check also frees the reserve itself, so that the disk is full when the originals go back.
+    check = filling_check("rm -f .ddops/reserve;")
+    result = full.patch("host1", wrap=lambda host, session: WithPostCheck(session, check))["host1"]
+    assert result.status == "failed", result.message
+    assert "\n" not in result.message and "No space left on device" in result.message, result.message
+    assert result.message.endswith(": dflash.py still patched, ddtree.py still patched"), result.message
+    # Exactly so: both files patched, and journalled as such.
+    assert full.assert_nothing_lost("host1")["host1"] == {"dflash.py": "new", "ddtree.py": "new"}
+    (repo / ".check-filler").unlink()
+    assert full.rollback("host1")["host1"].status == "changed"
+    full.assert_original("host1")
+    full.assert_clean("host1")
+
+
 # -- permissions, owners, umask -----------------------------------------------------------------------------------
 
 
