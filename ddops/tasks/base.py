@@ -36,8 +36,8 @@ class AgentSession(Protocol):
         """Copy a local file to the host (sync's bundles)."""
         ...
 
-    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a file of the host here (collected bench results)."""
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
+        """Copy a file of the host here (collected bench results); DdopsError past max_bytes."""
         ...
 
     def close(self) -> None: ...
