@@ -235,7 +235,8 @@ def test_agent_linger_defaults_to_300_s_takes_0_to_turn_residents_off_and_refuse
 
 @pytest.mark.parametrize("key", ["repo_url", "commit"])
 def test_git_values_starting_with_a_dash_are_refused_with_file_and_line(tmp_path, key):
-    text = f"defaults: {{user: root}}\nhosts:\n  a: {{address: 10.0.0.1}}\n  b:\n    {key}: '--upload-pack=touch /tmp/x'\n"
+    text = (f"defaults: {{user: root}}\nhosts:\n  a: {{address: 10.0.0.1}}\n"
+            f"  b:\n    {key}: '--upload-pack=touch /tmp/x'\n")
     message = error_of(tmp_path, text)
     assert message.startswith(f"{tmp_path / 'inventory.yaml'}:6: hosts.b.{key}: must not start with '-'")
 
