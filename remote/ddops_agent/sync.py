@@ -441,7 +441,8 @@ def checkout_verb(payload):
                 raise AgentFault("dirty", "refusing to move %s: tracked files have local changes: %s"
                                  % (repo, ", ".join(item["path"] for item in dirty)))
             timeout = optional_number(payload, "fetch_timeout", DEFAULT_FETCH_TIMEOUT)
-            # `commit` is full hex (require_commit); the `--` after it: a revision, never a path.
+            # `commit` is full hex (require_commit); the `--` after it: a revision, never a path (checkout, unlike
+            # fetch and ls-remote, refuses `--end-of-options` in git 2.39).
             git_ok(repo, ["checkout", "--quiet", "--detach", commit, "--"], timeout, kind="checkout_failed")
         after = head_commit(repo)
         if after != commit:
