@@ -169,6 +169,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         keypath = ("hosts", name)
         if not isinstance(name, str) or not _valid_name(name):
             raise _err(doc, keypath, "host names use letters, digits, '.', '_' and '-' only")
+        if not name.strip("."):  # a host's files land in results/<run>/<host>/: '..' would be results/ itself
+            raise _err(doc, keypath, f"'{name}' is not a host name (it names a directory: use letters or digits)")
         values = values if values is not None else {}
         if not isinstance(values, dict):
             raise _err(doc, keypath, f"must be a mapping, not {describe(values)}")
@@ -305,6 +307,12 @@ def _check_host_values(doc: YamlDoc, keypath: tuple, values: dict) -> None:
             raise _err(doc, keypath + ("repo",), "must be an absolute path (or start with ~)")
         if any(ch in repo for ch in "\n\0") or ".." in Path(repo).parts:
             raise _err(doc, keypath + ("repo",), "must not contain newlines, NUL bytes or '..'")
+    for key in ("repo_url", "commit"):
+        # Both reach git's command line on the controller and the host: '-' would make them options there
+        # (`--upload-pack=CMD` runs CMD).
+        if key in values and (values[key].startswith("-") or any(ch in values[key] for ch in "\n\0")):
+            raise _err(doc, keypath + (key,), "must not start with '-' (git would read it as an option) "
+                                              "nor contain newlines or NUL bytes")
     if "address" in values and (not values["address"] or any(c.isspace() for c in values["address"])):
         raise _err(doc, keypath + ("address",), "must be a host name or IP address without spaces")
     for i, g in enumerate(values.get("groups") or []):

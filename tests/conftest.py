@@ -18,6 +18,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # One plan cache for the whole run (subprocesses inherit it): shared by the tests, never the user's ~/.cache.
 os.environ.setdefault("DDOPS_CACHE_DIR", tempfile.mkdtemp(prefix="ddops-test-cache-"))
+# No test may depend on this machine's /etc/ssh/ssh_known_hosts: those that want a system file pass their own.
+os.environ["DDOPS_SYSTEM_KNOWN_HOSTS"] = os.devnull
 MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
 # The trained mini models (both targets and their drafts), shared with scripts/demo and kept across sessions:
 # make_models.py rebuilds them only when its recipe (code, corpus, settings) changed.

@@ -7,12 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Sequence
 
 from ddops.bench.runs import MANIFEST
-from ddops.errors import DdopsError
+from ddops.errors import DdopsError, UsageError
 from ddops.inventory import Host
 
 
@@ -22,6 +23,40 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+DEFAULT_MAX_FILE_BYTES = 2 * 1024**3  # what `bench report` reads at most (ddops.bench.results.MAX_RESULT_BYTES)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in `500M`, `2G`, `1.5GiB`, `4096` (powers of 1024); UsageError otherwise."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--max-file-size {text!r}: not a size (e.g. 4096, 500M, 2G)")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def oversized(files: Sequence[Mapping[str, Any]], max_bytes: int) -> tuple[list[Mapping[str, Any]], list[dict]]:
+    """(files to download, refusals): a file the host lists as bigger than max_bytes is not downloaded at all."""
+    keep, refused = [], []
+    for f in files:
+        size = f.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            refused.append({"path": str(f.get("path")), "reason": "the host listed no size for it"})
+        elif size > max_bytes:
+            refused.append({"path": str(f.get("path")), "reason": f"{format_size(size)}, over the "
+                                                                  f"{format_size(max_bytes)} limit (--max-file-size)"})
+        else:
+            keep.append(f)
+    return keep, refused
 
 
 def safe_relpath(rel: str) -> PurePosixPath:

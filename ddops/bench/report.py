@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from statistics import fmean, pstdev
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ddops.bench.summary import Divergence, MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order

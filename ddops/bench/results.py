@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
 import threading
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from ddops.bench.summary import MethodSummary, ResultFileError
 MAX_RESULT_BYTES = 2 * 1024**3
 MIN_TORCH = (2, 6)  # weights_only loading had code-execution holes before 2.6 (CVE-2025-32434)
 _LOAD_LOCK = threading.Lock()  # safe_globals() edits a process-wide allowlist
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 
 def read_limited(path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> bytes:
@@ -36,9 +39,6 @@ def read_limited(path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> bytes:
 
 def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> dict[str, Any]:
     """torch.load an untrusted `.pt` with weights_only and a small allowlist; never unpickles arbitrary code."""
-    import argparse
-    import types
-
     try:
         import torch
     except ImportError:
@@ -50,7 +50,7 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
     data = read_limited(path, max_bytes)
     # The DDTree layout: dicts, lists, tensors, floats, and SimpleNamespace per method (argparse.Namespace for
     # forks that save `args` unconverted). Nothing else is allowed to be rebuilt.
-    allowed = [types.SimpleNamespace, argparse.Namespace]
+    allowed = list(_NAMESPACES)
     try:
         with _LOAD_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -60,7 +60,48 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
         raise ResultFileError(f"{path}: refused: {_load_reason(exc)}") from None
     if not isinstance(obj, dict):
         raise ResultFileError(f"{path}: not a DDTree result: holds {type(obj).__name__}, not a dict")
+    check_reach(obj, len(data), path, torch)
     return obj
+
+
+def check_reach(obj: Any, budget: int, path: str | Path, torch: Any) -> None:
+    """ResultFileError unless reading `obj` costs work in proportion to the `budget` bytes it came from.
+
+    A tensor may claim more elements than its storage holds (a stride-0 or overlapping view: 1e8 elements over one
+    stored number), and pickle memo references let one list appear a thousand times in a list that appears a
+    thousand times. Every item a genuine file reaches costs it at least one opcode byte, and every tensor element
+    at least one storage byte, so a file that reaches more items than it has bytes is multiplying work, not data.
+    """
+    reached = 0
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        reached += 1
+        if isinstance(item, torch.Tensor):
+            reached += _tensor_elements(item, path)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, _NAMESPACES):
+            stack.extend(vars(item).values())
+        if reached + len(stack) > budget:
+            raise ResultFileError(f"{path}: refused: it reaches more items and tensor elements than its {budget} "
+                                  "bytes hold (objects shared over and over to multiply the work)")
+
+
+def _tensor_elements(tensor: Any, path: str | Path) -> int:
+    """The tensor's element count, refused when it is more than its storage actually holds."""
+    try:
+        stored = tensor.untyped_storage().nbytes() // max(1, tensor.element_size())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested or other storage-less layouts
+        raise ResultFileError(f"{path}: refused: a {tensor.layout} tensor is not a result tensor") from None
+    count = tensor.numel()
+    if count > stored:
+        raise ResultFileError(f"{path}: refused: a tensor of shape {tuple(tensor.shape)} claims {count} elements "
+                              f"over a storage of {stored} (a stride-0 or overlapping view)")
+    return count
 
 
 def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> list[dict[str, Any]]:
@@ -78,6 +119,10 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
             docs = [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
         except ValueError as exc:
             raise ResultFileError(f"{path}: not JSON: {exc}") from None
+        except RecursionError:
+            raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
+    except RecursionError:
+        raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):
             raise ResultFileError(f"{path}: entry {i + 1} is {type(doc).__name__}, not a JSON object")
@@ -88,17 +133,27 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
 
 def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RESULT_BYTES,
                    **hints: Any) -> list[MethodSummary]:
-    """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's."""
-    if summarizer == "ddtree":
-        return summarize_ddtree(load_result_pt(path, max_bytes=max_bytes), str(path))
-    if summarizer == "vllm":
+    """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's.
+
+    Whatever a hostile file makes the reader run out of (memory, stack) is that file's ResultFileError, so the
+    report goes on with the other files.
+    """
+    if summarizer not in ("ddtree", "vllm"):
+        raise ValueError(f"unknown summarizer {summarizer!r}")
+    try:
+        if summarizer == "ddtree":
+            return summarize_ddtree(load_result_pt(path, max_bytes=max_bytes), str(path))
         out: list[MethodSummary] = []
         for doc in load_result_json(path, max_bytes=min(max_bytes, 256 * 1024**2)):
             out.extend(summarize_vllm(doc, str(path), **hints))
         return out
-    raise ValueError(f"unknown summarizer {summarizer!r}")
+    except MemoryError:
+        raise ResultFileError(f"{path}: refused: reading it ran out of memory") from None
+    except RecursionError:
+        raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
 
 
+_TOO_DEEP = "nested too deeply to read"
 _GLOBAL = re.compile(r"(?:unsupported global: GLOBAL|load unsupported GLOBAL) ([\w.]+)", re.IGNORECASE)
 _OPCODE = re.compile(r"Unsupported operand (\d+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

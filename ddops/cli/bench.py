@@ -490,18 +490,23 @@ def collect(ctx: typer.Context,
             run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
                                                             show_default=False)] = None,
             host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
-            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
+            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None,
+            max_file_size: Annotated[str, typer.Option("--max-file-size", help="Refuse (never download) a result "
+                                                       "file the host lists as bigger than this: 500M, 2G, bytes.")]
+            = "2G") -> None:
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
-    from ddops.bench.collect import write_manifest
+    from ddops.bench.collect import parse_size, write_manifest
     from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.bench.runs import resolve_run_id, results_root
 
     st = state(ctx)
     st.json = st.json or json_out
+    max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
     rid = resolve_run_id(root, run_id)
     inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
-    results = fleet_run(st, inventory, chosen, collect_task(rid, root), title=f"bench collect {rid}", forks=forks)
+    results = fleet_run(st, inventory, chosen, collect_task(rid, root, max_bytes), title=f"bench collect {rid}",
+                        forks=forks)
     manifest = write_manifest(root, rid, manifest_entries(results))
     if st.json:
         emit_json("bench collect", results, {"run_id": rid, "manifest": str(manifest)})

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ddops.errors import UsageError
 from ddops.fleet import FAILED, OK, TaskOutcome
 from ddops.inventory import Host
+from ddops.tasks.base import shell_path
 
 # Seconds between `timeout`'s TERM and its KILL, for commands that ignore TERM.
 KILL_AFTER = 5.0
@@ -71,14 +72,14 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
         if spec.in_repo:
             # The directory change under sudo too: a repo that root owns may be closed to the login user.
             words = ["sh", "-c", shlex.quote('cd "$1" && shift && exec "$@"'), "ddops-exec",
-                     shlex.quote(host.repo)] + words
+                     shell_path(host.repo)] + words
             cd_first = False
         # -n: never prompt. A fleet run has no one to type a password; sudo then fails, and sudo_refusal says so.
         words = ["sudo", "-n", "--"] + words
     words = ["timeout", "-k", _seconds(KILL_AFTER), _seconds(spec.timeout_for(host))] + words
     line = "exec " + " ".join(words)
     if cd_first:
-        line = f"cd {shlex.quote(host.repo)} && {line}"
+        line = f"cd {shell_path(host.repo)} && {line}"
     return line
 
 

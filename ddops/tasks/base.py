@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import getpass
+import re
+import shlex
 import os
 import socket
 from typing import Any, Protocol
@@ -34,8 +36,8 @@ class AgentSession(Protocol):
         """Copy a local file to the host (sync's bundles)."""
         ...
 
-    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a file of the host here (collected bench results)."""
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
+        """Copy a file of the host here (collected bench results); DdopsError past max_bytes."""
         ...
 
     def close(self) -> None: ...
@@ -48,3 +50,18 @@ def default_actor() -> str:
     except Exception:  # noqa: BLE001 - no passwd entry and no $USER in some containers
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+_LOGIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+
+
+def shell_path(path: str) -> str:
+    """`path` as one shell word, its leading `~` or `~user` left for the host's shell to expand.
+
+    shlex.quote alone hands `cd` a literal '~/repo', a directory that does not exist: the inventory's `repo:`
+    may start with `~`, and only the host knows whose home that is.
+    """
+    head, slash, rest = path.partition("/")
+    if head.startswith("~") and (head == "~" or _LOGIN_NAME.match(head[1:])):
+        return head + (slash + shlex.quote(rest) if rest else slash)
+    return shlex.quote(path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ddops.bench.collect import host_manifest, safe_relpath, sha256_file
+from ddops.bench.collect import DEFAULT_MAX_FILE_BYTES, host_manifest, oversized, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
 from ddops.bench.preflight import host_values, patch_states_from_journal, preflight_problems, provenance_of, run_spec
 from ddops.bench.runs import HostRun, RunStatus
@@ -365,7 +365,8 @@ def fetch_file(session: AgentSession, remote: Mapping[str, Any], local: Path) ->
     local.parent.mkdir(parents=True, exist_ok=True)
     part = local.with_name(local.name + ".ddops-part")
     try:
-        session.get_file(remote["real_path"], part)
+        # Never more than the host listed: a file that grows after the listing stops the download there.
+        session.get_file(remote["real_path"], part, max_bytes=int(remote["size"]))
         got = sha256_file(part)
         if got != remote["sha256"]:
             raise DdopsError(f"{remote['path']}: sha256 {got[:12]} after download, the host listed "
@@ -377,10 +378,14 @@ def fetch_file(session: AgentSession, remote: Mapping[str, Any], local: Path) ->
     return True
 
 
-def collect_task(run_id: str, root: Path) -> Callable[[Host, AgentSession], TaskOutcome]:
-    """Task: copy the run's result files from one host; data carries its manifest entry."""
+def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+                 ) -> Callable[[Host, AgentSession], TaskOutcome]:
+    """Task: copy the run's result files from one host (none bigger than max_file_bytes); data carries its
+    manifest entry."""
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
+        if not host.name.strip("."):  # the inventory refuses such names; results/<run>/.. would be results/ itself
+            return TaskOutcome(FAILED, f"refusing to collect into {root / run_id / host.name}")
         try:
             listing = bench_call(host, session, "bench_files", {"repo": host.repo, "run_id": run_id})
         except AgentError as exc:
@@ -390,7 +395,10 @@ def collect_task(run_id: str, root: Path) -> Callable[[Host, AgentSession], Task
         dest = root / run_id / host.name
         fetched = kept = 0
         files = []
-        for remote in listing.get("files") or []:
+        wanted, too_big = oversized(listing.get("files") or [], max_file_bytes)
+        if too_big:
+            listing = {**listing, "refused": [*(listing.get("refused") or []), *too_big]}
+        for remote in wanted:
             local = dest.joinpath(*safe_relpath(remote["path"]).parts)
             if fetch_file(session, remote, local):
                 fetched += 1

@@ -7,7 +7,6 @@ the plan means lives in ddops/patching/ (pure), so these functions only ask the 
 from __future__ import annotations
 
 import base64
-import shlex
 import time
 from typing import Any, Sequence
 
@@ -23,7 +22,7 @@ from ddops.patching.plan import Planner
 from ddops.patching.playbook import PatchPlaybook
 from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
                                      plan_summary, with_host_python)
-from ddops.tasks.base import AgentSession, default_actor
+from ddops.tasks.base import AgentSession, default_actor, shell_path
 
 def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
     """One agent round trip: every target file's bytes and hash, plus the journal."""
@@ -175,7 +174,7 @@ def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
                 commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
     for command, item in commands.items():
         check = item["check"]
-        ran = session.run(f"cd {shlex.quote(host.repo)} && {with_host_python(host.python, command)}",
+        ran = session.run(f"cd {shell_path(host.repo)} && {with_host_python(host.python, command)}",
                           timeout=check.timeout)
         ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
         results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],

@@ -199,11 +199,13 @@ def resolve_pin(url: str | None, rev: str | None, from_clone: str | None = None,
                                    "or pass --commit REV")
     if is_commit_id(rev):
         return Pin(url, rev, rev, via="sha")
+    if rev.startswith("-"):
+        return Pin(url, rev, error=f"commit {rev!r} starts with '-': refusing to pass it to git")
     problems = []
     if url:
         try:
             _check_url(url)
-            commit = pick_ref(local_git(["ls-remote", url], timeout=timeout), rev)
+            commit = pick_ref(local_git(["ls-remote", "--", url], timeout=timeout), rev)
             if commit:
                 return Pin(url, rev, commit, via="ls-remote")
             problems.append(f"{url} has no branch or tag {rev!r}")

@@ -15,7 +15,8 @@ import paramiko
 from ddops.errors import HostKeyError, TransportError
 from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
-from ddops.transport.hostkeys import HostKeyPolicy, KnownHosts, known_hosts_name
+from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, known_hosts_name, revoked_message,
+                                      system_known_hosts)
 from ddops.transport.resident import ResidentBook
 from ddops.transport.session import Session
 from ddops.transport.sockets import tcp_connect
@@ -26,8 +27,12 @@ class Connector:
 
     def __init__(self, known_hosts: str | os.PathLike[str], *, accept_new: bool = False,
                  jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None,
-                 residents: ResidentBook | None = None) -> None:
+                 residents: ResidentBook | None = None,
+                 system_known_hosts_file: str | os.PathLike[str] | None = None) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
+        # Read after the user's file, as OpenSSH does; never written to. Tests pass their own.
+        system = Path(system_known_hosts_file) if system_known_hosts_file is not None else system_known_hosts()
+        self.system_known_hosts = KnownHosts(system, optional=True)
         self.accept_new = accept_new
         self.connect_timeout = connect_timeout
         self.residents = residents if residents is not None else ResidentBook()
@@ -52,12 +57,13 @@ class Connector:
         name = known_hosts_name(host.address, host.port)
         known = self._known_hosts(host)
         try:
-            for key_type, key in known.keys_for(host, name):
-                client.get_host_keys().add(name, key_type, key)
+            entries = known.entries_for(host, name) + self.system_known_hosts.entries_for(host, name)
         except HostKeyError:
             sock.close()
             raise
-        client.set_missing_host_key_policy(HostKeyPolicy(host, known.path, self.accept_new))
+        for key_type, key in entries.usable():
+            client.get_host_keys().add(name, key_type, key)
+        client.set_missing_host_key_policy(HostKeyPolicy(host, known.path, self.accept_new, entries))
         key_file = os.path.expanduser(host.identity_file) if host.identity_file else None
         if key_file and not os.path.exists(key_file):
             sock.close()
@@ -72,6 +78,9 @@ class Connector:
             )
         except paramiko.BadHostKeyException as exc:
             sock.close()
+            revoked = entries.revocation(exc.key)
+            if revoked is not None:
+                raise HostKeyError(revoked_message(host, exc.hostname, exc.key, revoked)) from None
             raise HostKeyError(
                 f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
                 f"If the host was reinstalled, remove the old key with: ssh-keygen -f {known.path} "

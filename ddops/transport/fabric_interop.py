@@ -6,10 +6,13 @@ Here rather than in ddops/fabric.py because paramiko (which Fabric wraps) is imp
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ddops.errors import HostKeyError, UsageError
 from ddops.inventory import Host, Inventory
+from ddops.transport.hostkeys import (HostKeyEntries, KnownHosts, known_hosts_name, revoked_message,
+                                      system_known_hosts)
 
 try:
     import fabric
@@ -22,10 +25,13 @@ class RefuseUnknownHostKey(paramiko.MissingHostKeyPolicy):
     """ddops' policy in Fabric: a key not in the inventory's known_hosts is refused, never added (Fabric's default
     is paramiko's AutoAddPolicy). A changed key is refused by paramiko itself (BadHostKeyException)."""
 
-    def __init__(self, host: Host, known_hosts: str) -> None:
-        self.host, self.known_hosts = host, known_hosts
+    def __init__(self, host: Host, known_hosts: str, entries: HostKeyEntries = HostKeyEntries()) -> None:
+        self.host, self.known_hosts, self.entries = host, known_hosts, entries
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        revoked = self.entries.revocation(key)
+        if revoked is not None:
+            raise HostKeyError(revoked_message(self.host, hostname, key, revoked))
         raise HostKeyError(f"{self.host.name}: unknown host key {key.get_name()} {key.fingerprint} for {hostname} "
                            f"(not in {self.known_hosts}); check it, then record it with "
                            f"`ddops --accept-new ping --host {self.host.name}`")
@@ -50,13 +56,14 @@ def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:
         connect_timeout=max(1, round(host.connect_timeout)),
         connect_kwargs={"key_filename": [identity] if identity else None, "look_for_keys": identity is None},
     )
+    # ddops' reading of known_hosts (paramiko's skips @revoked lines, so a revoked key listed plainly was trusted).
+    name = known_hosts_name(host.address, host.port)
+    entries = (KnownHosts(Path(known_hosts)).entries_for(host, name)
+               + KnownHosts(system_known_hosts(), optional=True).entries_for(host, name))
     keys = conn.client.get_host_keys()
-    if os.path.exists(known_hosts):
-        try:
-            keys.load(known_hosts)
-        except (OSError, paramiko.SSHException) as exc:
-            raise HostKeyError(f"{host.name}: cannot read known_hosts {known_hosts}: {exc}") from None
-    conn.client.set_missing_host_key_policy(RefuseUnknownHostKey(host, known_hosts))
+    for key_type, key in entries.usable():
+        keys.add(name, key_type, key)
+    conn.client.set_missing_host_key_policy(RefuseUnknownHostKey(host, known_hosts, entries))
     return conn
 
 

@@ -20,6 +20,7 @@ from ddops.errors import AgentError, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport import CommandResult
 from ddops.transport.agent import agent_request
+from ddops.transport.session import copy_limited
 
 
 def agent_argv(python: str) -> tuple[list[str], bytes]:
@@ -65,10 +66,14 @@ class LocalSession:
         except OSError as exc:
             raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
 
-    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
         self.round_trips += 1
         try:
-            shutil.copyfile(remote_path, local_path)
+            if max_bytes is None:
+                shutil.copyfile(remote_path, local_path)
+                return
+            with open(remote_path, "rb") as src, open(local_path, "wb") as dst:
+                copy_limited(src, dst, max_bytes, f"{self.host.name}: {remote_path}")
         except OSError as exc:
             raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -10,7 +9,7 @@ from typing import Any, Callable
 
 import paramiko
 
-from ddops.errors import CommandTimeout, ConnectionLost, TransportError
+from ddops.errors import CommandTimeout, ConnectionLost, DdopsError, TransportError
 from ddops.inventory import Host
 from ddops.transport.agent import agent_request
 from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
@@ -129,11 +128,18 @@ class Session:
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"{self.host.name}: cannot read {remote_path}: {exc}") from None
 
-    def get_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+    def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
+        """Download one file; DdopsError as soon as it holds more than max_bytes (a file that grows on the host)."""
         sftp = self._sftp_client()
         self.round_trips += 1
         try:
-            sftp.get(remote_path, str(local_path))
+            if max_bytes is None:
+                sftp.get(remote_path, str(local_path))
+                return
+            with sftp.open(remote_path, "rb") as src, open(local_path, "wb") as dst:
+                size = src.stat().st_size or 0
+                src.prefetch(min(size, max_bytes))
+                copy_limited(src, dst, max_bytes, f"{self.host.name}: {remote_path}")
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
 
@@ -210,3 +216,17 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def copy_limited(src: Any, dst: Any, max_bytes: int, what: str) -> int:
+    """Copy src to dst in blocks; DdopsError once more than max_bytes arrive (nothing past the limit is kept)."""
+    copied = 0
+    while True:
+        block = src.read(1 << 15)
+        if not block:
+            return copied
+        copied += len(block)
+        if copied > max_bytes:
+            raise DdopsError(f"{what}: refused: more than {max_bytes} bytes arrived (it grew on the host "
+                             "after it was listed)")
+        dst.write(block)

@@ -33,6 +33,18 @@ def require_commit(payload, key="commit"):
     return value
 
 
+def git_operand(value, what):
+    """A user value that goes to git as an operand (a URL), refused when git could read it as an option.
+
+    `--upload-pack=CMD` as a URL runs CMD. The calls below also put `--` before such operands, which every git
+    understands (`--end-of-options` needs git 2.24): this check is the one that does not depend on the host's git.
+    """
+    if not isinstance(value, str) or not value or value.startswith("-") or "\0" in value or "\n" in value:
+        raise bad_request("%s %r: must not be empty, start with '-' (git would read it as an option) or contain "
+                          "newlines or NUL bytes" % (what, value))
+    return value
+
+
 def repo_path(payload):
     """The real path of payload["repo"], which need not exist yet (a sync may create it)."""
     raw = require_str(payload, "repo")
@@ -201,7 +213,7 @@ def probe_url(repo, url, timeout):
     started = time.monotonic()
     cwd = repo if os.path.isdir(repo) else "/"
     try:
-        code, _, err = run_git(cwd, ["ls-remote", "--quiet", url, "HEAD"], timeout)
+        code, _, err = run_git(cwd, ["ls-remote", "--quiet", "--", url, "HEAD"], timeout)
         error = None if code == 0 else last_lines(err)
     except AgentFault as fault:
         code, error = -1, fault.message
@@ -293,6 +305,7 @@ def inspect_verb(payload):
     if not result["has_commit"]:
         url = optional_str(payload, "probe_url")
         if url:
+            git_operand(url, "probe_url")
             timeout = optional_number(payload, "probe_timeout", DEFAULT_PROBE_TIMEOUT)
             result["probe"] = probe_url(repo, url, timeout)
         if payload.get("staging"):
@@ -337,10 +350,12 @@ def prepare_repo(repo, url):
     if not is_empty_dir(repo):
         raise AgentFault("not_git", "%s is not a git checkout and is not empty: ddops will not clone over it "
                                     "(move it away, or point `repo:` elsewhere)" % repo)
+    if url:
+        git_operand(url, "repo_url")
     os.makedirs(repo, exist_ok=True)
     git_ok(repo, ["init", "--quiet"], kind="init_failed")
     if url:
-        git_ok(repo, ["remote", "add", "origin", url], kind="init_failed")
+        git_ok(repo, ["remote", "add", "--", "origin", url], kind="init_failed")
     return True
 
 
@@ -354,24 +369,24 @@ def fetch_commit(repo, commit, payload):
         path = bundle_target(bundle)
         try:
             check_bundle(path, require_sha(bundle, "sha256", "bundle"))
-            git_ok(repo, ["fetch", "--quiet", "--no-tags", path, commit], timeout, kind="fetch_failed")
+            git_ok(repo, ["fetch", "--quiet", "--no-tags", "--", path, commit], timeout, kind="fetch_failed")
         finally:
             try:
                 os.unlink(path)
             except OSError:
                 pass
     elif source == "remote":
-        url = require_str(payload, "repo_url")
+        url = git_operand(require_str(payload, "repo_url"), "repo_url")
         if remote_url(repo) == url:
             # The branches and tags too, so the checkout looks like an ordinary clone to people on the host.
-            code, _, err = run_git(repo, ["fetch", "--quiet", "--tags", "origin"], timeout)
+            code, _, err = run_git(repo, ["fetch", "--quiet", "--tags", "--", "origin"], timeout)
             if code != 0:
                 raise AgentFault("fetch_failed", "git fetch from %s failed (exit %d): %s"
                                  % (url, code, last_lines(err)))
             if not has_commit(repo, commit):
-                git_ok(repo, ["fetch", "--quiet", "origin", commit], timeout, kind="fetch_failed")
+                git_ok(repo, ["fetch", "--quiet", "--", "origin", commit], timeout, kind="fetch_failed")
         else:
-            git_ok(repo, ["fetch", "--quiet", "--no-tags", url, commit], timeout, kind="fetch_failed")
+            git_ok(repo, ["fetch", "--quiet", "--no-tags", "--", url, commit], timeout, kind="fetch_failed")
     else:
         raise bad_request("payload.source must be 'remote' or 'bundle'")
     if not has_commit(repo, commit):
@@ -426,7 +441,9 @@ def checkout_verb(payload):
                 raise AgentFault("dirty", "refusing to move %s: tracked files have local changes: %s"
                                  % (repo, ", ".join(item["path"] for item in dirty)))
             timeout = optional_number(payload, "fetch_timeout", DEFAULT_FETCH_TIMEOUT)
-            git_ok(repo, ["checkout", "--quiet", "--detach", commit], timeout, kind="checkout_failed")
+            # `commit` is full hex (require_commit); the `--` after it: a revision, never a path (checkout, unlike
+            # fetch and ls-remote, refuses `--end-of-options` in git 2.39).
+            git_ok(repo, ["checkout", "--quiet", "--detach", commit, "--"], timeout, kind="checkout_failed")
         after = head_commit(repo)
         if after != commit:
             raise AgentFault("checkout_failed", "HEAD is %s after checking out %s" % (after, commit))

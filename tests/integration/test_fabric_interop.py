@@ -65,3 +65,16 @@ def test_a_jump_host_becomes_a_gateway_connection(make_testbed):
     finally:
         conn.close()
         conn.gateway.close()
+
+
+def test_a_revoked_host_key_is_refused_even_where_a_plain_line_trusts_it(make_testbed):
+    bed = make_testbed(1)
+    name, kind, blob = bed.known_hosts.read_text().split()[:3]
+    bed.known_hosts.write_text(f"{name} {kind} {blob}\n@revoked * {kind} {blob}\n")
+    inv = load_inventory(bed.inventory_path)
+    conn = fabric_api.connection(inv, inv.host("host1"))
+    try:
+        with pytest.raises(HostKeyError, match=r"host1: host key ssh-ed25519 .* is REVOKED"):
+            conn.run("true", hide=True, in_stream=False)
+    finally:
+        conn.close()

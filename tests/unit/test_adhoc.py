@@ -137,3 +137,20 @@ def test_line_splitter_keeps_partial_lines_and_split_characters_until_complete()
 def test_exec_output_json_names_exit_code_and_both_streams():
     assert ExecOutput(4, "o", "e", timed_out=False, truncated=True).to_json() == {
         "exit_code": 4, "stdout": "o", "stderr": "e", "timed_out": False, "truncated": True}
+
+
+def test_in_repo_with_a_repo_under_home_lets_the_hosts_shell_expand_the_tilde(tmp_path):
+    (tmp_path / "my repo").mkdir()
+    for spec in (ExecSpec(argv=("pwd",), in_repo=True), ExecSpec(argv=("pwd",), in_repo=True, sudo=True)):
+        host = Host(name="c", address="127.0.0.4", user="alice", repo="~/my repo")
+        line = remote_command(spec, host).replace("exec sudo -n -- ", "exec ")  # no sudo here: the cd is the point
+        out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env={"HOME": str(tmp_path),
+                                                                                       "PATH": "/usr/bin:/bin"})
+        assert out.stdout.strip() == str(tmp_path / "my repo"), (line, out.stderr)
+
+
+def test_shell_path_quotes_everything_but_a_leading_tilde():
+    from ddops.tasks.base import shell_path
+
+    assert shell_path("~/a b") == "~/'a b'" and shell_path("~") == "~" and shell_path("~bob/x") == "~bob/x"
+    assert shell_path("/root/ddtree") == "/root/ddtree" and shell_path("~$(id)/x") == "'~$(id)/x'"

@@ -231,3 +231,17 @@ def test_agent_linger_defaults_to_300_s_takes_0_to_turn_residents_off_and_refuse
     assert "hosts.a.agent_linger: must be between 0 (never) and 86400 seconds" in \
         error_of(tmp_path, "hosts:\n  a: {agent_linger: -1}\n")
     assert "hosts.a.agent_linger: must be" in error_of(tmp_path, "hosts:\n  a: {agent_linger: forever}\n")
+
+
+@pytest.mark.parametrize("key", ["repo_url", "commit"])
+def test_git_values_starting_with_a_dash_are_refused_with_file_and_line(tmp_path, key):
+    text = (f"defaults: {{user: root}}\nhosts:\n  a: {{address: 10.0.0.1}}\n"
+            f"  b:\n    {key}: '--upload-pack=touch /tmp/x'\n")
+    message = error_of(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'inventory.yaml'}:6: hosts.b.{key}: must not start with '-'")
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_host_named_dot_or_dot_dot_is_refused(tmp_path, name):
+    message = error_of(tmp_path, f"hosts:\n  '{name}': {{address: 10.0.0.1}}\n")
+    assert message.startswith(f"{tmp_path / 'inventory.yaml'}:3: hosts.{name}: '{name}' is not a host name")

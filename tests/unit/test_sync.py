@@ -298,3 +298,22 @@ def test_bad_sync_options_are_usage_errors(tmp_path):
         prepare_sync(inventory, inventory.hosts, SyncOptions(from_clone=str(tmp_path)))
     with pytest.raises(UsageError, match="--reapply needs `patches:`"):
         prepare_sync(inventory, inventory.hosts, SyncOptions(reapply=True))
+
+
+@pytest.mark.parametrize("verb", ["sync_inspect", "sync_fetch", "sync_checkout"])
+def test_agent_refuses_a_repo_url_that_git_would_read_as_an_option(upstream, tmp_path, verb):
+    repo, cache, marker = tmp_path / "repo", tmp_path / "cache", tmp_path / "pwned"
+    git(tmp_path, "clone", "-q", upstream["url"], str(repo))
+    git(repo, "remote", "set-url", "origin", str(upstream["origin"]))  # not the URL asked for: a fetch by URL
+    # The upload-pack command runs where a local "repository" is named: the repo itself, by its path.
+    evil = f"--upload-pack=touch {marker}; git-upload-pack"
+    payload = {"repo": str(repo), "commit": upstream["second"][:39] + "0", "source": "remote", "actor": "t"}
+    payload.update({"probe_url": evil} if verb == "sync_inspect" else {"repo_url": evil})
+    error = fails(verb, payload, cache)
+    assert error["kind"] == "bad_request" and "must not be empty, start with '-'" in error["message"]
+    assert not marker.exists()
+
+
+def test_a_pin_starting_with_a_dash_is_refused_before_git():
+    pin = resolve_pin(None, "--output=/tmp/x", from_clone="/nonexistent")
+    assert pin.commit is None and "starts with '-'" in pin.error

@@ -96,3 +96,20 @@ def test_launch_refuses_a_repo_that_is_not_there(tmp_path):
 
 def test_status_of_a_run_the_host_never_had_is_skipped(host, session):
     assert status_task("r-unknown")(host, session).status == SKIPPED
+
+
+def test_max_file_size_reads_bytes_and_binary_units_and_refuses_the_rest():
+    from ddops.bench.collect import parse_size
+    from ddops.errors import UsageError
+
+    assert parse_size("4096") == 4096 and parse_size("500M") == 500 * 1024**2 and parse_size("2G") == 2 * 1024**3
+    assert parse_size("1.5GiB") == int(1.5 * 1024**3) and parse_size("1k") == 1024
+    for bad in ("", "-1", "0", "2 X", "G"):
+        with pytest.raises(UsageError, match="--max-file-size"):
+            parse_size(bad)
+
+
+def test_collect_into_a_host_named_dot_dot_is_refused(session, tmp_path):
+    dotdot = Host(name="..", address="localhost", repo=str(tmp_path / "repo"))
+    outcome = collect_task("r-x", tmp_path / "results")(dotdot, session)
+    assert outcome.status == FAILED and "refusing to collect into" in outcome.message

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -160,3 +161,67 @@ def test_the_pure_bench_modules_do_not_import_torch_or_matplotlib():
             "sys.exit(f'imported {bad}' if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr or result.stdout
+
+
+def _response_with(**fields):
+    return {"responses": [{"baseline": SimpleNamespace(time_per_output_token=0.1, **fields)}], "args": {}}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("claimed", [10**8, 10**11])
+def test_a_stride_zero_tensor_claiming_more_elements_than_its_storage_is_refused_at_once(tmp_path, claimed):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "bomb.pt"
+    # One stored number seen through a stride-0 view: a 1-2 KB file that claims `claimed` token ids.
+    torch.save(_response_with(output_ids=torch.zeros(1, dtype=torch.int64).expand(claimed)), path)
+    assert path.stat().st_size < 4096
+    started = time.monotonic()
+    with pytest.raises(ResultFileError) as info:
+        summarize_file(path, "ddtree")
+    assert time.monotonic() - started < 5
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: refused: ") and f"claims {claimed} elements over a storage of 1" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.torch
+def test_overlapping_strides_that_multiply_a_small_storage_are_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "overlap.pt"
+    view = torch.arange(2000, dtype=torch.int64).as_strided((1000, 1000), (1, 1))  # 1e6 elements over 2000
+    torch.save(_response_with(output_ids=view), path)
+    with pytest.raises(ResultFileError, match="over a storage of 2000"):
+        load_result_pt(path)
+
+
+@pytest.mark.torch
+def test_lists_shared_through_pickle_memo_references_to_multiply_the_work_are_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    level0 = [1] * 100
+    level1 = [level0] * 100  # the pickle stores level0 once and refers to it 100 times
+    path = tmp_path / "laughs.pt"
+    torch.save(_response_with(output_ids=[level1] * 100), path)  # a million token ids out of ~2 KB
+    with pytest.raises(ResultFileError, match=r"refused: it reaches more items .* than its \d+ bytes hold"):
+        summarize_file(path, "ddtree")
+
+
+def test_a_deeply_nested_vllm_json_is_a_one_line_result_file_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"completed": 1, "mean_tpot_ms": 2.0, "extra": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ResultFileError) as info:
+        summarize_file(path, "vllm")
+    assert str(info.value) == f"{path}: refused: nested too deeply to read"
+
+
+def test_running_out_of_memory_while_summarizing_is_the_files_result_file_error(tmp_path, monkeypatch):
+    import ddops.bench.results as results
+
+    def exhausted(doc, source, **hints):
+        raise MemoryError()
+
+    monkeypatch.setattr(results, "summarize_vllm", exhausted)
+    path = tmp_path / "r.json"
+    path.write_text('{"completed": 1, "mean_tpot_ms": 2.0}')
+    with pytest.raises(ResultFileError) as info:
+        summarize_file(path, "vllm")
+    assert str(info.value) == f"{path}: refused: reading it ran out of memory"
