@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -45,6 +46,14 @@ def agents(doc: dict) -> dict[str, str]:
 
 def statuses(doc: dict) -> dict[str, str]:
     return {h["host"]: h["status"] for h in doc["hosts"]}
+
+
+def system_python() -> str:
+    """A python3 outside the user's home, which a shared home hides from the hosts (a pyenv under /root here)."""
+    found = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if found is None:
+        pytest.skip("no system python3 for hosts whose home is shared")
+    return found
 
 
 def test_the_next_command_reaches_each_host_s_own_resident(bed):
@@ -159,3 +168,25 @@ def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothin
     assert agents(applied) == {"host1": "started", "host2": "resident"}
     for name in FILES:
         assert OLD_LINE not in (bed.host("host1").repo_dir / name).read_text()
+
+
+def test_on_hosts_that_share_one_home_each_command_acts_only_on_the_host_it_names(make_testbed):
+    # Containers with a common /root volume, or namespace hosts with --shared-home: every host sees the same
+    # ~/.cache/ddops, where the resident's socket lives, and each has its own repo (issue 11, the user's sequence).
+    bed = make_testbed(3, seed=MINI_DDTREE, patches=("hybrid-cache",), shared_home=True, python=system_python())
+    one, three = bed.host("host1"), bed.host("host3")
+    originals = {name: (three.repo_dir / name).read_bytes() for name in FILES}
+    first = ddops(bed, "patch", "--host", "host1")
+    assert statuses(first) == {"host1": "changed"}, first
+    wait_until(lambda: resident_agents(bed, "host1"))
+    for _ in range(2):  # the first check starts an agent on host3; the second would reach a resident
+        checked = ddops(bed, "patch", "--host", "host3", "--check")
+        assert statuses(checked) == {"host3": "changed"}, checked  # pending there, never "already applied"
+    assert agents(checked) == {"host3": "resident"}  # host3's own resident, which sees host3's repo
+    assert {name: (three.repo_dir / name).read_bytes() for name in FILES} == originals
+
+    back = ddops(bed, "rollback", "--host", "host3", "--yes")
+    assert statuses(back)["host3"] != "changed", back  # nothing of host3's was ever patched
+    for name in FILES:
+        assert OLD_LINE not in (one.repo_dir / name).read_text(), f"host1's {name} was rolled back through host3"
+        assert (three.repo_dir / name).read_bytes() == originals[name]
