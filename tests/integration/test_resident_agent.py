@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,7 +132,18 @@ def test_a_host_whose_sshd_refuses_socket_channels_is_served_without_a_resident(
     assert not host_processes(bed, "host1")  # not asked to linger again: nothing left behind
 
 
-def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothing_is_lost(bed):
+IMPOSTORS = {
+    # a resident dying under us: accepts and hangs up at once
+    "hangs_up": lambda connection, reader: None,
+    # a listener put in the resident's place that greets as residents did before issue 11 and answers everything
+    "answers_everything": lambda connection, reader: [connection.sendall(b"\n")] + [
+        connection.sendall(b'{"ok": false, "error": {"kind": "internal", "message": "impostor"}}\n')
+        for _ in iter(reader.readline, b"")],
+}
+
+
+@pytest.mark.parametrize("impostor", sorted(IMPOSTORS))
+def test_a_listener_in_the_resident_s_place_is_bypassed_and_nothing_is_lost(bed, impostor, tmp_path):
     import socket
     import threading
 
@@ -142,29 +154,35 @@ def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothin
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(map(exited, killed)))
-    # In its place, a listener that accepts and hangs up at once, as a resident dying under us would.
     socket_path.unlink()
-    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    impostor.bind(str(socket_path))
-    impostor.listen(8)
-    hung_up = []
+    short = Path(tempfile.mkdtemp(prefix="imp", dir="/tmp"))  # unix socket paths are limited to ~100 bytes
+    (short / "run").symlink_to(socket_path.parent)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(short / "run" / socket_path.name))
+    listener.listen(8)
+    served = []
 
-    def hang_up() -> None:
+    def serve() -> None:
         while True:
             try:
-                connection, _ = impostor.accept()
+                connection, _ = listener.accept()
             except OSError:
                 return
-            hung_up.append(1)
-            connection.close()
+            served.append(1)
+            with connection, connection.makefile("rb") as reader:
+                try:
+                    IMPOSTORS[impostor](connection, reader)
+                except OSError:
+                    pass
 
-    threading.Thread(target=hang_up, daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
     try:
         applied = ddops(bed, "patch", "--all")
     finally:
-        impostor.close()
-    assert hung_up, "the command never tried the socket"
-    assert statuses(applied) == {"host1": "changed", "host2": "changed"}
+        listener.close()
+        shutil.rmtree(short)
+    assert served, "the command never tried the socket"
+    assert statuses(applied) == {"host1": "changed", "host2": "changed"}, applied
     assert agents(applied) == {"host1": "started", "host2": "resident"}
     for name in FILES:
         assert OLD_LINE not in (bed.host("host1").repo_dir / name).read_text()
