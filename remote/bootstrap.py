@@ -201,5 +201,6 @@ def offer_resident(agent, path, linger, importer, stdin):
 
     return announce
 
+
 if __name__ == "__main__":
     main()
