@@ -1,14 +1,15 @@
 """Starts the ddops agent on a host from the bundle on stdin (stdlib only, Python >= 3.8).
 
-Run as `python -S -c "<this file>" N [--sha256=HEX] [--serve] [--linger=SECONDS] [--probe-resident]` (or, for a
-bench run's detached runner, as `python -S bootstrap.py N`): stdin holds N bytes of agent bundle, then requests.
-The options and the protocol are described in remote/README.md.
+Run as `python -S -c "<this file>" N [--sha256=HEX] [--serve] [--linger=SECONDS] [--lifetime=SECONDS]
+[--probe-resident]` (or, for a bench run's detached runner, as `python -S bootstrap.py N`): stdin holds N bytes of
+agent bundle, then requests. The options and the protocol are described in remote/README.md.
 """
 
 import hashlib
 import json
 import marshal
 import os
+import stat
 import sys
 
 PACKAGE = "ddops_agent"
@@ -75,22 +76,45 @@ def cache_path(digest):
     return os.path.join(folder, "agent-%s-%s-%s.marshal" % (digest[:32], sys.implementation.cache_tag, magic))
 
 
-def read_cache(path):
-    """The compiled bundle cached at `path`, or None (absent, or it does not load: compiled again)."""
+def private_folder(folder):
+    """Whether `folder` is a real directory of ours that nobody else may write to (not a symlink)."""
     try:
-        with open(path, "rb") as handle:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def read_cache(path):
+    """The compiled bundle cached at `path`, or None: absent, not a regular file of ours that only we may write, in
+    a folder that only we may write (not trusted by its name alone: its code runs as us), or it does not load."""
+    try:
+        if not private_folder(os.path.dirname(path)):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
             return marshal.loads(handle.read())
     except Exception:
         return None
 
 
 def write_cache(path, compiled):
-    """Cache the compiled bundle; an unwritable cache only costs speed."""
+    """Cache the compiled bundle; an unwritable cache (or a folder that is not only ours) only costs speed."""
     try:
         folder = os.path.dirname(path)
         os.makedirs(folder, 0o700, exist_ok=True)
+        if not private_folder(folder):
+            return
         temp = "%s.%d.tmp" % (path, os.getpid())
-        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
+        try:
+            os.unlink(temp)  # left by a writer that was killed
+        except FileNotFoundError:
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(temp, flags, 0o600), "wb") as handle:
             handle.write(marshal.dumps(compiled))
         os.replace(temp, path)
         entries = [os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".marshal")]
@@ -140,24 +164,42 @@ def main():
     if not serve:
         return agent.protocol.main()
     resident = agent.resident.resident_socket_path(digest) if linger > 0 and verified else None
-    announce = resident
+    announce = None
     while True:
         line = stdin.readline()
         if not line:
             break
+        if resident:
+            announce, resident = offer_resident(agent, resident, linger, importer, stdin), None
         response = agent.protocol.answer(line)
-        if announce:
-            response["resident"], announce = announce, None
-            if "--probe-resident" in sys.argv[2:]:
-                response["resident_alive"] = agent.resident.resident_alive(resident)
+        if announce is not None:
+            response.update(announce(agent))
+            announce = None
         sys.stdout.write(agent.protocol.encode_response(response))
         sys.stdout.flush()
         # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
         # controller's work on this answer.
         agent = importer.load()
-    if resident:
-        stdin.close()
-        agent.resident.become_resident(resident, linger, importer.load)
+
+
+def offer_resident(agent, path, linger, importer, stdin):
+    """Start the resident for socket `path` now (it binds while the first request is answered); a function of the
+    agent that answers the first request to the fields announcing it: the path and its secret only once the socket
+    is bound, and with --probe-resident whether a resident already listened there."""
+    alive = agent.resident.resident_alive(path) if "--probe-resident" in sys.argv[2:] else None
+    secret = agent.resident.new_secret()
+    lifetime = float(option("lifetime", 0)) or agent.resident.MAX_LIFETIME
+    ready = None
+    if not alive:  # a live resident holds this name: ours would only find it taken
+        ready = agent.resident.start_resident(path, secret, linger, lifetime, importer.load, [stdin.fileno()])
+
+    def announce(current):
+        fields = {} if alive is None else {"resident_alive": alive}
+        if ready is not None and current.resident.bound_resident(ready):
+            fields.update({"resident": path, "resident_secret": secret.hex()})
+        return fields
+
+    return announce
 
 
 if __name__ == "__main__":

@@ -36,17 +36,19 @@ class AgentProgram:
     digest: str
 
     def argv(self, python: str, *, cache: bool = True, serve: bool = False, linger: float = 0,
-             probe_resident: bool = False) -> list[str]:
+             probe_resident: bool = False, lifetime: float = 0) -> list[str]:
         """The command's words. cache: pass the digest (the host caches the compiled bundle); serve: one answer
-        per request line until stdin ends; linger (with cache and serve): then stay on as a resident;
-        probe_resident: the first answer says whether a resident already listens."""
+        per request line until stdin ends; linger (with cache and serve): then stay on as a resident, for at most
+        `lifetime` seconds (0: the agent's own maximum); probe_resident: the first answer says whether a resident
+        already listens."""
         return _words(self.bootstrap, python, len(self.bundle), self.digest if cache else None, serve, linger,
-                      probe_resident)
+                      probe_resident, lifetime)
 
     def command(self, python: str, *, cache: bool = True, serve: bool = False, linger: float = 0,
-                probe_resident: bool = False) -> str:
+                probe_resident: bool = False, lifetime: float = 0) -> str:
         """argv() as one shell command line, every word quoted."""
-        words = self.argv(python, cache=cache, serve=serve, linger=linger, probe_resident=probe_resident)
+        words = self.argv(python, cache=cache, serve=serve, linger=linger, probe_resident=probe_resident,
+                          lifetime=lifetime)
         return " ".join(shlex.quote(word) for word in words)
 
 
@@ -107,19 +109,20 @@ def agent_digest() -> str:
 
 
 def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False,
-                      linger: float = 0, probe_resident: bool = False) -> str:
+                      linger: float = 0, probe_resident: bool = False, lifetime: float = 0) -> str:
     """The shell command that runs the bootstrap with `python`, reading `n` bytes of bundle from stdin.
 
     With `digest` (agent_digest()) the host caches the compiled agent; with `serve` it answers one request per line
     until stdin ends, instead of one request; with `linger` (and both of those) it then stays on as a resident, and
-    with `probe_resident` its first answer says whether a resident already listens.
+    with `probe_resident` its first answer says whether a resident already listens. `lifetime` caps the resident's
+    life in seconds (0: the agent's own maximum, remote/README.md).
     """
-    words = _words(agent_program().bootstrap, python, n, digest, serve, linger, probe_resident)
+    words = _words(agent_program().bootstrap, python, n, digest, serve, linger, probe_resident, lifetime)
     return " ".join(shlex.quote(word) for word in words)
 
 
 def _words(bootstrap: str, python: str, n: int, digest: str | None, serve: bool, linger: float,
-           probe_resident: bool) -> list[str]:
+           probe_resident: bool, lifetime: float = 0) -> list[str]:
     words = [python, "-S", "-c", bootstrap, str(n)]
     if digest:
         words.append(f"--sha256={digest}")
@@ -127,6 +130,8 @@ def _words(bootstrap: str, python: str, n: int, digest: str | None, serve: bool,
         words.append("--serve")
     if linger > 0 and digest and serve:
         words.append(f"--linger={linger:g}")
+        if lifetime > 0:
+            words.append(f"--lifetime={lifetime:g}")
         if probe_resident:
             words.append("--probe-resident")
     return words

@@ -6,7 +6,10 @@ The agent is either the host's resident (a unix-socket channel, no Python start)
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import time
 from typing import Any
 
@@ -15,28 +18,52 @@ import paramiko
 from ddops.errors import AgentError, CommandTimeout
 from ddops.inventory import Host
 from ddops.transport.channel import READ_CHUNK, ChannelReader, CommandResult, send_all
-from ddops.transport.resident import ResidentBook, resident_key
+from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
 
 MAX_AGENT_STDERR = 1 << 16
 AGENT_EXIT_WAIT = 2.0  # seconds close() waits for the agent to exit after EOF
 
 
+def resident_proof(secret: bytes, role: str, nonce: str) -> str:
+    """HMAC-SHA256 of the nonce under a resident's secret, for `role` "controller" or "resident" (the agent's
+    resident.proof computes the same; remote/README.md, "The resident agent")."""
+    return hmac.new(secret, f"ddops-{role}:{nonce}".encode("ascii"), hashlib.sha256).hexdigest()
+
+
 class AgentChannel:
     """The agent running in `--serve` mode on one channel: a JSON request per line in, a JSON answer per line out."""
 
-    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str, *, resident: bool = False,
-                 resident_key: str | None = None, book_key: str | None = None) -> None:
+    def __init__(self, channel: paramiko.Channel, source: bytes, host_name: str, *,
+                 resident: Resident | None = None, resident_key: str | None = None,
+                 book_key: str | None = None) -> None:
         self.channel = channel
         self.host_name = host_name
         self.pending_source = source  # sent once, ahead of the first request
-        self.resident = resident  # a channel to the host's resident agent rather than an exec'd one
+        self.resident = resident is not None  # a channel to the host's resident agent rather than an exec'd one
         self.resident_key = resident_key  # until the first answer says where the agent will stay on
         self.book_key = book_key  # the resident's entry in the ResidentBook
-        # A resident's session process greets with an empty line once it has been forked for us.
-        self.greeted = not resident
+        self.greeted = resident is None
+        self._expected_greeting: str | None = None
+        if resident is not None:
+            # The hello goes out with the first request (no round trip of its own): the resident serves nothing to a
+            # controller that cannot prove its secret, and its greeting must prove it in turn before any answer of
+            # its is believed; an answer that came through a resident not our own is dropped unread.
+            nonce = os.urandom(16).hex()
+            hello = {"hello": {"nonce": nonce, "proof": resident_proof(resident.secret, "controller", nonce)}}
+            self.pending_source = json.dumps(hello).encode("ascii") + b"\n"
+            self._expected_greeting = resident_proof(resident.secret, "resident", nonce)
         self.answered = False
         self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR)
+
+    def _proves_greeting(self, line: str) -> bool:
+        """Whether a resident's first line is the greeting our hello asked for."""
+        try:
+            claimed = json.loads(line).get("resident")
+        except (ValueError, AttributeError):
+            return False
+        return isinstance(claimed, str) and self._expected_greeting is not None \
+            and hmac.compare_digest(claimed.encode("utf-8"), self._expected_greeting.encode("ascii"))
 
     def never_served(self) -> bool:
         """A resident channel that ended before the resident took anything from it."""
@@ -52,7 +79,10 @@ class AgentChannel:
 
         while True:
             line = self.reader.next_line(deadline, timed_out)
-            if line == "\n" and not self.greeted:
+            if line is not None and not self.greeted:
+                if not self._proves_greeting(line):
+                    self.close()  # not the resident we were told of: never served, as far as we believe
+                    return None
                 self.greeted = True
                 continue
             if line is not None:
@@ -92,17 +122,17 @@ def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBoo
     linger, refused = 0.0, False
     key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
     if residents is not None and host.agent_linger > 0:
-        socket_path = residents.socket_for(key)
-        if socket_path is not None:
+        resident = residents.resident_for(key)
+        if resident is not None:
             try:
-                channel = open_unix_socket_channel(transport, socket_path, timeout)
+                channel = open_unix_socket_channel(transport, resident.socket, timeout)
             except paramiko.ChannelException as exc:
                 # Gone (it idled out, the host rebooted), or refused by sshd's configuration: OpenSSH says
                 # "connect failed" for both, so the agent started now checks whether the resident is there.
                 refused = True
                 residents.forget(key, prohibited=exc.code == OPEN_ADMINISTRATIVELY_PROHIBITED)
             else:
-                return AgentChannel(channel, b"", host.name, resident=True, book_key=key)
+                return AgentChannel(channel, b"", host.name, resident=resident, book_key=key)
         if residents.may_linger(key):
             linger = host.agent_linger
     source = agent_source()
@@ -117,8 +147,8 @@ def note_resident(residents: ResidentBook, key: str, reply: dict[str, Any]) -> N
     if reply.get("resident_alive"):
         # sshd would not connect us to a resident that is there: it forbids unix-socket channels.
         residents.forget(key, prohibited=True)
-    elif isinstance(reply.get("resident"), str):
-        residents.record(key, reply["resident"])
+    elif isinstance(reply.get("resident"), str) and isinstance(reply.get("resident_secret"), str):
+        residents.record(key, reply["resident"], reply["resident_secret"])
 
 
 def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:

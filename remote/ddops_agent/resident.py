@@ -1,30 +1,95 @@
-"""The resident agent: a server on a unix socket that serves later sessions (remote/README.md, "The resident agent")."""
+"""The resident agent: a server on a unix socket that serves later sessions (remote/README.md, "The resident agent").
+
+Three things keep a session from being served by the wrong process (issue 11):
+- the socket's name is derived from everything a resident shares with the session that starts it: the host (its
+  name, boot, mount namespace and root directory), the user's ids and groups, the environment and the interpreter.
+  Hosts that share one home directory (containers with a common volume) therefore never meet at one socket, and a
+  session whose environment changed gets a resident of its own;
+- the resident serves only a peer that sees its filesystem: SO_PEERCRED names the sshd process that connected, and
+  a peer in another mount namespace, another root, or a pid namespace it cannot see is refused without a word;
+- each resident has a secret, handed to the controller on the exec channel that started it: the controller's
+  first line proves it knows the secret (or the resident serves nothing), and the greeting proves the resident
+  does (or the controller believes nothing).
+"""
 
 import fcntl
+import hashlib
+import hmac
+import json
 import os
+import re
+import select
 import signal
 import socket
 import stat
 import sys
 import time
 
-from ddops_agent.files import sha256_hex
-
 
 RESIDENT_BACKLOG = 64
 MAX_UNIX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, fewer elsewhere
+MAX_LIFETIME = 3600.0  # seconds a resident serves at most, however busy: it carries its first session's environment
+SECRET_BYTES = 32
+HELLO_TIMEOUT = 30.0  # seconds a connection may take to send its first line
+MAX_HELLO = 4096
+BIND_WAIT = 10.0  # seconds the starting agent waits for the server to say whether it bound the socket
+# The variables that describe the SSH connection rather than the environment a verb runs in: they differ for every
+# connection, so a resident named by them would never be found again.
+CONNECTION_VARIABLES = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "XDG_SESSION_ID", "_")
+
+
+def read_text(path):
+    """The stripped content of a small file, or None."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(256).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def mount_namespace(pid="self"):
+    """The mount namespace of process `pid` ("mnt:[4026531840]"); raises OSError where it cannot be read."""
+    return os.readlink("/proc/%s/ns/mnt" % pid)
+
+
+def host_view():
+    """What tells this host's view of the filesystem from another's: host name, boot, mount namespace, root."""
+    try:
+        namespace = mount_namespace()
+    except OSError:
+        namespace = None
+    root = os.stat("/")
+    return [os.uname()[1], read_text("/proc/sys/kernel/random/boot_id"), namespace, root.st_dev, root.st_ino]
+
+
+def session_identity(digest):
+    """Everything a resident must share with a session to serve it in its place, as one hashable text."""
+    environment = sorted((key, value) for key, value in os.environ.items() if key not in CONNECTION_VARIABLES)
+    credentials = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(set(os.getgroups()))]
+    interpreter = [os.path.realpath(sys.executable), sys.executable, sys.version]
+    return json.dumps([digest, host_view(), credentials, interpreter, environment])
+
+
+def host_label(limit):
+    """The host name as it may appear in a file name, at most `limit` characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", os.uname()[1])[:max(0, limit)]
 
 
 def resident_socket_path(digest):
-    """Where the resident for this agent version and Python listens; None when no usable path exists."""
+    """Where the resident for this session's host, user, environment, Python and agent version listens; None when
+    no usable path exists."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime):
         folder = os.path.join(runtime, "ddops")
     else:
         folder = os.path.join(os.path.expanduser("~"), ".cache", "ddops", "run")
-    name = "agent-%s-%s.sock" % (digest[:16], sha256_hex(sys.executable.encode("utf-8", "replace"))[:8])
-    path = os.path.join(folder, name)
-    return path if os.path.isabs(path) and len(path.encode("utf-8")) <= MAX_UNIX_SOCKET_PATH else None
+    if not os.path.isabs(folder):
+        return None
+    identity = hashlib.sha256(session_identity(digest).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    fixed = len(folder.encode("utf-8", "surrogateescape")) + len("/agent--%s.sock" % identity)
+    label = host_label(min(32, MAX_UNIX_SOCKET_PATH - fixed))
+    path = os.path.join(folder, "agent-%s-%s.sock" % (label, identity))
+    return path if len(path.encode("utf-8", "surrogateescape")) <= MAX_UNIX_SOCKET_PATH else None
 
 
 def resident_alive(path):
@@ -40,64 +105,126 @@ def resident_alive(path):
         probe.close()
 
 
-def private_directory(folder):
-    """Make `folder` (mode 0700) if needed; whether it is a real directory of ours that nobody else can enter."""
+def new_secret():
+    """A fresh secret for one resident (kept in its memory and by the controller, nowhere else)."""
+    return os.urandom(SECRET_BYTES)
+
+
+def proof(secret, role, nonce):
+    """HMAC-SHA256 of the nonce under the secret, for `role` "controller" or "resident" (so neither can be
+    reflected back as the other's)."""
+    return hmac.new(secret, ("ddops-%s:%s" % (role, nonce)).encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def answer_hello(line, secret):
+    """The resident's proof for a controller's first line, or None when that line does not prove the secret."""
+    try:
+        hello = json.loads(line.decode("utf-8"))["hello"]
+        nonce, claimed = hello["nonce"], hello["proof"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return None
+    if not (isinstance(nonce, str) and re.match(r"^[0-9a-f]{32,128}$", nonce) and isinstance(claimed, str)):
+        return None
+    if not hmac.compare_digest(proof(secret, "controller", nonce).encode("ascii"), claimed.encode("utf-8")):
+        return None
+    return proof(secret, "resident", nonce)
+
+
+def open_private_directory(folder):
+    """A descriptor of `folder` (made, mode 0700, if missing) when it is a real directory of ours that nobody else
+    can enter; None otherwise (a symlink, another owner, or open to others: never used)."""
     try:
         os.makedirs(folder, 0o700, exist_ok=True)
-        st = os.lstat(folder)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+        return None
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return fd
+    os.close(fd)
+    return None
 
 
-def become_resident(path, linger, load):
-    """Fork the resident server for socket `path` and return at once; the caller goes on to exit.
+def start_resident(path, secret, linger, lifetime, load, inherited=()):
+    """Fork the resident server for socket `path`; a descriptor that bound_resident() reads its word from.
 
-    The server detaches from the session (its own session, standard streams on /dev/null) so that sshd can close
-    the channel of the session that started it.
+    The server detaches at once (its own session, reparented, standard streams on /dev/null, the descriptors in
+    `inherited` closed) so that sshd can close the channel of the session that started it.
     """
     sys.stdout.flush()
-    if os.fork() != 0:
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.close(devnull)
+                for fd in inherited:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                serve_resident(path, secret, linger, lifetime, load, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    return read_end
+
+
+def bound_resident(ready):
+    """Whether the server started by start_resident bound its socket (closes `ready`)."""
+    try:
+        word = b""
+        deadline = time.monotonic() + BIND_WAIT
+        while len(word) < 5:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([ready], [], [], remaining)[0]:
+                return False
+            chunk = os.read(ready, 5 - len(word))
+            if not chunk:
+                return False
+            word += chunk
+        return word == b"bound"
+    finally:
+        os.close(ready)
+
+
+def serve_resident(path, secret, linger, lifetime, load, ready):
+    """Accept sessions on unix socket `path` until none came for `linger` seconds or `lifetime` seconds have passed;
+    return at once (without a word on `ready`) if its directory is not private or another resident serves it."""
+    folder, name = os.path.split(path)
+    directory = open_private_directory(folder)
+    if directory is None:
         return
     try:
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.close(devnull)
-        serve_resident(path, linger, load)
-    finally:
-        os._exit(0)
-
-
-def serve_resident(path, linger, load):
-    """Accept sessions on unix socket `path` until none came for `linger` seconds; return if another serves it."""
-    if not private_directory(os.path.dirname(path)):
+        lock = os.open(name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=directory)
+    except OSError:
         return
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return  # a resident for this version already serves (we hold no lock: nothing to clean up)
-    try:
-        os.unlink(path)  # a socket left by a resident that was killed
-    except FileNotFoundError:
-        pass
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    umask = os.umask(0o177)
-    try:
-        server.bind(path)
-    finally:
-        os.umask(umask)
-    server.listen(RESIDENT_BACKLOG)
-    bound = os.stat(path).st_ino
+        return  # a resident for this very session identity already serves (we hold no lock: nothing to clean up)
+    server = bind_in(directory, name)
+    if server is None:
+        return
+    bound = os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino
+    os.write(ready, b"bound")  # only now may the starting agent announce the path
+    os.close(ready)
     sessions = set()
+    keep_out = (lock, directory)  # a session must not hold these: an orphaned one would block every successor
     # Reap each session process as it ends rather than at the next accept (until then it would be a zombie).
     signal.signal(signal.SIGCHLD, lambda number, frame: reap_sessions(sessions))
-    idle_until = time.monotonic() + linger
+    started = time.monotonic()
+    idle_until, end_of_life = started + linger, started + lifetime
     while True:
         reap_sessions(sessions)
-        remaining = idle_until - time.monotonic()
+        remaining = min(idle_until, end_of_life) - time.monotonic()
         if remaining <= 0:
             break
         server.settimeout(min(remaining, 5.0))
@@ -105,12 +232,12 @@ def serve_resident(path, linger, load):
             connection, _ = server.accept()
         except (socket.timeout, InterruptedError):
             continue
-        sessions.add(fork_resident_session(server, connection, load))
+        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
         idle_until = time.monotonic() + linger
     # Take the name away first, then serve whoever connected before that: no session is left unanswered.
     try:
-        if os.stat(path).st_ino == bound:
-            os.unlink(path)
+        if os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino == bound:
+            os.unlink(name, dir_fd=directory)
     except OSError:
         pass
     server.setblocking(False)
@@ -120,9 +247,34 @@ def serve_resident(path, linger, load):
         except OSError:
             break
         connection.setblocking(True)
-        sessions.add(fork_resident_session(server, connection, load))
+        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
     server.close()
     os.close(lock)
+    os.close(directory)
+
+
+def bind_in(directory, name):
+    """A listening unix socket bound to `name` inside the directory open as `directory` (the name is resolved from
+    that descriptor, so no path component can be swapped between the check and the bind); None if that fails."""
+    here = os.open(".", os.O_RDONLY)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o177)
+    try:
+        os.fchdir(directory)
+        try:
+            os.unlink(name)  # a socket left by a resident that was killed
+        except FileNotFoundError:
+            pass
+        server.bind(name)
+        server.listen(RESIDENT_BACKLOG)
+        return server
+    except OSError:
+        server.close()
+        return None
+    finally:
+        os.umask(umask)
+        os.fchdir(here)
+        os.close(here)
 
 
 def reap_sessions(sessions):
@@ -136,14 +288,16 @@ def reap_sessions(sessions):
             sessions.discard(pid)
 
 
-def fork_resident_session(server, connection, load):
-    """Serve one connection in a child process; the pid of that child."""
+def fork_resident_session(server, connection, load, secret, keep_out):
+    """Serve one connection in a child process (which closes the descriptors in `keep_out`); its pid."""
     pid = os.fork()
     if pid == 0:
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper is not ours
             server.close()
-            serve_connection(connection, load)
+            for fd in keep_out:
+                os.close(fd)
+            serve_connection(connection, load, secret)
         finally:
             os._exit(0)
     connection.close()
@@ -160,15 +314,51 @@ def peer_credentials(connection):
     return pid, uid
 
 
-def serve_connection(connection, load):
-    """One session on the resident: a JSON request per line in, a JSON answer per line out, until EOF."""
+def sees_our_filesystem(pid):
+    """False when the peer provably sees another filesystem than ours: another mount namespace or root, or a pid
+    namespace we cannot see into (pid 0: another container). True when it is the same, or where the OS does not let
+    us look (a user who is not root may not read sshd's /proc entries): the secret still stands then."""
+    if pid is None:
+        return True
+    if pid <= 0:
+        return False
+    try:
+        ours = mount_namespace()
+    except OSError:
+        return True  # no namespaces to tell apart here
+    try:
+        if mount_namespace(pid) != ours:
+            return False
+        root = os.stat("/proc/%d/root" % pid)
+    except PermissionError:
+        return True
+    except OSError:
+        return False  # the peer is gone already
+    here = os.stat("/")
+    return (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino)
+
+
+def serve_connection(connection, load, secret):
+    """One session on the resident: the controller's proof, then a JSON request per line in, a JSON answer per line
+    out, until EOF."""
     pid, uid = peer_credentials(connection)
     if uid is not None and uid != os.getuid():
         return  # sshd connects as the user it logged in; anyone else is refused without a word
-    # The greeting, an empty line: a session that ends without one was never served, so the controller may send
-    # its request to an agent of its own instead (a resident killed as it connected).
-    connection.sendall(b"\n")
+    if not sees_our_filesystem(pid):
+        return  # a host that shares our socket's directory, not our files: its controller starts its own agent
+    connection.settimeout(HELLO_TIMEOUT)
     reader = connection.makefile("rb")
+    try:
+        hello = reader.readline(MAX_HELLO)
+    except OSError:
+        return
+    greeting = answer_hello(hello, secret)
+    if greeting is None:
+        return  # not the controller this resident was started for: nothing is read or run
+    connection.settimeout(None)
+    # The greeting proves the secret; a session that ends without it was never served, so the controller may send
+    # its request to an agent of its own instead (a resident killed as it connected, or one not its own).
+    connection.sendall((json.dumps({"resident": greeting}) + "\n").encode("ascii"))
     while True:
         line = reader.readline()
         if not line:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from ddops.testbed import start_host, stop_host
 
-from tests.conftest import MINI_DDTREE, exited, host_processes, requires_sshd, resident_agents, run_ddops, wait_until
+from tests.conftest import (MINI_DDTREE, both_engines, exited, host_processes, requires_sshd, resident_agents, run_ddops,
+                            wait_until)
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -45,6 +48,14 @@ def agents(doc: dict) -> dict[str, str]:
 
 def statuses(doc: dict) -> dict[str, str]:
     return {h["host"]: h["status"] for h in doc["hosts"]}
+
+
+def system_python() -> str:
+    """A python3 outside the user's home, which a shared home hides from the hosts (a pyenv under /root here)."""
+    found = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if found is None:
+        pytest.skip("no system python3 for hosts whose home is shared")
+    return found
 
 
 def test_the_next_command_reaches_each_host_s_own_resident(bed):
@@ -122,7 +133,18 @@ def test_a_host_whose_sshd_refuses_socket_channels_is_served_without_a_resident(
     assert not host_processes(bed, "host1")  # not asked to linger again: nothing left behind
 
 
-def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothing_is_lost(bed):
+IMPOSTORS = {
+    # a resident dying under us: accepts and hangs up at once
+    "hangs_up": lambda connection, reader: None,
+    # a listener put in the resident's place that greets as residents did before issue 11 and answers everything
+    "answers_everything": lambda connection, reader: [connection.sendall(b"\n")] + [
+        connection.sendall(b'{"ok": false, "error": {"kind": "internal", "message": "impostor"}}\n')
+        for _ in iter(reader.readline, b"")],
+}
+
+
+@pytest.mark.parametrize("impostor", sorted(IMPOSTORS))
+def test_a_listener_in_the_resident_s_place_is_bypassed_and_nothing_is_lost(bed, impostor, tmp_path):
     import socket
     import threading
 
@@ -133,29 +155,58 @@ def test_a_resident_that_closes_before_taking_the_request_is_bypassed_and_nothin
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(map(exited, killed)))
-    # In its place, a listener that accepts and hangs up at once, as a resident dying under us would.
     socket_path.unlink()
-    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    impostor.bind(str(socket_path))
-    impostor.listen(8)
-    hung_up = []
+    short = Path(tempfile.mkdtemp(prefix="imp", dir="/tmp"))  # unix socket paths are limited to ~100 bytes
+    (short / "run").symlink_to(socket_path.parent)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(short / "run" / socket_path.name))
+    listener.listen(8)
+    served = []
 
-    def hang_up() -> None:
+    def serve() -> None:
         while True:
             try:
-                connection, _ = impostor.accept()
+                connection, _ = listener.accept()
             except OSError:
                 return
-            hung_up.append(1)
-            connection.close()
+            served.append(1)
+            with connection, connection.makefile("rb") as reader:
+                try:
+                    IMPOSTORS[impostor](connection, reader)
+                except OSError:
+                    pass
 
-    threading.Thread(target=hang_up, daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
     try:
         applied = ddops(bed, "patch", "--all")
     finally:
-        impostor.close()
-    assert hung_up, "the command never tried the socket"
-    assert statuses(applied) == {"host1": "changed", "host2": "changed"}
+        listener.close()
+        shutil.rmtree(short)
+    assert served, "the command never tried the socket"
+    assert statuses(applied) == {"host1": "changed", "host2": "changed"}, applied
     assert agents(applied) == {"host1": "started", "host2": "resident"}
     for name in FILES:
         assert OLD_LINE not in (bed.host("host1").repo_dir / name).read_text()
+
+
+@both_engines
+def test_on_hosts_that_share_one_home_each_command_acts_only_on_the_host_it_names(make_testbed, testbed_engine):
+    # Containers with a common /root volume, or namespace hosts with --shared-home: every host sees the same
+    # ~/.cache/ddops, where the resident's socket lives, and each has its own repo (issue 11, the user's sequence).
+    python = system_python() if testbed_engine == "namespace" else None  # containers: the image's python3
+    bed = make_testbed(3, seed=MINI_DDTREE, patches=("hybrid-cache",), shared_home=True, python=python)
+    one, three = bed.host("host1"), bed.host("host3")
+    originals = {name: (three.repo_dir / name).read_bytes() for name in FILES}
+    first = ddops(bed, "patch", "--host", "host1")  # leaves host1's resident, bound before the answer came
+    assert statuses(first) == {"host1": "changed"}, first
+    for _ in range(2):  # the first check starts an agent on host3; the second would reach a resident
+        checked = ddops(bed, "patch", "--host", "host3", "--check")
+        assert statuses(checked) == {"host3": "changed"}, checked  # pending there, never "already applied"
+    assert agents(checked) == {"host3": "resident"}  # host3's own resident, which sees host3's repo
+    assert {name: (three.repo_dir / name).read_bytes() for name in FILES} == originals
+
+    back = ddops(bed, "rollback", "--host", "host3", "--yes")
+    assert statuses(back)["host3"] != "changed", back  # nothing of host3's was ever patched
+    for name in FILES:
+        assert OLD_LINE not in (one.repo_dir / name).read_text(), f"host1's {name} was rolled back through host3"
+        assert (three.repo_dir / name).read_bytes() == originals[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -157,3 +158,50 @@ def test_the_cache_keeps_only_the_newest_versions(tmp_path, repo_dir):
     assert len(kept) == 8
     assert any(agent_digest()[:32] in path.name for path in kept)
     assert (folder / f"agent-{11:032d}-old.marshal") in kept and (folder / f"agent-{0:032d}-old.marshal") not in kept
+
+
+# A compiled bundle that someone else put in the cache: running it would run their code as us.
+PLANTED = '''
+import os
+open(os.environ["DDOPS_PLANTED_MARKER"], "w").close()
+'''
+
+
+def plant(cache: Path, tmp_path: Path) -> Path:
+    """Write, at `cache`, the compiled form of an agent that also runs PLANTED; the marker it would create."""
+    poisoned = build_program({"ddops_agent.planted": PLANTED}).bundle
+    compiled = [(name, filename, is_package, compile(source, filename, "exec"))
+                for name, filename, is_package, source in json.loads(poisoned)["modules"]]
+    cache.write_bytes(marshal.dumps(compiled))
+    return tmp_path / "planted-ran"
+
+
+@pytest.mark.parametrize("kind", ["a symlink", "writable by others", "in a folder others may write",
+                                  "another user's"])
+def test_a_cached_agent_that_others_could_have_written_is_compiled_afresh(tmp_path, repo_dir, kind):
+    cache_home = tmp_path / "cache"
+    cache_home.mkdir()
+    journal = request("journal", {"repo": str(repo_dir)})
+    run_bootstrap(agent_source(), journal, digest=agent_digest(), serve=False, cache_home=cache_home)
+    [cache] = cached_files(cache_home)
+    if kind == "a symlink":
+        elsewhere = tmp_path / "elsewhere.marshal"
+        marker = plant(elsewhere, tmp_path)
+        cache.unlink()
+        cache.symlink_to(elsewhere)
+    else:
+        marker = plant(cache, tmp_path)
+        if kind == "writable by others":
+            cache.chmod(0o666)
+        elif kind == "in a folder others may write":
+            cache.parent.chmod(0o777)
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("needs root to give the file away")
+            os.chown(cache, 65534, 65534)
+    environment = {**os.environ, "XDG_CACHE_HOME": str(cache_home), "DDOPS_PLANTED_MARKER": str(marker)}
+    done = subprocess.run(["/bin/sh", "-c", bootstrap_command(sys.executable, len(agent_source()),
+                                                              digest=agent_digest())],
+                          input=agent_source() + journal, capture_output=True, timeout=60, env=environment)
+    assert json.loads(done.stdout) == {"ok": True, "result": {"entries": [], "corrupt": []}}, done.stderr
+    assert not marker.exists(), "the planted agent ran"

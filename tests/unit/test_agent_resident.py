@@ -3,8 +3,10 @@ unix socket. (tests/integration/test_resident_agent.py covers the same through r
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,8 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
+from ddops.transport.agent import AgentProgram, agent_program, build_program
+from ddops.transport.agent_client import resident_proof
 from tests.conftest import exited, wait_until
+
+# Verbs that show what a request sees, and whether it ran at all.
+PROBE = '''
+import os
+
+from ddops_agent.protocol import verb
+
+
+@verb("environ_test")
+def environ_test(payload):
+    return {"value": os.environ.get(payload["name"]), "groups": sorted(os.getgroups())}
+
+
+@verb("mark_test")
+def mark_test(payload):
+    with open(payload["path"], "w") as handle:
+        handle.write("ran")
+    return {}
+'''
 
 
 def request(verb: str, payload: dict) -> bytes:
@@ -37,6 +59,11 @@ def home():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def probe_program() -> AgentProgram:
+    return build_program({"ddops_agent.probe_test": PROBE})
+
+
 def resident_pids(home: Path) -> list[int]:
     """Processes whose environment has this HOME (the resident and its sessions)."""
     found = []
@@ -50,25 +77,37 @@ def resident_pids(home: Path) -> list[int]:
     return found
 
 
-def start(home: Path, linger: float, *requests: bytes, probe: bool = False) -> list[dict]:
+def start(home: Path, linger: float, *requests: bytes, probe: bool = False, program: AgentProgram | None = None,
+          env: dict[str, str] | None = None, lifetime: float = 0, wrap: tuple[str, ...] = (),
+          preexec=None) -> list[dict]:
     """Run an agent session with --linger; its answers. The resident it leaves runs on in the background."""
-    source = agent_source()
-    command = bootstrap_command(sys.executable, len(source), digest=agent_digest(), serve=True, linger=linger,
-                                probe_resident=probe)
-    env = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(home / ".cache")}
-    done = subprocess.run(["/bin/sh", "-c", command], input=source + b"".join(requests), capture_output=True,
-                          timeout=60, env=env)
+    program = program or agent_program()
+    command = program.command(sys.executable, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime)
+    environment = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(home / ".cache"),
+                   **(env or {})}
+    done = subprocess.run([*wrap, "/bin/sh", "-c", command], input=program.bundle + b"".join(requests),
+                          capture_output=True, timeout=60, env=environment, preexec_fn=preexec)
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(line) for line in done.stdout.decode().splitlines()]
 
 
-def ask(socket_path: str, *requests: bytes) -> list[dict]:
-    """Send requests to the resident over its socket, as sshd forwards them; one answer per request."""
+def hello(secret: bytes, nonce: str = "ab" * 16) -> bytes:
+    """The controller's first line on a resident's socket: proof that it knows the resident's secret."""
+    line = {"hello": {"nonce": nonce, "proof": resident_proof(secret, "controller", nonce)}}
+    return json.dumps(line).encode() + b"\n"
+
+
+def ask(announced: dict, *requests: bytes) -> list[dict]:
+    """Send requests to the resident an answer announced, over its socket as sshd forwards them, after the hello;
+    one answer per request."""
+    secret = bytes.fromhex(announced["resident_secret"])
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(30)
-        client.connect(socket_path)
+        client.connect(announced["resident"])
         reader = client.makefile("rb")
-        assert reader.readline() == b"\n"  # the greeting: a session process is there for us
+        client.sendall(hello(secret))
+        greeting = json.loads(reader.readline())  # the resident proves the secret in turn
+        assert greeting == {"resident": resident_proof(secret, "resident", "ab" * 16)}
         answers = []
         for line in requests:
             client.sendall(line)
@@ -76,67 +115,149 @@ def ask(socket_path: str, *requests: bytes) -> list[dict]:
         return answers
 
 
+def unanswered(path: str, *lines: bytes) -> bytes:
+    """What the socket at `path` sends back to `lines` until it closes the connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(10)
+        client.connect(path)
+        try:
+            client.sendall(b"".join(lines))
+            return client.recv(100)
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+
+
 def journal(home: Path) -> bytes:
     return request("journal", {"repo": str(home / "repo")})
 
 
-def test_the_first_answer_names_the_socket_where_the_agent_stays_on(home):
+def test_the_first_answer_names_the_socket_once_it_is_bound_with_the_host_name_in_it(home):
     first, second = start(home, 30, journal(home), journal(home))
     path = first["resident"]
-    assert "resident" not in second
-    python_tag = Path(path).name[-13:-5]  # a hash of the Python's path
-    assert path == str(home / ".cache" / "ddops" / "run" / f"agent-{agent_digest()[:16]}-{python_tag}.sock")
-    wait_until(lambda: os.path.exists(path))
+    assert "resident" not in second and "resident_secret" not in second
+    assert re.fullmatch(r"[0-9a-f]{64}", first["resident_secret"])
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", os.uname()[1])[:32]
+    assert re.fullmatch(rf"agent-{re.escape(label)}-[0-9a-f]{{24}}\.sock", Path(path).name), path
+    assert Path(path).parent == home / ".cache" / "ddops" / "run"
+    # Announced only after the bind: the socket is there the moment the answer is.
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_ISSOCK(os.stat(path).st_mode)
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
 
 def test_the_resident_answers_later_sessions_each_in_a_process_of_its_own(home):
-    path = start(home, 30, journal(home))[0]["resident"]
-    wait_until(lambda: os.path.exists(path))
+    first = start(home, 30, journal(home))[0]
     probe = request("facts", {"repo": str(home / "repo")})
-    one = ask(path, probe, journal(home))
-    two = ask(path, probe)
+    one = ask(first, probe, journal(home))
+    two = ask(first, probe)
     assert [a["ok"] for a in one + two] == [True, True, True]
     assert one[1]["result"] == {"entries": [], "corrupt": []}
     assert one[0]["result"]["repo_exists"] is True
 
 
+def test_the_resident_serves_nothing_to_a_peer_that_cannot_prove_its_secret(home, probe_program):
+    first = start(home, 30, request("mark_test", {"path": str(home / "first")}), program=probe_program)[0]
+    marker = home / "impostor-ran"
+    mark = request("mark_test", {"path": str(marker)})
+    wrong = hello(b"\x00" * 32)
+    for lines in ((mark,), (b"\n", mark), (wrong, mark), (hello(bytes.fromhex(first["resident_secret"]))[:-3] + b"\n",
+                                                           mark)):
+        assert unanswered(first["resident"], *lines) == b""  # not even a greeting
+    assert not marker.exists()
+    assert ask(first, mark)[0]["ok"] and marker.read_text() == "ran"  # while the secret's holder is served
+
+
+def test_a_resident_serves_no_peer_in_another_mount_namespace_even_one_that_knows_its_secret(home):
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a mount namespace of its own")
+    # Two hosts sharing one home: the same HOME seen from two mount namespaces.
+    elsewhere = start(home, 30, journal(home), wrap=("unshare", "--mount", "--propagation", "private"))[0]
+    here = start(home, 30, journal(home))[0]
+    assert elsewhere["resident"] != here["resident"]  # each its own resident
+    secret = bytes.fromhex(elsewhere["resident_secret"])
+    assert unanswered(elsewhere["resident"], hello(secret), journal(home)) == b""
+    assert ask(here, journal(home))[0]["ok"]
+
+
 def test_the_resident_leaves_once_idle_and_takes_its_socket_with_it(home):
     path = start(home, 1, journal(home))[0]["resident"]
-    wait_until(lambda: os.path.exists(path))
+    assert os.path.exists(path)
     wait_until(lambda: not os.path.exists(path) and not resident_pids(home), timeout=15)
 
 
-def test_a_second_lingering_agent_leaves_the_serving_resident_in_place(home):
-    path = start(home, 30, journal(home))[0]["resident"]
-    wait_until(lambda: os.path.exists(path))
-    inode = os.stat(path).st_ino
-    assert start(home, 30, journal(home))[0]["resident"] == path
-    time.sleep(0.5)
-    assert os.stat(path).st_ino == inode
-    assert ask(path, journal(home))[0]["ok"]
+def test_a_busy_resident_still_leaves_at_the_end_of_its_lifetime(home):
+    first = start(home, 30, journal(home), lifetime=2)[0]
+    began = time.monotonic()
+    while os.path.exists(first["resident"]) and time.monotonic() - began < 10:
+        try:
+            ask(first, journal(home))  # kept busy: never idle for long
+        except OSError:
+            break
+        time.sleep(0.2)
+    assert not os.path.exists(first["resident"]), "still serving after its lifetime"
+    wait_until(lambda: not resident_pids(home), timeout=15)
+
+
+def test_a_session_with_another_environment_or_groups_gets_a_resident_of_its_own(home, probe_program):
+    def answers(**options) -> tuple[str, dict]:
+        announced = start(home, 30, journal(home), program=probe_program, **options)[0]
+        return announced["resident"], ask(announced, request("environ_test", {"name": "DDOPS_TEST_MARK"}))[0]
+
+    one, seen_one = answers(env={"DDOPS_TEST_MARK": "one"})
+    two, seen_two = answers(env={"DDOPS_TEST_MARK": "two"})
+    assert one != two
+    assert (seen_one["result"]["value"], seen_two["result"]["value"]) == ("one", "two")
+    # Variables that only describe the connection do not count: the next connection's name is the first one's.
+    again = start(home, 30, journal(home), program=probe_program, probe=True,
+                  env={"DDOPS_TEST_MARK": "one", "SSH_CLIENT": "127.0.0.1 50000 22"})[0]
+    assert again["resident_alive"] is True and "resident" not in again
+    if os.geteuid() == 0:
+        grouped, seen = answers(env={"DDOPS_TEST_MARK": "one"}, preexec=lambda: os.setgroups([4242]))
+        assert grouped != one and seen["result"]["groups"] == [4242]
+
+
+def test_a_second_lingering_agent_leaves_the_serving_resident_in_place_and_announces_nothing(home):
+    first = start(home, 30, journal(home))[0]
+    inode = os.stat(first["resident"]).st_ino
+    second = start(home, 30, journal(home))[0]
+    assert "resident" not in second and "resident_secret" not in second  # it bound nothing
+    time.sleep(0.3)
+    assert os.stat(first["resident"]).st_ino == inode
+    assert ask(first, journal(home))[0]["ok"]
 
 
 def test_a_socket_left_by_a_killed_resident_is_replaced(home):
     path = start(home, 30, journal(home))[0]["resident"]
-    wait_until(lambda: os.path.exists(path))
     killed = resident_pids(home)
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(map(exited, killed)))
     with pytest.raises(ConnectionRefusedError):
-        ask(path, journal(home))
-    start(home, 30, journal(home))
-    wait_until(lambda: resident_pids(home))
-    assert wait_until(lambda: _answers(path, journal(home)))[0]["ok"]
+        unanswered(path, journal(home))
+    again = start(home, 30, journal(home))[0]
+    assert again["resident"] == path
+    assert ask(again, journal(home))[0]["ok"]
 
 
-def _answers(path: str, line: bytes) -> list[dict] | None:
-    try:
-        return ask(path, line)
-    except OSError:
-        return None
+def test_no_path_is_announced_while_another_holds_its_name(home):
+    path = start(home, 30, journal(home))[0]["resident"]
+    killed = resident_pids(home)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(map(exited, killed)))
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a resident still serving there (or starting): nothing of ours binds
+        assert "resident" not in start(home, 30, journal(home))[0]
+
+
+def test_an_orphaned_session_does_not_block_the_next_resident(home):
+    first = start(home, 1, journal(home))[0]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.connect(first["resident"])  # a session that outlives its resident (a hung verb, a silent peer)
+        wait_until(lambda: not os.path.exists(first["resident"]), timeout=15)
+        assert resident_pids(home)  # the session goes on
+        again = start(home, 30, journal(home))[0]
+        assert again["resident"] == first["resident"], again
+        assert ask(again, journal(home))[0]["ok"]
 
 
 def test_without_linger_nothing_stays_behind(home):
@@ -148,7 +269,6 @@ def test_without_linger_nothing_stays_behind(home):
 
 def test_another_user_gets_no_answer_even_through_an_opened_directory(home):
     path = start(home, 30, journal(home))[0]["resident"]
-    wait_until(lambda: os.path.exists(path))
     if os.geteuid() != 0:
         pytest.skip("needs root to connect as another user")
     # Open the way on purpose: only the peer check stands between user nobody and the agent now.
@@ -160,15 +280,7 @@ def test_another_user_gets_no_answer_even_through_an_opened_directory(home):
         try:
             os.setgid(65534)
             os.setuid(65534)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-                client.settimeout(10)
-                client.connect(path)
-                try:
-                    client.sendall(journal(home))
-                    answer = client.recv(100)
-                except (ConnectionResetError, BrokenPipeError):  # closed before or after our request came
-                    answer = b""
-                os._exit(0 if answer == b"" else 1)
+            os._exit(0 if unanswered(path, journal(home)) == b"" else 1)
         except BaseException as error:
             os.write(2, repr(error).encode())
             os._exit(2)
@@ -176,18 +288,31 @@ def test_another_user_gets_no_answer_even_through_an_opened_directory(home):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_directory_others_can_enter_is_never_used(home):
+@pytest.mark.parametrize("kind", ["open to others", "a symlink", "another user's"])
+def test_a_socket_directory_that_is_not_private_is_never_used_nor_announced(home, tmp_path, kind):
     run = home / ".cache" / "ddops" / "run"
-    run.mkdir(parents=True)
-    os.chmod(run, 0o755)
-    path = start(home, 30, journal(home))[0]["resident"]
-    time.sleep(0.5)
-    assert not os.path.exists(path) and not resident_pids(home)
+    run.parent.mkdir(parents=True)
+    if kind == "open to others":
+        run.mkdir()
+        os.chmod(run, 0o755)
+    elif kind == "a symlink":
+        target = home / "elsewhere"
+        target.mkdir(mode=0o700)
+        run.symlink_to(target)  # whoever can change the link could move the socket away under us
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory away")
+        run.mkdir(mode=0o700)
+        os.chown(run, 65534, 65534)
+    first = start(home, 30, journal(home))[0]
+    assert first["ok"] and "resident" not in first and "resident_secret" not in first
+    time.sleep(0.3)
+    assert not list(run.glob("*.sock")) and not resident_pids(home)
 
 
 def test_asked_to_probe_the_first_answer_says_whether_a_resident_listens(home):
     first = start(home, 30, journal(home), probe=True)[0]
-    assert first["resident_alive"] is False
-    wait_until(lambda: os.path.exists(first["resident"]))
-    assert start(home, 30, journal(home), probe=True)[0]["resident_alive"] is True
+    assert first["resident_alive"] is False and os.path.exists(first["resident"])
+    probed = start(home, 30, journal(home), probe=True)[0]
+    assert probed["resident_alive"] is True and "resident" not in probed
     assert "resident_alive" not in start(home, 30, journal(home))[0]
