@@ -419,19 +419,9 @@ def note_label(row: Any) -> str:
 def to_markdown(report: Report) -> str:
     """A GitHub-flavoured table, best budgets in bold, lossy rows flagged, and the notes below."""
     headers, rows = report_columns(report)
-    method_col = headers.index("Method")
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for r, cells in zip(report.rows, rows):
-        cells = [c.replace("|", "\\|") for c in cells]
-        if r.best_budget:
-            cells[method_col] = f"**{cells[method_col]}**"
-        if r.lossy:
-            cells[-1] = cells[-1].replace(NOT_LOSSLESS, f"⚠ {NOT_LOSSLESS}")
-        lines.append("| " + " | ".join(cells) + " |")
+    text = _md_table(headers, rows, report.rows)
     notes = [f"- {r.host} {r.dataset} {r.method}: {r.note}" for r in report.rows if r.lossy]
-    if notes:
-        lines += ["", *notes]
-    return "\n".join(lines) + "\n"
+    return text + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:

@@ -224,3 +224,24 @@ def check_loopback(address_prefix: str, first: int, count: int) -> None:
         raise UsageError("a testbed needs at least one host")
     if first + count - 1 > 254:
         raise UsageError(f"{address_prefix}{first}+{count} runs past .254")
+
+
+def sshd_config(host_name: str, engine: str, *, listen: str, host_key: str, authorized_keys: str,
+                pid_file: str | None = None) -> str:
+    """A testbed host's sshd_config: key login as root only, many sessions at once, quiet; the same on every engine."""
+    head = f"# ddops testbed host {host_name} ({engine})\n{listen}\nHostKey {host_key}\n"
+    if pid_file:
+        head += f"PidFile {pid_file}\n"
+    return head + f"""AuthorizedKeysFile {authorized_keys}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+MaxStartups 200:30:400
+MaxSessions 64
+LogLevel ERROR
+Subsystem sftp internal-sftp
+"""

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ddops.errors import TestbedError
-from ddops.testbed.common import Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, wait_for_ssh
+from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
+                                  wait_for_ssh)
 
 CONTAINERFILE = Path(__file__).with_name("Containerfile")
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm-slim"
@@ -40,23 +41,7 @@ IMAGE_NAME = "localhost/ddops-testbed"
 LABEL = "ddops.testbed"
 # What the default image must hold: sshd, python3 for the agent, git for `ddops sync`.
 ROOTFS_PACKAGES = "openssh-server,python3,git"
-SSHD_CONFIG = """# ddops testbed host {name} (container)
-Port 22
-HostKey /etc/ddops/ssh_host_ed25519_key
-AuthorizedKeysFile /etc/ddops/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-PrintMotd no
-MaxStartups 200:30:400
-MaxSessions 64
-LogLevel ERROR
-Subsystem sftp internal-sftp
-"""
-# sshd from the image, with our config: works for the user's own images too, whatever their sshd_config says.
+# sshd from the image, with our config (common.sshd_config): works for the user's own images too, whatever their sshd_config says.
 SSHD_COMMAND = 'mkdir -p /run/sshd && exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /etc/ddops/sshd_config'
 START_TIMEOUT_S = 30.0
 
@@ -174,7 +159,9 @@ class ContainerEngine:
             hdir = Path(host.dir)
             hdir.mkdir(parents=True, exist_ok=True)
             make_key(host_key_path(host), f"ddops-testbed-{host.name}")
-            (hdir / "sshd_config").write_text(SSHD_CONFIG.format(name=host.name))
+            (hdir / "sshd_config").write_text(sshd_config(
+                host.name, "container", listen="Port 22", host_key="/etc/ddops/ssh_host_ed25519_key",
+                authorized_keys="/etc/ddops/authorized_keys"))
             if seed is not None:
                 shutil.copytree(seed, host.repo_dir, symlinks=True)
             else:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ddops.errors import TestbedError
-from ddops.testbed.common import Testbed, TestbedHost, accepting, alive, host_key_path, make_key
+from ddops.testbed.common import Testbed, TestbedHost, accepting, alive, host_key_path, make_key, sshd_config
 
 MINIMAL_BASHRC = "# ddops testbed: a minimal rc file, so that no pyenv init runs before every ssh command\n"
 # sshd runs the user's shell, which sources ~/.bashrc over ssh; bind-mounted so only the host namespace sees it.
@@ -96,23 +96,9 @@ def _prepare_host(host: TestbedHost, root: Path, seed: str | os.PathLike[str] | 
     except OSError:
         system_hosts = "127.0.0.1 localhost\n"
     (hdir / "etc-hosts").write_text(system_hosts.rstrip("\n") + f"\n127.0.1.1 {host.name}\n")
-    config = f"""# ddops testbed host {host.name}
-ListenAddress {host.address}:{host.port}
-HostKey {hdir / 'ssh_host_ed25519_key'}
-PidFile {host.pid_file}
-AuthorizedKeysFile {root / 'client_key.pub'}
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-PrintMotd no
-MaxStartups 200:30:400
-MaxSessions 64
-LogLevel ERROR
-Subsystem sftp internal-sftp
-"""
+    config = sshd_config(host.name, "namespace", listen=f"ListenAddress {host.address}:{host.port}",
+                         host_key=str(hdir / "ssh_host_ed25519_key"), authorized_keys=str(root / "client_key.pub"),
+                         pid_file=str(host.pid_file))
     host.config.write_text(config)
     check = subprocess.run([sshd, "-t", "-f", str(host.config)], capture_output=True, text=True)
     if check.returncode != 0:
