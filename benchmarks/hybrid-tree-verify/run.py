@@ -3,7 +3,7 @@
 Copies examples/mini-ddtree twice, applies the playbooks the mini bench plan requires (hybrid-cache, crop-relative,
 cpu-timing) to both and hybrid-tree-verify to one, runs benchmark.py greedy on both trained targets, and prints per
 target and tree budget: responses equal to the baseline's, tau, and the seconds per decode round spent in
-verification (the verify and commit stages, which the playbook changes).
+verification (the verify and commit stages, which the playbook changes), and the mean time per output token.
 
     .venv/bin/python benchmarks/hybrid-tree-verify/run.py [--budgets 4,8,16] [--max-new-tokens 64] [--keep DIR]
 
@@ -67,8 +67,9 @@ def run(repo: Path, target: str, budgets: str, max_new_tokens: int, max_samples:
         return torch.load(save, weights_only=True)
 
 
-def figures(run_: dict, method: str) -> tuple[int, int, float, float]:
-    """(responses equal to the baseline, responses, tau, seconds of verify+commit per decode round)."""
+def figures(run_: dict, method: str) -> tuple[int, int, float, float, float]:
+    """(responses equal to the baseline, responses, tau, seconds of verify+commit per decode round, seconds per
+    output token)."""
     import torch
 
     responses = run_["responses"]
@@ -77,7 +78,8 @@ def figures(run_: dict, method: str) -> tuple[int, int, float, float]:
     # The first round's draft is the draft's prefill and not timed; verify/commit are timed every round.
     seconds = sum(r[method].stage_times["verify"] + r[method].stage_times["commit"] for r in responses)
     rounds = sum(r[method].decode_rounds for r in responses)
-    return same, len(responses), sum(taus) / len(taus), seconds / max(rounds, 1)
+    per_token = sum(r[method].time_per_output_token for r in responses) / len(responses)
+    return same, len(responses), sum(taus) / len(taus), seconds / max(rounds, 1), per_token
 
 
 def main() -> None:
@@ -97,14 +99,15 @@ def main() -> None:
     repos = {"unpatched": prepare(root, "unpatched", models, BASE_PLAYBOOKS),
              "patched": prepare(root, "patched", models, BASE_PLAYBOOKS + ("hybrid-tree-verify",))}
     methods = [f"ddtree_tb{b.strip()}" for b in args.budgets.split(",") if b.strip()]
-    print(f"{'target':16} {'method':12} {'run':10} {'= baseline':>10} {'tau':>6} {'ms verify+commit/round':>23}")
+    print(f"{'target':16} {'method':12} {'run':10} {'= baseline':>10} {'tau':>6} {'ms verify+commit/round':>23} {'ms/token':>9}")
     for target in TARGETS:
         runs = {label: run(repo, target, args.budgets, args.max_new_tokens, args.max_samples)
                 for label, repo in repos.items()}
         for method in methods:
             for label, run_ in runs.items():
-                same, total, tau, per_round = figures(run_, method)
-                print(f"{target:16} {method:12} {label:10} {same:>4}/{total:<5} {tau:6.2f} {per_round * 1e3:23.2f}")
+                same, total, tau, per_round, per_token = figures(run_, method)
+                print(f"{target:16} {method:12} {label:10} {same:>4}/{total:<5} {tau:6.2f} {per_round * 1e3:23.2f}"
+                      f" {per_token * 1e3:9.2f}")
     if not args.keep:
         shutil.rmtree(root)
 
