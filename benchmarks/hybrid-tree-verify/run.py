@@ -3,9 +3,11 @@
 Copies examples/mini-ddtree twice, applies the playbooks the mini bench plan requires (hybrid-cache, crop-relative,
 cpu-timing) to both and hybrid-tree-verify to one, runs benchmark.py greedy on both trained targets, and prints per
 target and tree budget: responses equal to the baseline's, tau, and the seconds per decode round spent in
-verification (the verify and commit stages, which the playbook changes), and the mean time per output token.
+verification (the verify and commit stages, which the playbook changes), and the mean time per output token; then
+step.py's cost of one verification step, original vs patched, timed alternately on the same tree.
 
     .venv/bin/python benchmarks/hybrid-tree-verify/run.py [--budgets 4,8,16] [--max-new-tokens 64] [--keep DIR]
+        [--step-only] [--step-repeats 30]
 
 The models come from tests/conftest.py's cache (.cache/mini-ddtree-models), trained there on first use.
 """
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-samples", type=int, default=8)
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it")
+    parser.add_argument("--step-repeats", type=int, default=30, help="timings per method for step.py's medians")
+    parser.add_argument("--step-only", action="store_true", help="only the per-step cost (step.py), no full runs")
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
@@ -100,7 +104,7 @@ def main() -> None:
              "patched": prepare(root, "patched", models, BASE_PLAYBOOKS + ("hybrid-tree-verify",))}
     methods = [f"ddtree_tb{b.strip()}" for b in args.budgets.split(",") if b.strip()]
     print(f"{'target':16} {'method':12} {'run':10} {'= baseline':>10} {'tau':>6} {'ms verify+commit/round':>23} {'ms/token':>9}")
-    for target in TARGETS:
+    for target in TARGETS if not args.step_only else ():
         runs = {label: run(repo, target, args.budgets, args.max_new_tokens, args.max_samples)
                 for label, repo in repos.items()}
         for method in methods:
@@ -108,6 +112,16 @@ def main() -> None:
                 same, total, tau, per_round, per_token = figures(run_, method)
                 print(f"{target:16} {method:12} {label:10} {same:>4}/{total:<5} {tau:6.2f} {per_round * 1e3:23.2f}"
                       f" {per_token * 1e3:9.2f}")
+    print()
+    for target in TARGETS:
+        result = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("step.py")), target, args.budgets, str(args.step_repeats)],
+            cwd=repos["patched"], env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
+                                       "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=1800)
+        if result.returncode != 0:
+            raise SystemExit(f"step.py {target} failed:\n{result.stderr[-3000:]}")
+        lines = result.stdout.strip().splitlines()
+        print("\n".join(lines if target == TARGETS[0] else lines[1:]))
     if not args.keep:
         shutil.rmtree(root)
 
