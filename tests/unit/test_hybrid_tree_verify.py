@@ -138,9 +138,10 @@ def trained_repo(tmp_path_factory) -> Path:
     shutil.copytree(MINI, repo, ignore=shutil.ignore_patterns("models", "runs", "logs", "__pycache__"))
     (repo / "models").symlink_to(models, target_is_directory=True)
     for name in ("hybrid-cache", "crop-relative", "cpu-timing"):
-        for p in load_playbook(name).files:
-            plan = plan_file(p, (repo / p).read_bytes(), [x for x in load_playbook(name).patches if p in x.files])
-            (repo / p).write_bytes(plan.new)
+        for path in load_playbook(name).files:
+            plan = plan_file(path, (repo / path).read_bytes(), patches(name, path))
+            assert all(r.outcome.ok for r in plan.results), [r.outcome.message for r in plan.results]
+            (repo / path).write_bytes(plan.new)
     (repo / "ddtree_unpatched.py").write_bytes((repo / "ddtree.py").read_bytes())
     (repo / "ddtree.py").write_bytes(apply((repo / "ddtree.py").read_bytes(), NAME))
     return repo
@@ -165,7 +166,8 @@ def test_patched_ddtree_reproduces_the_baseline_on_the_hybrid_target_at_every_tr
     for budget in (4, 8, 16):
         patched, unpatched = report[f"patched_tb{budget}"], report[f"unpatched_tb{budget}"]
         assert patched["equal"] == patched["responses"] == 3, (budget, patched["equal"])
-        # Exact verification accepts at least as much as the leaky one on average (the tau the bench reports).
+        # Exact verification keeps the target on its own path, where the draft was trained: tau rises (the bench's
+        # own tau, measured as the benchmark measures it).
         assert tau(patched) > tau(unpatched), (budget, tau(patched), tau(unpatched))
     # Without the playbook the tree leaks into the Gated DeltaNet state and the output leaves the baseline.
     assert sum(report[f"unpatched_tb{b}"]["equal"] for b in (4, 8, 16)) < 9, report
