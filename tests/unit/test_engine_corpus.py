@@ -237,7 +237,7 @@ def test_other_kinds_prefilter_equals_libcst_where_it_answers():
     assert answered >= len(sources)  # files without `.crop(`, `old_name`, `nowhere_to_be_found`...
 
 
-@pytest.mark.parametrize("playbook", ["hybrid-cache", "crop-relative", "cpu-timing"])
+@pytest.mark.parametrize("playbook", ["hybrid-cache", "crop-relative", "cpu-timing", "hybrid-tree-verify"])
 def test_built_in_playbooks_plan_the_same_bytes_and_outcomes_with_and_without_the_fast_path(playbook, monkeypatch):
     patches = load_playbook(ROOT / "playbooks" / f"{playbook}.yaml").patches
     files = {**real_files()}
