@@ -55,7 +55,10 @@ def home():
     (path / "repo" / "ddtree.py").write_text("past_key_values_target = DynamicCache()\n")
     yield path
     for pid in resident_pids(path):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it idled out between being listed and now
     shutil.rmtree(path, ignore_errors=True)
 
 
