@@ -297,23 +297,28 @@ def spawn_runner(run_dir, repo, run_id, env):
     return process.pid
 
 
+def create_run_dir(repo, run_id, spec, mode):
+    """A new run directory (and its results/) for `spec`, whose workdir must be a directory inside the repo."""
+    workdir = os.path.realpath(os.path.join(repo, spec.get("workdir") or "."))
+    if not is_inside(workdir, repo) or not os.path.isdir(workdir):
+        raise AgentFault("no_workdir", "workdir %s is not a directory inside %s" % (spec.get("workdir"), repo))
+    make_private_dir(os.path.join(ensure_state_dir(repo), RUNS_DIR))
+    run_dir = os.path.join(runs_root(repo), run_id)
+    try:
+        os.mkdir(run_dir, mode)
+    except FileExistsError:
+        raise AgentFault("run_exists", "bench run %s already exists in %s" % (run_id, repo)) from None
+    os.mkdir(os.path.join(run_dir, "results"), 0o755)
+    return run_dir
+
+
 @verb("bench_launch", interrupt=False)
 def bench_launch(payload):
     """Create the run directory and start its runner detached; answers as soon as the runner is going."""
     repo = open_repo(payload)
     run_id = require_run_id(payload)
     spec = parse_spec(payload)
-    workdir = os.path.realpath(os.path.join(repo, spec.get("workdir") or "."))
-    if not is_inside(workdir, repo) or not os.path.isdir(workdir):
-        raise AgentFault("no_workdir", "workdir %s is not a directory inside %s" % (spec.get("workdir"), repo))
-    state = ensure_state_dir(repo)
-    make_private_dir(os.path.join(state, RUNS_DIR))
-    run_dir = os.path.join(runs_root(repo), run_id)
-    try:
-        os.mkdir(run_dir, 0o700)
-    except FileExistsError:
-        raise AgentFault("run_exists", "bench run %s already exists in %s" % (run_id, repo)) from None
-    os.mkdir(os.path.join(run_dir, "results"), 0o755)
+    run_dir = create_run_dir(repo, run_id, spec, 0o700)
     spec = dict(spec)
     spec["run_id"] = run_id
     spec["repo"] = repo

@@ -27,12 +27,11 @@ import time
 
 from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_number, optional_str, require_list,
                                   require_str, shipped_bundle, verb)
-from ddops_agent.files import atomic_write, is_inside, make_private_dir, open_repo, write_all
-from ddops_agent.journal import ensure_state_dir, now_iso
-from ddops_agent.bench import (ADDED_ENV, DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUNS_DIR, RUN_TAG_DIR, RUN_TAG_ID,
-                               bench_files, initial_state, log_size, open_run, parse_spec, read_json_file,
-                               read_log_range, require_run_id, runner_environment, runs_root, signal_quietly,
-                               write_json_file)
+from ddops_agent.files import atomic_write, open_repo, write_all
+from ddops_agent.journal import now_iso
+from ddops_agent.bench import (ADDED_ENV, DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUN_TAG_DIR, RUN_TAG_ID, bench_files,
+                               create_run_dir, initial_state, log_size, open_run, parse_spec, read_json_file,
+                               read_log_range, require_run_id, runner_environment, signal_quietly, write_json_file)
 
 SLURM_COMMAND_TIMEOUT = 30
 SLURM_SQUEUE_FORMAT = "%i|%F|%K|%T|%r|%N"
@@ -81,17 +80,8 @@ def slurm_submit(payload):
     if not all(isinstance(a, str) and a.startswith("-") for a in args):
         raise bad_request("sbatch_args must be options (strings starting with '-')")
     script = require_str(payload, "script")
-    workdir = os.path.realpath(os.path.join(repo, spec.get("workdir") or "."))
-    if not is_inside(workdir, repo) or not os.path.isdir(workdir):
-        raise AgentFault("no_workdir", "workdir %s is not a directory inside %s" % (spec.get("workdir"), repo))
-    make_private_dir(os.path.join(ensure_state_dir(repo), RUNS_DIR))
-    run_dir = os.path.join(runs_root(repo), run_id)
-    try:
-        # 0755: Slurm writes the tasks' output here as the submitting user, possibly from another host.
-        os.mkdir(run_dir, 0o755)
-    except FileExistsError:
-        raise AgentFault("run_exists", "bench run %s already exists in %s" % (run_id, repo)) from None
-    os.mkdir(os.path.join(run_dir, "results"), 0o755)
+    # 0755: Slurm writes the tasks' output here as the submitting user, possibly from another host.
+    run_dir = create_run_dir(repo, run_id, spec, 0o755)
     spec = dict(spec)
     spec.update({"run_id": run_id, "repo": repo, "launched": now_iso(), "python_executable": sys.executable,
                  "executor": "slurm"})
