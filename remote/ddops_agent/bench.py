@@ -40,7 +40,7 @@ from ddops_agent.files import (atomic_write, check_relpath, current_sha, is_insi
                                read_regular, resolve_target, write_all)
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import collect_facts
-from ddops_agent.journal import ensure_state_dir, now_iso, read_journal, state_dir
+from ddops_agent.journal import ends_without_newline, ensure_state_dir, now_iso, read_journal, state_dir
 
 
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
@@ -447,13 +447,8 @@ class Runner:
 
     def log_tail_needs_newline(self):
         try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                if handle.tell() == 0:
-                    return False
-                handle.seek(-1, os.SEEK_END)
-                return handle.read(1) != b"\n"
-        except OSError:
+            return ends_without_newline(self.log_path)
+        except OSError:  # an unreadable log: no earlier line to end first
             return False
 
     def end_group(self, child, grace):
