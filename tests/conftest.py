@@ -155,6 +155,17 @@ def make_testbed(tmp_path_factory: pytest.TempPathFactory, testbed_engine: str) 
             count, seed=seed, patches=patches, **{"engine": testbed_engine, **kwargs})
 
 
+def inventory_with_host2_behind_host1(bed) -> Path:
+    """The testbed's inventory, with host2 reached through host1 (proxy_jump)."""
+    path = Path(bed.root) / "jump.yaml"
+    host2 = bed.hosts[1]
+    line = f"host2: {{address: {host2.address}, port: {host2.port}, groups: [testbed]}}"
+    text = bed.inventory_path.read_text()
+    assert line in text, "the testbed's inventory no longer lists host2 as expected"
+    path.write_text(text.replace(line, line[:-1] + ", proxy_jump: host1}"))
+    return path
+
+
 def git_seed(source: Path, dest: Path) -> Path:
     """A copy of `source` as a git repo with one commit (what a host's research checkout looks like)."""
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "models", "results"))

@@ -9,7 +9,7 @@ import pytest
 import ddops.fabric as fabric_api  # the `fabric` extra, which scripts/setup installs for the tests
 from ddops.errors import HostKeyError
 from ddops.inventory import load_inventory
-from tests.conftest import requires_sshd
+from tests.conftest import inventory_with_host2_behind_host1, requires_sshd
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 # in_stream=False: Invoke would otherwise read the test process's stdin, which pytest forbids.
@@ -51,11 +51,7 @@ def test_an_unknown_host_key_is_refused_and_not_recorded(make_testbed):
 
 def test_a_jump_host_becomes_a_gateway_connection(make_testbed):
     bed = make_testbed(2)
-    jumped = Path(bed.root) / "jump.yaml"
-    jumped.write_text(bed.inventory_path.read_text().replace(
-        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed]}}",
-        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed], "
-        f"proxy_jump: host1}}"))
+    jumped = inventory_with_host2_behind_host1(bed)
     inv = load_inventory(jumped)
     conn = fabric_api.connection(inv, inv.host("host2"))
     try:

@@ -17,7 +17,7 @@ from ddops.fleet import TaskOutcome, run_fleet
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
 from ddops.testbed import stop_host
-from tests.conftest import requires_sshd, run_ddops, wait_until
+from tests.conftest import inventory_with_host2_behind_host1, requires_sshd, run_ddops, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -238,11 +238,7 @@ def _cmdline(proc: Path) -> str:
 
 def test_proxy_jump_reaches_a_host_through_another_inventory_host(make_testbed):
     bed = make_testbed(2)
-    jumped = Path(bed.root) / "jump.yaml"
-    jumped.write_text(bed.inventory_path.read_text().replace(
-        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed]}}",
-        f"host2: {{address: {bed.hosts[1].address}, port: {bed.hosts[1].port}, groups: [testbed], "
-        f"proxy_jump: host1}}"))
+    jumped = inventory_with_host2_behind_host1(bed)
     inv = load_inventory(jumped)
     assert inv.host("host2").proxy_jump == "host1"
     connector = Connector(inv.known_hosts, jump_hosts=inv.hosts)
