@@ -166,6 +166,14 @@ class Session:
             self._drop_agent()
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if (agent is not None and not agent.never_served() and agent.channel.exit_status_ready()
+                    and agent.channel.exit_status != -1):
+                # The agent's process ended with a status before it took the request (a python that does not
+                # start, say): the write failed because of that, not because the connection did (that ends the
+                # channel with no status, -1). Say why, as below.
+                result = agent.ended(deadline, time.monotonic() - started)
+                self._drop_agent()
+                return parse_agent_reply(self.host.name, verb, result)
             self._drop_agent()
             if agent is not None and agent.never_served():
                 return self._without_resident(agent, verb, payload, deadline)
