@@ -183,19 +183,25 @@ def main():
 
 
 def offer_resident(agent, path, linger, importer, stdin):
-    """Start the resident for socket `path` now (it binds while the first request is answered); a function of the
-    agent that answers the first request to the fields announcing it: the path and its secret only once the socket
-    is bound, and with --probe-resident whether a resident already listened there."""
-    alive = agent.resident.resident_alive(path) if "--probe-resident" in sys.argv[2:] else None
-    secret = agent.resident.new_secret()
-    lifetime = float(option("lifetime", 0)) or agent.resident.MAX_LIFETIME
+    """Start the resident for socket `path` now (it binds while the first request is answered), or learn the secret
+    of the one that serves it already; a function of the agent that answers the first request to the fields
+    announcing it: the path and its secret (a new resident's only once its socket is bound), and with
+    --probe-resident whether a resident already listened there."""
+    probing = "--probe-resident" in sys.argv[2:]
+    alive = agent.resident.resident_alive(path) if probing else None
+    # Without a probe, a resident that serves this name was started for another controller (or one that lost its
+    # book): it tells us its secret, and this controller uses it from the next command on.
+    secret = None if probing else agent.resident.secret_of_resident(path)
     ready = None
-    if not alive:  # a live resident holds this name: ours would only find it taken
+    if not alive and secret is None:  # else a live resident holds this name: ours would only find it taken
+        secret = agent.resident.new_secret()
+        lifetime = float(option("lifetime", 0)) or agent.resident.MAX_LIFETIME
         ready = agent.resident.start_resident(path, secret, linger, lifetime, importer.load, [stdin.fileno()])
 
     def announce(current):
         fields = {} if alive is None else {"resident_alive": alive}
-        if ready is not None and current.resident.bound_resident(ready):
+        already_there = ready is None and secret is not None
+        if already_there or (ready is not None and current.resident.bound_resident(ready)):
             fields.update({"resident": path, "resident_secret": secret.hex()})
         return fields
 

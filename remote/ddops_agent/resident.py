@@ -10,6 +10,11 @@ Three things keep a session from being served by the wrong process (issue 11):
 - each resident has a secret, handed to the controller on the exec channel that started it: the controller's
   first line proves it knows the secret (or the resident serves nothing), and the greeting proves the resident
   does (or the controller believes nothing).
+
+A resident tells its secret to one more kind of peer: an agent of the same user that provably sees the same
+filesystem, i.e. one started on this host by another controller (another engineer's, a CI runner's, one that lost
+its book). That agent hands it to its controller, which then uses the resident too instead of starting an agent for
+every command while this one lives. Such a peer can already read the resident's memory, so nothing is given away.
 """
 
 import fcntl
@@ -32,6 +37,7 @@ MAX_LIFETIME = 3600.0  # seconds a resident serves at most, however busy: it car
 SECRET_BYTES = 32
 HELLO_TIMEOUT = 30.0  # seconds a connection may take to send its first line
 MAX_HELLO = 4096
+LOCAL_HELLO = b'{"hello": "local"}\n'  # an agent on this host asking for the secret (secret_of_resident)
 BIND_WAIT = 10.0  # seconds the starting agent waits for the server to say whether it bound the socket
 # The variables that describe the SSH connection rather than the environment a verb runs in: they differ for every
 # connection, so a resident named by them would never be found again.
@@ -106,7 +112,7 @@ def resident_alive(path):
 
 
 def new_secret():
-    """A fresh secret for one resident (kept in its memory and by the controller, nowhere else)."""
+    """A fresh secret for one resident (kept in its memory and by its controllers, never written to a file)."""
     return os.urandom(SECRET_BYTES)
 
 
@@ -114,6 +120,37 @@ def proof(secret, role, nonce):
     """HMAC-SHA256 of the nonce under the secret, for `role` "controller" or "resident" (so neither can be
     reflected back as the other's)."""
     return hmac.new(secret, ("ddops-%s:%s" % (role, nonce)).encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def secret_of_resident(path):
+    """The secret of the resident that serves `path` now, asked over its socket (it tells an agent of its own user
+    on its own filesystem: see sends_secret_to); None when no resident answers."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.settimeout(2.0)
+        client.connect(path)
+        client.sendall(LOCAL_HELLO)
+        reply = client.makefile("rb").readline(MAX_HELLO)
+        secret = json.loads(reply.decode("ascii"))["resident_secret"]
+        if isinstance(secret, str) and re.match(r"^[0-9a-f]{%d}$" % (2 * SECRET_BYTES), secret):
+            return bytes.fromhex(secret)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    finally:
+        client.close()
+    return None
+
+
+def sends_secret_to(pid):
+    """Whether peer `pid` (of our uid) provably sees our filesystem: the same mount namespace and root, read from
+    /proc. Unlike sees_our_filesystem, "cannot tell" is a no (sshd's processes, for a user who is not root)."""
+    try:
+        if pid is None or pid <= 0 or mount_namespace(pid) != mount_namespace():
+            return False
+        root, here = os.stat("/proc/%d/root" % pid), os.stat("/")
+    except OSError:
+        return False
+    return (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino)
 
 
 def answer_hello(line, secret):
@@ -351,6 +388,10 @@ def serve_connection(connection, load, secret):
     try:
         hello = reader.readline(MAX_HELLO)
     except OSError:
+        return
+    if hello == LOCAL_HELLO:
+        if uid is not None and sends_secret_to(pid):
+            connection.sendall((json.dumps({"resident_secret": secret.hex()}) + "\n").encode("ascii"))
         return
     greeting = answer_hello(hello, secret)
     if greeting is None:

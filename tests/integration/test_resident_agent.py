@@ -35,8 +35,10 @@ def lingering(bed, seconds: float):
     return bed
 
 
-def ddops(bed, *args: str) -> dict:
-    proc = run_ddops("--json", *args, inventory=bed.inventory_path)
+def ddops(bed, *args: str, cache: Path | None = None) -> dict:
+    """ddops --json ARGS on the testbed; `cache`: as a controller with that cache directory (its own resident book)."""
+    proc = run_ddops("--json", *args, inventory=bed.inventory_path,
+                     env={"DDOPS_CACHE_DIR": str(cache)} if cache else None)
     assert proc.returncode in (0, 1), proc.stderr
     assert "Traceback" not in proc.stderr and "open FAILED" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
@@ -80,6 +82,19 @@ def test_the_next_command_reaches_each_host_s_own_resident(bed):
 
     back = ddops(bed, "rollback", "--all", "--yes")
     assert statuses(back) == {"host1": "changed", "host2": "changed"} and set(agents(back).values()) == {"resident"}
+
+
+def test_a_second_controller_learns_of_the_resident_and_shares_it(bed, tmp_path):
+    # Two engineers (or a workstation and a CI runner) drive the same hosts as the same user, each with a book of
+    # its own: the second is told of the first one's residents and uses them from its next command on.
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "started", "host2": "started"}
+    wait_until(lambda: all(resident_agents(bed, h.name) for h in bed.hosts))
+    serving = {h.name: set(resident_agents(bed, h.name)) for h in bed.hosts}
+    other = tmp_path / "other-controller"
+    assert agents(ddops(bed, "patch", "--all", "--check", cache=other)) == {"host1": "started", "host2": "started"}
+    assert agents(ddops(bed, "patch", "--all", "--check", cache=other)) == {"host1": "resident", "host2": "resident"}
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "resident", "host2": "resident"}
+    assert {h.name: set(resident_agents(bed, h.name)) for h in bed.hosts} == serving  # the same ones, no others
 
 
 def test_agent_linger_0_leaves_nothing_running_on_the_hosts(bed):

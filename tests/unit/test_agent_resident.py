@@ -3,6 +3,7 @@ unix socket. (tests/integration/test_resident_agent.py covers the same through r
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import json
 import os
@@ -22,6 +23,9 @@ import pytest
 from ddops.transport.agent import AgentProgram, agent_program, build_program
 from ddops.transport.agent_client import resident_proof
 from tests.conftest import exited, wait_until
+
+# What an agent on the host sends a resident to learn its secret (remote/README.md, "The resident agent").
+LOCAL_HELLO = b'{"hello": "local"}\n'
 
 # Verbs that show what a request sees, and whether it ran at all.
 PROBE = '''
@@ -82,10 +86,10 @@ def resident_pids(home: Path) -> list[int]:
 
 def start(home: Path, linger: float, *requests: bytes, probe: bool = False, program: AgentProgram | None = None,
           env: dict[str, str] | None = None, lifetime: float = 0, wrap: tuple[str, ...] = (),
-          preexec=None) -> list[dict]:
+          preexec=None, python: str = sys.executable) -> list[dict]:
     """Run an agent session with --linger; its answers. The resident it leaves runs on in the background."""
     program = program or agent_program()
-    command = program.command(sys.executable, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime)
+    command = program.command(python, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime)
     environment = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(home / ".cache"),
                    **(env or {})}
     done = subprocess.run([*wrap, "/bin/sh", "-c", command], input=program.bundle + b"".join(requests),
@@ -218,14 +222,69 @@ def test_a_session_with_another_environment_or_groups_gets_a_resident_of_its_own
         assert grouped != one and seen["result"]["groups"] == [4242]
 
 
-def test_a_second_lingering_agent_leaves_the_serving_resident_in_place_and_announces_nothing(home):
+def test_a_second_lingering_agent_names_the_serving_resident_for_its_own_controller(home):
+    # Another controller (another engineer's, a CI runner's) with no book entry starts an agent: it binds nothing,
+    # and hands its controller the path and the secret of the resident already there.
     first = start(home, 30, journal(home))[0]
     inode = os.stat(first["resident"]).st_ino
     second = start(home, 30, journal(home))[0]
-    assert "resident" not in second and "resident_secret" not in second  # it bound nothing
+    assert (second["resident"], second["resident_secret"]) == (first["resident"], first["resident_secret"])
     time.sleep(0.3)
     assert os.stat(first["resident"]).st_ino == inode
-    assert ask(first, journal(home))[0]["ok"]
+    assert ask(second, journal(home))[0]["ok"]
+
+
+# Asks the resident at argv[1] for its secret, as an agent would; with argv[2] == "hidden" first makes its own /proc
+# entries unreadable to its user, as sshd's processes are to a user who is not root. Prints what came back.
+SECRET_ASKER = f"""
+import ctypes, socket, sys
+if sys.argv[2] == "hidden":
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+client = socket.socket(socket.AF_UNIX)
+client.settimeout(10)
+client.connect(sys.argv[1])
+try:
+    client.sendall({LOCAL_HELLO!r})
+    got = client.recv(200)
+except (ConnectionResetError, BrokenPipeError):
+    got = b""
+sys.stdout.write(repr(got))
+"""
+
+
+def told(argv: list[str], path: str, how: str = "plain", **options) -> bytes:
+    done = subprocess.run([*argv, "-c", SECRET_ASKER, path, how], capture_output=True, text=True, timeout=30,
+                          **options)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout)
+
+
+def as_nobody() -> None:
+    os.setgid(65534)
+    os.setgroups([])
+    os.setuid(65534)
+
+
+def test_the_secret_is_told_to_an_agent_of_its_user_that_provably_shares_its_filesystem(home):
+    path = start(home, 30, journal(home))[0]["resident"]
+    assert set(json.loads(told([sys.executable], path))) == {"resident_secret"}
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a mount namespace of its own")
+    # a host that shares this home (another mount namespace)
+    assert told(["unshare", "--mount", "--propagation", "private", sys.executable], path) == b""
+
+
+def test_a_peer_whose_filesystem_cannot_be_read_is_not_told_the_secret(home):
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or python is None:
+        pytest.skip("needs root to run a resident as another user, and a python3 that user can run")
+    for folder, _, files in os.walk(home):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.chown(name, 65534, 65534)
+    path = start(home, 30, journal(home), preexec=as_nobody, python=python)[0]["resident"]
+    assert set(json.loads(told([python], path, preexec_fn=as_nobody))) == {"resident_secret"}
+    # sshd's processes, to a resident of a user who is not root: /proc does not say which filesystem they see
+    assert told([python], path, "hidden", preexec_fn=as_nobody) == b""
 
 
 def test_a_socket_left_by_a_killed_resident_is_replaced(home):
@@ -283,7 +342,7 @@ def test_another_user_gets_no_answer_even_through_an_opened_directory(home):
         try:
             os.setgid(65534)
             os.setuid(65534)
-            os._exit(0 if unanswered(path, journal(home)) == b"" else 1)
+            os._exit(0 if unanswered(path, journal(home)) == unanswered(path, LOCAL_HELLO) == b"" else 1)
         except BaseException as error:
             os.write(2, repr(error).encode())
             os._exit(2)
