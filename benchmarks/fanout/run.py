@@ -504,9 +504,11 @@ def _has_module(python: str, module: str) -> bool:
     return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
-def precompile() -> None:
-    """Bytecode for ddops, as a pip install leaves it (the anchors' packages have theirs)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ddops")], capture_output=True)
+def precompile(baseline_repo: str | None) -> None:
+    """Bytecode for ddops (and the baseline checkout's), as a pip install leaves it (the anchors' packages have
+    theirs). Without it, under PYTHONDONTWRITEBYTECODE, every run would compile every module it imports."""
+    for repo in [REPO] + ([Path(baseline_repo)] if baseline_repo else []):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "ddops")], capture_output=True)
 
 
 def ddops_command() -> list[str]:
@@ -992,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
     tb = testbed.up(count, root=work / "testbed", seed=seed, address_prefix=prefix, python=args.host_python)
     bed = Bed(tb, work, args.host_python, originals)
     runner = Runner(args, bed)
-    precompile()
+    precompile(args.baseline_repo)
     try:
         log(f"tools: {', '.join(t.key for t in runner.tools)}")
         startup = None if args.no_startup else measure_startup(args.repeats)
