@@ -95,13 +95,13 @@ def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> 
 
 def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str) -> str | None:
     """The sha256 ddops last wrote to file (the `after` of its latest apply/rollback/revert), or None."""
-    return _last_written_by_file(parse_journal(journal)).get(file)
+    return last_written_by_file(journal).get(file)
 
 
-def _last_written_by_file(entries: Sequence[JournalEntry]) -> dict[str, str]:
+def last_written_by_file(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> dict[str, str]:
     """Every file's last written sha256, in one pass over the journal."""
     written: dict[str, str] = {}
-    for e in entries:
+    for e in parse_journal(journal):
         if e.event in WRITING_EVENTS and e.after:
             written[e.file] = e.after
     return written
@@ -125,7 +125,7 @@ def modified_files(journal: Iterable[Mapping[str, Any] | JournalEntry],
                    current_sha_by_file: Mapping[str, str | None]) -> dict[str, tuple[str, str | None]]:
     """Files with an active application whose sha is not what ddops last wrote: file -> (expected, current)."""
     entries = parse_journal(journal)
-    written = _last_written_by_file(entries)
+    written = last_written_by_file(entries)
     out: dict[str, tuple[str, str | None]] = {}
     for a in active_applications(entries):
         expected = written.get(a.file)
@@ -203,7 +203,8 @@ def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_s
     by_file: dict[str, list[Application]] = {}
     for a in actives:
         by_file.setdefault(a.file, []).append(a)
-    expected = {f: last_written(entries, f) or apps[-1].after for f, apps in by_file.items()}
+    written = last_written_by_file(entries)
+    expected = {f: written.get(f) or apps[-1].after for f, apps in by_file.items()}
 
     refused: dict[str, list[Refusal]] = {}
     while True:

@@ -207,12 +207,14 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
                   actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
     """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
-    entries = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+    # Parsed once: a host patched for months has a long journal, and each step below reads all of it.
+    entries = journal_mod.parse_journal(session.call_agent("journal", {"repo": host.repo}).get("entries", []))
     actives = journal_mod.active_applications(entries)
     if not actives:
         return TaskOutcome(OK, "nothing to roll back", {"restored": [], "refused": []})
     # The agent compares each file with what ddops last wrote (compare-and-swap); plan as if it still is.
-    expected = {a.file: journal_mod.last_written(entries, a.file) for a in actives}
+    written = journal_mod.last_written_by_file(entries)
+    expected = {a.file: written.get(a.file) for a in actives}
     plan = journal_mod.plan_rollback(entries, expected, patch_ids, force=force)
     data: dict[str, Any] = {"restored": [], "refused": [{"patch": r.patch, "file": r.file, "reason": r.reason}
                                                          for r in plan.refused],
