@@ -254,6 +254,7 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
     os.write(ready, b"bound")  # only now may the starting agent announce the path
     os.close(ready)
     sessions = set()
+    load = preloaded(load)
     keep_out = (lock, directory)  # a session must not hold these: an orphaned one would block every successor
     # Reap each session process as it ends rather than at the next accept (until then it would be a zombie).
     signal.signal(signal.SIGCHLD, lambda number, frame: reap_sessions(sessions))
@@ -312,6 +313,13 @@ def bind_in(directory, name):
         os.umask(umask)
         os.fchdir(here)
         os.close(here)
+
+
+def preloaded(load):
+    """`load`, whose first call returns an agent loaded now. Each session forked later finds it in memory, as fresh
+    as a new one (the server never answers with it), and saves loading one for its first request."""
+    ready = [load()]
+    return lambda: ready.pop() if ready else load()
 
 
 def reap_sessions(sessions):

@@ -39,6 +39,15 @@ def environ_test(payload):
     return {"value": os.environ.get(payload["name"]), "groups": sorted(os.getgroups())}
 
 
+CALLS = []
+
+
+@verb("count_test")
+def count_test(payload):
+    CALLS.append(1)
+    return {"calls_in_this_load": len(CALLS), "pid": os.getpid()}
+
+
 @verb("mark_test")
 def mark_test(payload):
     with open(payload["path"], "w") as handle:
@@ -159,6 +168,15 @@ def test_the_resident_answers_later_sessions_each_in_a_process_of_its_own(home):
     assert [a["ok"] for a in one + two] == [True, True, True]
     assert one[1]["result"] == {"entries": [], "corrupt": []}
     assert one[0]["result"]["repo_exists"] is True
+
+
+def test_every_request_on_the_resident_meets_a_fresh_agent_in_every_session(home, probe_program):
+    # The server keeps one agent loaded for the sessions it forks: none of them may see another's module state.
+    count = request("count_test", {})
+    first = start(home, 30, count, program=probe_program)[0]
+    sessions = [ask(first, count, count), ask(first, count), ask(first, count, count, count)]
+    assert [[a["result"]["calls_in_this_load"] for a in answers] for answers in sessions] == [[1, 1], [1], [1, 1, 1]]
+    assert len({answers[0]["result"]["pid"] for answers in sessions}) == 3  # a process per session
 
 
 def test_the_resident_serves_nothing_to_a_peer_that_cannot_prove_its_secret(home, probe_program):
