@@ -31,16 +31,21 @@ class BundleImporter(object):
         self.modules = dict((name, (filename, is_package, code)) for name, filename, is_package, code in compiled)
         self.order = [entry[0] for entry in compiled]
         self.sources = None
+        self.specs = {}
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.modules:
             return None
-        from importlib.machinery import ModuleSpec
+        # One spec per module for the life of the process: load() runs every module afresh for each request, and
+        # a spec only describes where a module comes from.
+        if fullname not in self.specs:
+            from importlib.machinery import ModuleSpec
 
-        filename, is_package, _ = self.modules[fullname]
-        spec = ModuleSpec(fullname, self, origin=filename, is_package=is_package)
-        spec.has_location = True  # sets __file__
-        return spec
+            filename, is_package, _ = self.modules[fullname]
+            spec = ModuleSpec(fullname, self, origin=filename, is_package=is_package)
+            spec.has_location = True  # sets __file__
+            self.specs[fullname] = spec
+        return self.specs[fullname]
 
     def create_module(self, spec):
         return None  # the default module object

@@ -1,6 +1,5 @@
 """Paths inside a repo, and safe reads and atomic writes of its files."""
 
-from collections import namedtuple
 import errno
 import hashlib
 import os
@@ -8,7 +7,7 @@ import posixpath
 import stat
 import tempfile
 
-from ddops_agent.protocol import AgentFault, bad_request, require_str
+from ddops_agent.protocol import AgentFault, bad_request, record_type, require_str
 from ddops_agent.faults import fault_point
 
 
@@ -16,7 +15,7 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 STATE_DIR = ".ddops"
 PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
 TEMP_SUFFIX = ".ddops-tmp"
-Original = namedtuple("Original", "data stat")
+Original = record_type("Original", "data stat")
 
 
 # -- paths ------------------------------------------------------------------------------------------------------

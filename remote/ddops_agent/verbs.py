@@ -1,11 +1,11 @@
 """The core verbs: snapshot, commit, rollback, read_backup, journal."""
 
-from collections import namedtuple
 import os
 import stat
 
-from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, identity, require_list,
-                                  require_object, require_patch_ids, require_sha, require_str, verb)
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, identity,
+                                  record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
+                                  verb)
 from ddops_agent.faults import arm_faults, fault_point
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
@@ -16,8 +16,8 @@ from ddops_agent.journal import (RepoLock, append_journal, ensure_state_dir, jou
                                  store_backup)
 
 
-Change = namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
-Restore = namedtuple("Restore", "path target patch_ids expected restore force")
+Change = record_type("Change", "path target patch_ids expected new_bytes new_sha")
+Restore = record_type("Restore", "path target patch_ids expected restore force")
 
 
 # -- snapshot -------------------------------------------------------------------------------------------------
