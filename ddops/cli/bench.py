@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
-from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
@@ -123,13 +121,18 @@ def _hints(run_id: str, detached: bool) -> None:
 # --- following -------------------------------------------------------------------------------------------------------
 
 
-class _Elapsed(ProgressColumn):
-    """Time since the run started on the host (until it ended), from the host's own timestamps."""
+def _elapsed_column() -> Any:
+    """A progress column: the time since the run started on the host (until it ended), from the host's own
+    timestamps. Made here so that rich.progress loads only when a run is followed on a terminal."""
+    from rich.progress import ProgressColumn
 
-    def render(self, task: Any) -> Text:
-        run = task.fields.get("run")
-        seconds = run.elapsed() if run is not None else None
-        return Text(_duration(seconds), style="progress.elapsed")
+    class Elapsed(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            run = task.fields.get("run")
+            seconds = run.elapsed() if run is not None else None
+            return Text(_duration(seconds), style="progress.elapsed")
+
+    return Elapsed()
 
 
 def _when(iso: str | None) -> str:
@@ -158,14 +161,16 @@ class FollowView:
         self.runs: dict[str, HostRun] = {}
         self.errors: dict[str, str] = {}
         self.tty = console.is_terminal
-        self.progress: Progress | None = None
+        self.progress: Any = None  # a rich Progress while it is drawn
         self.tasks: dict[str, Any] = {}
         self._last_plain: dict[str, tuple] = {}
 
     def __enter__(self) -> "FollowView":
         if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), _Elapsed(), console=console,
+                                     TextColumn("{task.fields[status]}"), _elapsed_column(), console=console,
                                      transient=False, auto_refresh=True, refresh_per_second=4)
             for h in self.partial:
                 self.tasks[h] = self.progress.add_task(f"[{self.color[h]}]{escape(h)}[/]", total=None,
@@ -288,6 +293,8 @@ def _run_hosts(st: Any, root: Path, run_id: str, host: Any, group: Any, all_: bo
 
 def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
     """A table of each host's run, then every failed command with its exit code and the end of its log."""
+    from rich.table import Table
+
     table = Table(header_style="bold")
     for col in ("host", "run", "status", "runs ok", "now", "started", "elapsed", "message"):
         table.add_column(col, overflow="fold")
@@ -319,6 +326,8 @@ def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
     rows = [(run, rec) for run in runs for rec in run.runs if rec.slurm]
     if not rows:
         return
+    from rich.table import Table
+
     table = Table(header_style="bold", title="Slurm array tasks")
     for col in ("host", "task", "run", "slurm state", "job", "GPUs", "exit"):
         table.add_column(col, overflow="fold")
@@ -465,6 +474,8 @@ def list_runs(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, 
         emit_json("bench list", results)
         finish(results)
         return
+    from rich.table import Table
+
     table = Table(header_style="bold")
     for col in ("run", "host", "plan", "status", "done", "started", "ended"):
         table.add_column(col, no_wrap=col in ("run", "host"))
@@ -579,6 +590,8 @@ def _report_table(groups: Sequence[Any], run_ids: Sequence[str]) -> None:
 
     headers, rows = group_columns(groups)
     scope = "per host" if groups and groups[0].by == "host" else "per method, all hosts"
+    from rich.table import Table
+
     table = Table(title=f"bench report {', '.join(run_ids)}: {scope} (mean ± std over n runs)", header_style="bold")
     for h in headers:
         numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "T", "Hosts")

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ddops.cli.common import console, escape
 
@@ -78,6 +77,8 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
     from ddops import testbed
 
     rows = testbed.status(root or _default_root())
+    from rich.table import Table
+
     table = Table(header_style="bold")
     extra = ("container", "state") if "container" in rows[0] else ()
     for col in ("host", "address", "port", "pid", "running", *extra, "dir"):

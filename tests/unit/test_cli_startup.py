@@ -19,6 +19,13 @@ def test_loading_the_cli_imports_no_heavy_dependency():
     assert loaded == ""
 
 
+def test_tables_and_progress_bars_load_only_when_something_is_drawn():
+    # Every command pays the CLI's imports (~12 ms for these two), and `--json` or a plain log draws neither.
+    code = "import sys, ddops.cli.app; print(','.join(m for m in ('rich.table', 'rich.progress') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""
+
+
 def test_help_lists_every_command_group():
     out = subprocess.run([sys.executable, "-m", "ddops", "--help"], capture_output=True, text=True,
                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
