@@ -184,6 +184,13 @@ def git_seed(source: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mini-DDTree as a one-commit git checkout, one per module: what a seeded host's repo is a copy of, and the
+    original bytes tests compare a host's files against. (tests/reliability/conftest.py has a session-wide one.)"""
+    return git_seed(MINI_DDTREE, tmp_path_factory.mktemp("seed") / "mini-ddtree")
+
+
 def exited(pid: int) -> bool:
     """Gone, or a zombie: past closing its files and sockets (a dying process loses its environ before that)."""
     try:
