@@ -166,14 +166,29 @@ def inventory_with_host2_behind_host1(bed) -> Path:
     return path
 
 
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    """`git ARGS` in cwd, which must succeed (its stderr is the assertion message); its stdout, stripped."""
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def git_seed(source: Path, dest: Path) -> Path:
     """A copy of `source` as a git repo with one commit (what a host's research checkout looks like)."""
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "models", "results"))
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "seed"]):
-        subprocess.run(argv, cwd=dest, check=True, env=env)
+        subprocess.run(argv, cwd=dest, check=True, env={**os.environ, **GIT_ENV})
     return dest
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mini-DDTree as a one-commit git checkout, one per module: what a seeded host's repo is a copy of, and the
+    original bytes tests compare a host's files against. (tests/reliability/conftest.py has a session-wide one.)"""
+    return git_seed(MINI_DDTREE, tmp_path_factory.mktemp("seed") / "mini-ddtree")
 
 
 def exited(pid: int) -> bool:

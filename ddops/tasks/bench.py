@@ -129,17 +129,28 @@ def check_task(plan: BenchPlan) -> Callable[[Host, AgentSession], TaskOutcome]:
 
 # --- runs ------------------------------------------------------------------------------------------------------------
 
+# The agent's error kinds that mean "this host has no such run" (no repo: no runs at all), which is not a fault.
+_NO_RUN_KINDS = ("no_run", "no_repo")
+
+
+def _call_or_skip_if_no_run(host: Host, session: AgentSession, run_id: str, verb: str, payload: dict[str, Any],
+                            **kwargs: Any) -> dict[str, Any] | TaskOutcome:
+    """bench_call for a verb about one run; a SKIPPED outcome instead when the host has no such run."""
+    try:
+        return bench_call(host, session, verb, payload, **kwargs)
+    except AgentError as exc:
+        if exc.kind in _NO_RUN_KINDS:
+            return TaskOutcome(SKIPPED, f"no run {run_id} here")
+        raise
+
 
 def status_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: the run's state on a host (skipped when the host has no such run)."""
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
-        try:
-            result = bench_call(host, session, "bench_status", {"repo": host.repo, "run_id": run_id})
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
+        result = _call_or_skip_if_no_run(host, session, run_id, "bench_status", {"repo": host.repo, "run_id": run_id})
+        if isinstance(result, TaskOutcome):
+            return result
         run = HostRun.from_state(host.name, result["state"], result.get("failures"))
         return TaskOutcome(OK if run.ok else FAILED, run.summary(), {"run": run.to_json()})
 
@@ -151,14 +162,11 @@ def stop_task(run_id: str, actor: str, grace: float = 5.0,
     """Task: end every process of the run on a host and record it as stopped (Slurm: scancel, or only `tasks`)."""
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
-        try:
-            payload = {"repo": host.repo, "run_id": run_id, "grace": grace, "actor": actor,
-                       **({"tasks": list(tasks)} if tasks else {})}
-            result = bench_call(host, session, "bench_stop", payload, timeout=grace + 60)
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
+        payload = {"repo": host.repo, "run_id": run_id, "grace": grace, "actor": actor,
+                   **({"tasks": list(tasks)} if tasks else {})}
+        result = _call_or_skip_if_no_run(host, session, run_id, "bench_stop", payload, timeout=grace + 60)
+        if isinstance(result, TaskOutcome):
+            return result
         if result.get("already_ended"):
             return TaskOutcome(OK, f"already {result.get('status')}; nothing to stop", result)
         if result.get("cancelled"):
@@ -293,7 +301,7 @@ class Follower:
                     if done:
                         return
                 except AgentError as exc:
-                    if exc.kind in ("no_run", "no_repo"):
+                    if exc.kind in _NO_RUN_KINDS:
                         self._queue.put(HostUpdate(name, error=f"no run {self.run_id} here", final=True))
                         return
                     raise
@@ -386,12 +394,9 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         if not host.name.strip("."):  # the inventory refuses such names; results/<run>/.. would be results/ itself
             return TaskOutcome(FAILED, f"refusing to collect into {root / run_id / host.name}")
-        try:
-            listing = bench_call(host, session, "bench_files", {"repo": host.repo, "run_id": run_id})
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {run_id} here")
-            raise
+        listing = _call_or_skip_if_no_run(host, session, run_id, "bench_files", {"repo": host.repo, "run_id": run_id})
+        if isinstance(listing, TaskOutcome):
+            return listing
         dest = root / run_id / host.name
         fetched = kept = 0
         files = []

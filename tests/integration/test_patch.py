@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, REPO_ROOT, both_engines, git_seed, requires_sshd, run_ddops
+from tests.conftest import REPO_ROOT, both_engines, requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -22,11 +22,6 @@ FILES = ("ddtree.py", "dflash.py")
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory) -> Path:
-    return git_seed(MINI_DDTREE, tmp_path_factory.mktemp("seed") / "mini-ddtree")
 
 
 @pytest.fixture

@@ -7,9 +7,7 @@ controller's side: each testbed host bind-mounts its own directory there, so onl
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,19 +16,12 @@ from ddops.fleet import run_fleet
 from ddops.inventory import load_inventory
 from ddops.tasks.sync import SyncOptions, prepare_sync
 from ddops.transport import Connector
-from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, run_ddops
+from tests.conftest import MINI_DDTREE, both_engines, git, git_seed, requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 ANCHOR = "past_key_values_target = DynamicCache()"
 PATCHED = 'past_key_values_target = DynamicCache(config=target.config if hasattr(target, "config") else None)'
-
-
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def commit_all(work: Path, message: str) -> str:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops
+from tests.conftest import requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -21,11 +20,6 @@ patches:
     checks:
       - {kind: command, run: 'test -f ddtree.py && test "$PWD" = "$HOME/ddtree"'}
 """
-
-
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory) -> Path:
-    return git_seed(MINI_DDTREE, tmp_path_factory.mktemp("seed") / "mini-ddtree")
 
 
 def test_verify_runs_command_checks_in_a_repo_given_relative_to_home(make_testbed, seed, tmp_path):

@@ -15,38 +15,11 @@ from ddops.inventory import Host
 from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError,
                               classify_dirty, make_bundle, pick_ref, pin_state, resolve_pin)
 from ddops.transport.agent import agent_program
-
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-
-
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+from tests.conftest import GIT_ENV, git
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> dict:
-    """A work repo with two commits on main, an annotated tag on the first, and a bare origin of it."""
-    work = tmp_path / "work"
-    work.mkdir()
-    git(work, "init", "-q", "-b", "main")
-    (work / "ddtree.py").write_text("past_key_values_target = DynamicCache()\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "one")
-    first = git(work, "rev-parse", "HEAD")
-    git(work, "tag", "-a", "v1", "-m", "release one")
-    (work / "README").write_text("two\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "two")
-    second = git(work, "rev-parse", "HEAD")
-    origin = tmp_path / "origin.git"
-    git(tmp_path, "clone", "-q", "--bare", str(work), str(origin))
-    return {"work": work, "origin": origin, "url": f"file://{origin}", "first": first, "second": second}
 
 
 # -- pins -----------------------------------------------------------------------------------------------------

@@ -98,6 +98,20 @@ def test_status_of_a_run_the_host_never_had_is_skipped(host, session):
     assert status_task("r-unknown")(host, session).status == SKIPPED
 
 
+@pytest.mark.parametrize("repo_there", [True, False], ids=["no-such-run", "no-repo"])
+def test_status_stop_and_collect_skip_a_host_without_the_run(repo_there, tmp_path):
+    repo = tmp_path / "repo"
+    if repo_there:
+        repo.mkdir()
+    host = Host(name="here", address="localhost", repo=str(repo), command_timeout=60)
+    tasks = [status_task("r-unknown"), stop_task("r-unknown", "tester@here", grace=0),
+             collect_task("r-unknown", tmp_path / "results")]
+    with LocalSession(host) as session:
+        outcomes = [task(host, session) for task in tasks]
+    assert [(o.status, o.message) for o in outcomes] == [(SKIPPED, "no run r-unknown here")] * 3
+    assert not (tmp_path / "results").exists()
+
+
 def test_max_file_size_reads_bytes_and_binary_units_and_refuses_the_rest():
     from ddops.bench.collect import parse_size
     from ddops.errors import UsageError

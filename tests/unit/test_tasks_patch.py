@@ -18,7 +18,6 @@ from ddops.patching.plan import Planner
 from ddops.patching.playbook import load_playbooks
 from ddops.tasks.patch import patch_host, rollback_host, status_host, verify_host
 from ddops.transport.local import LocalSession
-from tests.conftest import MINI_DDTREE, git_seed
 
 PATCHES = ["cpu-timing", "hybrid-cache", "crop-relative"]
 FILES = ("ddtree.py", "dflash.py")
@@ -27,11 +26,6 @@ TARGET_NEW = 'past_key_values_target = DynamicCache(config=target.config if hasa
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory) -> Path:
-    return git_seed(MINI_DDTREE, tmp_path_factory.mktemp("seed") / "mini-ddtree")
 
 
 @pytest.fixture

@@ -5,44 +5,13 @@ Over SSH: tests/integration/test_sync.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import replace
-from pathlib import Path
-
-import pytest
 
 from ddops.fleet import CHANGED, FAILED, OK
 from ddops.inventory import Host, Inventory
 from ddops.tasks.sync import PinState, SyncOptions, deploy_host, pin_state, prepare_sync, sync_host
 from ddops.transport.local import LocalSession
-
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-
-
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> dict:
-    """A bare origin with two commits on main."""
-    work = tmp_path / "work"
-    work.mkdir()
-    git(work, "init", "-q", "-b", "main")
-    (work / "ddtree.py").write_text("past_key_values_target = DynamicCache()\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "one")
-    first = git(work, "rev-parse", "HEAD")
-    (work / "README").write_text("two\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "two")
-    second = git(work, "rev-parse", "HEAD")
-    origin = tmp_path / "origin.git"
-    git(tmp_path, "clone", "-q", "--bare", str(work), str(origin))
-    return {"work": work, "url": f"file://{origin}", "first": first, "second": second}
+from tests.conftest import git
 
 
 def sync(host: Host, **options) -> object:
