@@ -124,11 +124,18 @@ def proof(secret, role, nonce):
 
 def secret_of_resident(path):
     """The secret of the resident that serves `path` now, asked over its socket (it tells an agent of its own user
-    on its own filesystem: see sends_secret_to); None when no resident answers."""
+    on its own filesystem: see sends_secret_to); None when no resident of ours answers. Asked only in a private
+    directory, and believed only from a process of our uid: a listener that another user put there would otherwise
+    choose the secret this controller then trusts."""
+    if not private_directory(os.path.dirname(path)):
+        return None
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         client.settimeout(2.0)
         client.connect(path)
+        _, uid = peer_credentials(client)
+        if uid is not None and uid != os.getuid():
+            return None
         client.sendall(LOCAL_HELLO)
         reply = client.makefile("rb").readline(MAX_HELLO)
         secret = json.loads(reply.decode("ascii"))["resident_secret"]
@@ -165,6 +172,15 @@ def answer_hello(line, secret):
     if not hmac.compare_digest(proof(secret, "controller", nonce).encode("ascii"), claimed.encode("utf-8")):
         return None
     return proof(secret, "resident", nonce)
+
+
+def private_directory(folder):
+    """Whether `folder` is a real directory of ours (not a symlink) that nobody else can enter."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def open_private_directory(folder):

@@ -305,6 +305,42 @@ def test_a_peer_whose_filesystem_cannot_be_read_is_not_told_the_secret(home):
     assert told([python], path, "hidden", preexec_fn=as_nobody) == b""
 
 
+def test_a_listener_of_another_user_in_the_resident_s_place_cannot_choose_the_secret(home):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to listen as another user")
+    path = start(home, 30, journal(home))[0]["resident"]
+    killed = resident_pids(home)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(map(exited, killed)))
+    os.unlink(path)
+    planted = "ab" * 32
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # bound where the resident was, listening as user nobody (SO_PEERCRED names who listened)
+        try:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            os.setgid(65534)
+            os.setuid(65534)
+            server.listen(4)
+            server.settimeout(20)
+            os.write(ready_w, b"x")
+            connection, _ = server.accept()
+            connection.settimeout(5)
+            if connection.recv(100):
+                connection.sendall(json.dumps({"resident_secret": planted}).encode() + b"\n")
+        finally:
+            os._exit(0)
+    os.read(ready_r, 1)
+    try:
+        second = start(home, 30, journal(home))[0]
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert second.get("resident_secret") != planted
+
+
 def test_a_socket_left_by_a_killed_resident_is_replaced(home):
     path = start(home, 30, journal(home))[0]["resident"]
     killed = resident_pids(home)
