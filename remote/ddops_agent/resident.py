@@ -174,13 +174,17 @@ def answer_hello(line, secret):
     return proof(secret, "resident", nonce)
 
 
+def is_private_directory(st):
+    """Whether stat result `st` is a directory of ours that nobody else can enter."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
 def private_directory(folder):
     """Whether `folder` is a real directory of ours (not a symlink) that nobody else can enter."""
     try:
-        st = os.lstat(folder)
+        return is_private_directory(os.lstat(folder))
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def open_private_directory(folder):
@@ -191,8 +195,7 @@ def open_private_directory(folder):
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+    if is_private_directory(os.fstat(fd)):
         return fd
     os.close(fd)
     return None

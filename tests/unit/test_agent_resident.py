@@ -107,6 +107,16 @@ def start(home: Path, linger: float, *requests: bytes, probe: bool = False, prog
     return [json.loads(line) for line in done.stdout.decode().splitlines()]
 
 
+def killed_resident(home: Path) -> str:
+    """The socket path of a resident started and then killed, as by a reboot: its socket file stays."""
+    path = start(home, 30, journal(home))[0]["resident"]
+    killed = resident_pids(home)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(map(exited, killed)))
+    return path
+
+
 def hello(secret: bytes, nonce: str = "ab" * 16) -> bytes:
     """The controller's first line on a resident's socket: proof that it knows the resident's secret."""
     line = {"hello": {"nonce": nonce, "proof": resident_proof(secret, "controller", nonce)}}
@@ -308,11 +318,7 @@ def test_a_peer_whose_filesystem_cannot_be_read_is_not_told_the_secret(home):
 def test_a_listener_of_another_user_in_the_resident_s_place_cannot_choose_the_secret(home):
     if os.geteuid() != 0:
         pytest.skip("needs root to listen as another user")
-    path = start(home, 30, journal(home))[0]["resident"]
-    killed = resident_pids(home)
-    for pid in killed:
-        os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: all(map(exited, killed)))
+    path = killed_resident(home)
     os.unlink(path)
     planted = "ab" * 32
     ready_r, ready_w = os.pipe()
@@ -342,11 +348,7 @@ def test_a_listener_of_another_user_in_the_resident_s_place_cannot_choose_the_se
 
 
 def test_a_socket_left_by_a_killed_resident_is_replaced(home):
-    path = start(home, 30, journal(home))[0]["resident"]
-    killed = resident_pids(home)
-    for pid in killed:
-        os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: all(map(exited, killed)))
+    path = killed_resident(home)
     with pytest.raises(ConnectionRefusedError):
         unanswered(path, journal(home))
     again = start(home, 30, journal(home))[0]
@@ -355,11 +357,7 @@ def test_a_socket_left_by_a_killed_resident_is_replaced(home):
 
 
 def test_no_path_is_announced_while_another_holds_its_name(home):
-    path = start(home, 30, journal(home))[0]["resident"]
-    killed = resident_pids(home)
-    for pid in killed:
-        os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: all(map(exited, killed)))
+    path = killed_resident(home)
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a resident still serving there (or starting): nothing of ours binds
         assert "resident" not in start(home, 30, journal(home))[0]
