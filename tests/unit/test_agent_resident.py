@@ -101,8 +101,9 @@ def start(home: Path, linger: float, *requests: bytes, probe: bool = False, prog
     command = program.command(python, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime)
     environment = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(home / ".cache"),
                    **(env or {})}
+    # In HOME, as sshd starts it (the test's own directory may be one another user cannot enter).
     done = subprocess.run([*wrap, "/bin/sh", "-c", command], input=program.bundle + b"".join(requests),
-                          capture_output=True, timeout=60, env=environment, preexec_fn=preexec)
+                          capture_output=True, timeout=60, env=environment, preexec_fn=preexec, cwd=home)
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(line) for line in done.stdout.decode().splitlines()]
 
@@ -282,7 +283,7 @@ sys.stdout.write(repr(got))
 
 def told(argv: list[str], path: str, how: str = "plain", **options) -> bytes:
     done = subprocess.run([*argv, "-c", SECRET_ASKER, path, how], capture_output=True, text=True, timeout=30,
-                          **options)
+                          cwd="/", **options)
     assert done.returncode == 0, done.stderr
     return ast.literal_eval(done.stdout)
 
