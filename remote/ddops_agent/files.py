@@ -5,7 +5,6 @@ import hashlib
 import os
 import posixpath
 import stat
-import tempfile
 
 from ddops_agent.protocol import AgentFault, bad_request, record_type, require_str
 from ddops_agent.faults import fault_point
@@ -102,7 +101,11 @@ def read_regular(path, rel):
     # O_NOFOLLOW: the file could have been swapped for a symlink since the lstat above.
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_FILE_BYTES + 1)
+        # As much as lstat saw and a byte more (read(MAX_FILE_BYTES + 1) would allocate that much for every file),
+        # then, if the file grew since, the rest up to the limit.
+        data = handle.read(st.st_size + 1)
+        if len(data) > st.st_size:
+            data += handle.read(MAX_FILE_BYTES + 1 - len(data))
         st = os.fstat(handle.fileno())
     if len(data) > MAX_FILE_BYTES:
         raise AgentFault("too_large", "%s grew over the %d byte limit while being read" % (rel, MAX_FILE_BYTES))
@@ -149,7 +152,13 @@ def chown_quietly(fd, uid, gid):
 
 def make_temp(directory, name):
     """(fd, path) of a new private file `.<name>.<random>.ddops-tmp` in `directory` (O_EXCL, mode 0600)."""
-    return tempfile.mkstemp(suffix=TEMP_SUFFIX, prefix=".%s." % name, dir=directory)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = os.path.join(directory, ".%s.%s%s" % (name, os.urandom(6).hex(), TEMP_SUFFIX))
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue  # 48 random bits taken already: draw again
 
 
 def atomic_write(path, data, mode, owner=None, durable=True):

@@ -219,8 +219,10 @@ def pending_notes(state):
 def settle_pending(state):
     """Under the lock: journal what cut-off writes that landed left unjournalled, then drop every pending note."""
     notes = pending_notes(state)
-    known = set(entry.get("id") for entry in read_journal_lines(state)[0])
-    append_journal(state, [entry for _, entries in notes for entry in entries if entry.get("id") not in known])
+    landed = [entry for _, entries in notes for entry in entries]
+    if landed:  # the journal is read only when there is something to add to it: it grows with every command
+        known = set(entry.get("id") for entry in read_journal_lines(state)[0])
+        append_journal(state, [entry for entry in landed if entry.get("id") not in known])
     for path, _ in notes:
         os.unlink(path)
     release_space(os.path.join(state, "reserve"))
@@ -265,13 +267,14 @@ def refuse_unwritable(original, rel):
     """Fault `not_writable` unless we may write the file in place and can keep its owner (nothing written yet)."""
     st = original.stat
     mode = stat.S_IMODE(st.st_mode)
-    owner = user_name(st.st_uid)
+    # Names are looked up only to say why not: each lookup reads the passwd database.
     if not mode & 0o222:
         raise AgentFault("not_writable", "%s is read-only (mode %04o, owner %s): nothing written; make it "
-                                         "writable first if it should be patched" % (rel, mode, owner))
+                                         "writable first if it should be patched" % (rel, mode, user_name(st.st_uid)))
     if os.geteuid() != 0 and (st.st_uid != os.geteuid() or not mode & stat.S_IWUSR):
         raise AgentFault("not_writable", "%s belongs to %s (mode %04o): %s could not write it in place and keep "
-                                         "its owner, so nothing was written" % (rel, owner, mode, current_user()))
+                                         "its owner, so nothing was written"
+                         % (rel, user_name(st.st_uid), mode, current_user()))
 
 
 # -- the repo lock --------------------------------------------------------------------------------------------
