@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
-from rich.text import Text
 from typer.core import TyperGroup
 
 from ddops.bench import DEFAULT_PLAN
@@ -125,6 +124,7 @@ def _elapsed_column() -> Any:
     """A progress column: the time since the run started on the host (until it ended), from the host's own
     timestamps. Made here so that rich.progress loads only when a run is followed on a terminal."""
     from rich.progress import ProgressColumn
+    from rich.text import Text
 
     class Elapsed(ProgressColumn):
         def render(self, task: Any) -> Text:
@@ -170,7 +170,7 @@ class FollowView:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), _elapsed_column(), console=console,
+                                     TextColumn("{task.fields[status]}"), _elapsed_column(), console=console.made(),
                                      transient=False, auto_refresh=True, refresh_per_second=4)
             for h in self.partial:
                 self.tasks[h] = self.progress.add_task(f"[{self.color[h]}]{escape(h)}[/]", total=None,
@@ -220,6 +220,8 @@ class FollowView:
         if "\r" in line:  # progress bars redraw with \r: keep what the line finally showed
             line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
         if self.progress is not None:
+            from rich.text import Text
+
             out = Text()
             if self.prefix:
                 out.append(f"{host:<{self.width}} | ", style=self.color[host])
@@ -315,6 +317,8 @@ def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None
             console.print(f"[bold red]{escape(run.host)}: {escape(rec.label)} {escape(rec.status)} with exit code "
                           f"{rec.exit_code}[/]" + (f" (signal {rec.signal})" if rec.signal else ""))
             if rec.log_tail:
+                from rich.text import Text
+
                 console.print(Text("\n".join("    " + line for line in rec.log_tail.rstrip("\n").splitlines()[-60:])))
 
 

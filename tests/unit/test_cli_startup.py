@@ -19,6 +19,23 @@ def test_loading_the_cli_imports_no_heavy_dependency():
     assert loaded == ""
 
 
+def test_a_json_command_that_connects_loads_no_part_of_rich(tmp_path):
+    # --json draws nothing: rich's console alone is ~15 ms of a command's start.
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"ssh_config: /dev/null\nhosts:\n  h1: {{address: 127.0.0.1, port: {free_port()}}}\n")
+    rich = ("rich", "rich.console", "rich.text")
+    assert modules_loaded_by(["-i", str(inventory), "ping", "--all", "--json"], rich) == []
+    # ... and the same command for a person still draws its table with it.
+    assert "rich.console" in modules_loaded_by(["-i", str(inventory), "ping", "--all"], rich)
+
+
+def free_port() -> int:
+    """A port nothing listens on: a connection to it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_tables_and_progress_bars_load_only_when_something_is_drawn():
     # Every command pays the CLI's imports (~12 ms for these two), and `--json` or a plain log draws neither.
     code = "import sys, ddops.cli.app; print(','.join(m for m in ('rich.table', 'rich.progress') if m in sys.modules))"
@@ -77,9 +94,6 @@ def test_a_command_that_connects_loads_paramiko_but_not_invoke(tmp_path):
     # of every command, for a parser the CLI never uses (it reads ssh_config through `ssh -G`).
     if importlib.util.find_spec("invoke") is None:
         pytest.skip("invoke is not installed here: nothing to keep out")
-    with socket.socket() as probe:  # a port nothing listens on: the connection is refused at once
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f"ssh_config: /dev/null\nhosts:\n  h1: {{address: 127.0.0.1, port: {port}}}\n")
+    inventory.write_text(f"ssh_config: /dev/null\nhosts:\n  h1: {{address: 127.0.0.1, port: {free_port()}}}\n")
     assert modules_loaded_by(["-i", str(inventory), "ping", "--all"], ("paramiko", "invoke")) == ["paramiko"]
