@@ -277,21 +277,34 @@ class Planner:
         self._in_flight: dict[tuple[str | None, str], threading.Event] = {}
         self._lock = threading.Lock()
         self._memo: OrderedDict[Any, Any] = OrderedDict()
+        self._memo_in_flight: dict[Any, threading.Event] = {}
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
         """Other pure work on planned contents (the checks over the new bytes), once per run like the plans.
 
-        `key` must identify the inputs (content hashes, not hosts); two threads may both compute a missing key.
+        `key` must identify the inputs (content hashes, not hosts). A thread that finds the key being computed waits
+        for that value (32 hosts reach their checks together: each compiling the same file cost 5 compiles a run).
         """
-        with self._lock:
-            if key in self._memo:
-                self._memo.move_to_end(key)
-                return self._memo[key]
-        value = compute()
-        with self._lock:
-            self._memo[key] = value
-            while len(self._memo) > 4 * self.max_entries:
-                self._memo.popitem(last=False)
+        while True:
+            with self._lock:
+                if key in self._memo:
+                    self._memo.move_to_end(key)
+                    return self._memo[key]
+                event = self._memo_in_flight.get(key)
+                if event is None:
+                    event = self._memo_in_flight[key] = threading.Event()
+                    break
+            event.wait()  # computed by another thread now; if that failed, this one tries (and fails) itself
+        try:
+            value = compute()
+            with self._lock:
+                self._memo[key] = value
+                while len(self._memo) > 4 * self.max_entries:
+                    self._memo.popitem(last=False)
+        finally:
+            with self._lock:
+                del self._memo_in_flight[key]
+            event.set()
         return value
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 
 import pytest
 from pathlib import Path
@@ -115,6 +116,44 @@ def test_planner_threads_asking_for_the_same_content_share_one_transform():
         t.join()
     assert planner.cache_misses == 1 and planner.cache_hits == 15
     assert len({id(r) for r in results}) == 1
+
+
+def test_threads_asking_for_the_same_checks_share_one_run_of_them():
+    planner = Planner()
+    barrier = threading.Barrier(8)
+    runs: list[int] = []
+    results: list[object] = []
+
+    def checks() -> object:
+        runs.append(1)
+        time.sleep(0.05)  # long enough for every other thread to arrive while it runs
+        return object()
+
+    def host() -> None:
+        barrier.wait()
+        results.append(planner.memo(("checks", "dflash.py", "before", "after"), checks))
+
+    threads = [threading.Thread(target=host) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(runs) == 1 and len({id(r) for r in results}) == 1
+
+
+def test_a_check_run_that_failed_is_tried_again_by_the_next_thread():
+    planner = Planner()
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("first try fails")
+        return "ran"
+
+    with pytest.raises(RuntimeError):
+        planner.memo("key", flaky)
+    assert planner.memo("key", flaky) == "ran" and len(attempts) == 2
 
 
 def test_plan_host_blocks_a_patch_everywhere_when_its_requirement_failed_in_another_file():
