@@ -498,6 +498,7 @@ def process_state(ignore=None):
 
 
 def known_process_state(ignore):
+    """process_state, raising where the OS cannot tell one of its parts (descriptor `ignore` is not counted)."""
     descriptors = open_descriptors()
     if descriptors is None:
         raise ValueError("no descriptor listing")
