@@ -312,22 +312,27 @@ def create_run_dir(repo, run_id, spec, mode):
     return run_dir
 
 
+def open_new_run(repo, run_id, spec, mode, **recorded):
+    """(run directory, spec as recorded in its spec.json, the runner's environment) of a new run: bench_launch's
+    and slurm_submit's. `recorded`: more fields for spec.json."""
+    run_dir = create_run_dir(repo, run_id, spec, mode)
+    spec = dict(spec)
+    spec.update({"run_id": run_id, "repo": repo, "launched": now_iso(), "python_executable": sys.executable})
+    spec.update(recorded)
+    env = runner_environment(run_id, run_dir, spec)
+    # What ddops set on top of the login environment (the rest of it may hold secrets: not recorded).
+    spec["runner_env"] = dict((key, env[key]) for key in sorted(set(spec.get("env") or {}) | set(ADDED_ENV)))
+    write_json_file(os.path.join(run_dir, "spec.json"), spec)
+    return run_dir, spec, env
+
+
 @verb("bench_launch", interrupt=False)
 def bench_launch(payload):
     """Create the run directory and start its runner detached; answers as soon as the runner is going."""
     repo = open_repo(payload)
     run_id = require_run_id(payload)
     spec = parse_spec(payload)
-    run_dir = create_run_dir(repo, run_id, spec, 0o700)
-    spec = dict(spec)
-    spec["run_id"] = run_id
-    spec["repo"] = repo
-    spec["launched"] = now_iso()
-    spec["python_executable"] = sys.executable
-    env = runner_environment(run_id, run_dir, spec)
-    # What ddops set on top of the login environment (the rest of it may hold secrets: not recorded).
-    spec["runner_env"] = dict((key, env[key]) for key in sorted(set(spec.get("env") or {}) | set(ADDED_ENV)))
-    write_json_file(os.path.join(run_dir, "spec.json"), spec)
+    run_dir, spec, env = open_new_run(repo, run_id, spec, 0o700)
     write_json_file(os.path.join(run_dir, "state.json"), initial_state(run_id, spec))
     with open(os.path.join(run_dir, "log"), "ab"):
         pass

@@ -29,9 +29,9 @@ from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_nu
                                   require_str, shipped_bundle, verb)
 from ddops_agent.files import atomic_write, open_repo, write_all
 from ddops_agent.journal import now_iso
-from ddops_agent.bench import (ADDED_ENV, DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUN_TAG_DIR, RUN_TAG_ID, bench_files,
-                               create_run_dir, initial_state, log_size, open_run, parse_spec, read_json_file,
-                               read_log_range, require_run_id, runner_environment, signal_quietly, write_json_file)
+from ddops_agent.bench import (DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUN_TAG_DIR, RUN_TAG_ID, bench_files, initial_state,
+                               log_size, open_new_run, open_run, parse_spec, read_json_file, read_log_range,
+                               require_run_id, signal_quietly, write_json_file)
 
 SLURM_COMMAND_TIMEOUT = 30
 SLURM_SQUEUE_FORMAT = "%i|%F|%K|%T|%r|%N"
@@ -81,13 +81,7 @@ def slurm_submit(payload):
         raise bad_request("sbatch_args must be options (strings starting with '-')")
     script = require_str(payload, "script")
     # 0755: Slurm writes the tasks' output here as the submitting user, possibly from another host.
-    run_dir = create_run_dir(repo, run_id, spec, 0o755)
-    spec = dict(spec)
-    spec.update({"run_id": run_id, "repo": repo, "launched": now_iso(), "python_executable": sys.executable,
-                 "executor": "slurm"})
-    env = runner_environment(run_id, run_dir, spec)
-    spec["runner_env"] = dict((key, env[key]) for key in sorted(set(spec.get("env") or {}) | set(ADDED_ENV)))
-    write_json_file(os.path.join(run_dir, "spec.json"), spec)
+    run_dir, spec, env = open_new_run(repo, run_id, spec, 0o755, executor="slurm")
     state = initial_state(run_id, spec)
     state.update({"status": "submitted", "executor": "slurm"})
     write_json_file(os.path.join(run_dir, "state.json"), state)
