@@ -285,63 +285,57 @@ class Planner:
         `key` must identify the inputs (content hashes, not hosts). A thread that finds the key being computed waits
         for that value (32 hosts reach their checks together: each compiling the same file cost 5 compiles a run).
         """
-        while True:
-            with self._lock:
-                if key in self._memo:
-                    self._memo.move_to_end(key)
-                    return self._memo[key]
-                event = self._memo_in_flight.get(key)
-                if event is None:
-                    event = self._memo_in_flight[key] = threading.Event()
-                    break
-            event.wait()  # computed by another thread now; if that failed, this one tries (and fails) itself
-        try:
-            value = compute()
-            with self._lock:
-                self._memo[key] = value
-                while len(self._memo) > 4 * self.max_entries:
-                    self._memo.popitem(last=False)
-        finally:
-            with self._lock:
-                del self._memo_in_flight[key]
-            event.set()
-        return value
+        return self._once(self._memo, self._memo_in_flight, key, compute, 4 * self.max_entries)[0]
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
                   blocked: Mapping[str, str] | None = None) -> FilePlan:
         key = (sha256(source) if source is not None else None,
                _key_for(path, tuple(patches), tuple(sorted((blocked or {}).items()))))
-        while True:
-            with self._lock:
-                if key in self._cache:
-                    self.cache_hits += 1
-                    self._cache.move_to_end(key)
-                    return self._cache[key]
-                event = self._in_flight.get(key)
-                if event is None:
-                    self.cache_misses += 1
-                    event = self._in_flight[key] = threading.Event()
-                    break
-            event.wait()  # another thread is planning this very content; its plan will be in the cache
-        try:
+
+        def from_disk_or_planned() -> FilePlan:
             plan = self.disk.load(key, path, source) if self.disk is not None and source is not None else None
+            with self._lock:
+                if plan is None:
+                    self.cache_misses += 1
+                else:
+                    self.disk_hits += 1
             if plan is None:
                 plan = plan_file(path, source, patches, blocked)
                 if self.disk is not None:
                     self.disk.save(key, plan)
-            else:
-                with self._lock:
-                    self.cache_misses -= 1
-                    self.disk_hits += 1
+            return plan
+
+        plan, computed = self._once(self._cache, self._in_flight, key, from_disk_or_planned, self.max_entries)
+        if not computed:
             with self._lock:
-                self._cache[key] = plan
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
+                self.cache_hits += 1
+        return plan
+
+    def _once(self, store: OrderedDict[Any, Any], in_flight: dict[Any, threading.Event], key: Any,
+              compute: Callable[[], Any], limit: int) -> tuple[Any, bool]:
+        """(store[key], whether this thread computed it): computed by one thread while any others asking for the same
+        key wait for it (if it fails, the next of them tries); the store keeps the `limit` last used."""
+        while True:
+            with self._lock:
+                if key in store:
+                    store.move_to_end(key)
+                    return store[key], False
+                event = in_flight.get(key)
+                if event is None:
+                    event = in_flight[key] = threading.Event()
+                    break
+            event.wait()  # another thread is computing this very key; its value will be in the store
+        try:
+            value = compute()
+            with self._lock:
+                store[key] = value
+                while len(store) > limit:
+                    store.popitem(last=False)
         finally:
             with self._lock:
-                del self._in_flight[key]
+                del in_flight[key]
             event.set()
-        return plan
+        return value, True
 
     def plan_host(self, patches: Sequence[Patch], files: Mapping[str, bytes | None]) -> HostPlan:
         """Plan every file the patches touch, from a host's snapshot (path -> bytes, None when missing).
