@@ -7,9 +7,10 @@
 
 On a real fleet every host has CPUs of its own and is a round trip away; here the hosts share the controller's two
 cores and are microseconds away, so a fleet's time is modelled from two figures measured apart:
-- latency: 1 and 4 hosts worked on one after the other (`--forks 1`, Fabric's SerialGroup, one ssh after another)
-  through a delaying TCP proxy per host (delay_proxy.py; every chunk forwarded RTT/2 later each way), where nothing
-  queues on host CPU. The fit wall(n) = startup + n x per-host latency gives both.
+- latency: 1 and 4 hosts worked on one after the other (`--forks 1`, Fabric's connections one by one, one ssh after
+  another) through a delaying TCP proxy per host (delay_proxy.py; every chunk forwarded RTT/2 later each way), where
+  nothing queues on host CPU. Per-host latency: each host's time as the tool itself timed it (ddops' `elapsed_s`,
+  from connect to last answer); startup: the rest of the run's wall time.
 - cpu: the controller's own CPU seconds (rusage of its process tree) at N=32 and N=200 hosts, no proxies.
 - model: T(N, forks) = max(startup + ceil(N / forks) x per-host latency, controller CPU at N / usable cores), one
   core for a Python process (the GIL), every core for a fan-out of ssh processes.
@@ -27,6 +28,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -68,7 +70,9 @@ def serial_ssh_script(bed: Bed, n: int) -> Path:
     path = bed.work / f"floor-serial-{n}.sh"
     if not path.exists():
         lines = ["#!/bin/bash", "set -e"]
-        lines += [" ".join(shlex.quote(w) for w in bed.ssh_argv(h) + ["true"]) for h in bed.hosts[:n]]
+        for h in bed.hosts[:n]:  # each host's start and end on stdout
+            lines.append("s=$(date +%s.%N); " + " ".join(shlex.quote(w) for w in bed.ssh_argv(h) + ["true"])
+                         + '; echo "$s $(date +%s.%N)"')
         path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -81,12 +85,16 @@ def fleet_tools(runner: Runner, *, forks: int | None, serial: bool, only: set[st
     tools = []
     floor = by_key["floor"]
     if serial:
-        floor = dataclasses.replace(floor, argv=lambda n: ["bash", str(serial_ssh_script(bed, n))])
+        floor = dataclasses.replace(floor, argv=lambda n: ["bash", str(serial_ssh_script(bed, n))],
+                                    verify=per_host_from(None, lambda out: [float(e) - float(s) for s, e in
+                                                                             map(str.split, out.splitlines())]))
     tools.append(floor)
     if "fabric" in by_key:
         fabric = by_key["fabric"]
         if serial:
-            fabric = dataclasses.replace(fabric, argv=(lambda a: lambda n: a(n) + ["--serial"])(fabric.argv))
+            fabric = dataclasses.replace(fabric, argv=(lambda a: lambda n: a(n) + ["--serial"])(fabric.argv),
+                                         verify=per_host_from(fabric.verify,
+                                                              lambda out: json.loads(out)["per_host_s"]))
         tools.append(fabric)
     commands = {"ddops-cold": ["patch", PLAYBOOK], "ddops": ["patch", PLAYBOOK], "ddops-rerun": ["patch", PLAYBOOK],
                 "ddops-check": ["patch", PLAYBOOK, "--check"], "ddops-rollback": ["rollback", "--yes"]}
@@ -99,10 +107,21 @@ def fleet_tools(runner: Runner, *, forks: int | None, serial: bool, only: set[st
                             "--json"]
 
             tools.append(dataclasses.replace(base, key=key if resident else f"{key}-fresh", argv=argv,
+                                             verify=per_host_from(base.verify, lambda out: [
+                                                 h["elapsed_s"] for h in json.loads(out)["hosts"]]),
                                              label=base.label if resident else base.label + " (no resident)"))
     if only:
         tools = [t for t in tools if t.key in only]
     return tools
+
+
+def per_host_from(verify: Callable[[int, Sample, str], bool] | None,
+                  parse: Callable[[str], list[float]]) -> Callable[[int, Sample, str], bool]:
+    """The tool's own check, plus each host's time as the tool saw it (connect to last answer) into the sample."""
+    def check(n: int, sample: Sample, out: str) -> bool:
+        sample.extra["per_host_s"] = parse(out)
+        return len(sample.extra["per_host_s"]) == n and (verify is None or verify(n, sample, out))
+    return check
 
 
 def make_runner(bed: Bed, args: argparse.Namespace) -> Runner:
@@ -216,12 +235,14 @@ def median_of(samples: list[dict[str, Any]], field: Callable[[dict[str, Any]], f
 
 
 def fit(rows: dict[str, list[dict[str, Any]]]) -> tuple[float, float] | None:
-    """(startup, per-host latency) from the medians at 1 and 4 hosts worked on one after the other."""
-    w1, w4 = median_of(rows.get("1", []), lambda s: s["wall"]), median_of(rows.get("4", []), lambda s: s["wall"])
-    if w1 is None or w4 is None:
+    """(startup, per-host latency): the median of every host's own time (connect to last answer, as the tool timed
+    it) over the runs at 1 and 4 hosts one after the other, and the median of what each run spent besides them."""
+    samples = [s for n in ("1", "4") for s in rows.get(n, []) if s["ok"] and s["extra"].get("per_host_s")]
+    if not samples:
         return None
-    per_host = (w4 - w1) / 3
-    return w1 - per_host, per_host
+    per_host = statistics.median(t for s in samples for t in s["extra"]["per_host_s"])
+    startup = statistics.median(s["wall"] - sum(s["extra"]["per_host_s"]) for s in samples)
+    return startup, per_host
 
 
 def usable_cores(key: str) -> int:
@@ -363,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
                    else sys.executable)
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its testbed down
     args.rtts = [float(x) for x in args.rtts.split(",")]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.only = set(args.only.split(",")) if args.only else None
@@ -373,12 +395,22 @@ def main(argv: list[str] | None = None) -> int:
     result = {"latency": mode_latency, "cpu": mode_cpu, "check": mode_check}[args.mode](args)
     result["duration_s"] = time.monotonic() - started
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.mode == "latency" and (earlier := load("latency")) is not None:
+        # RTTs measured in an earlier run are kept unless measured again (each run stays a few minutes)
+        kept = [r for r in earlier["rtts_ms"] if r not in args.rtts]
+        result = {**{f"{r:g}": earlier[f"{r:g}"] for r in kept}, **result,
+                  "rtts_ms": sorted(kept + args.rtts), "runs": earlier.get("runs", [earlier_meta(earlier)])
+                  + [earlier_meta(result)]}
     (HERE / f"fleet-{args.mode}.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report()
     failed = [k for k, v in result.items() if isinstance(v, dict) for s in _samples(v) if not s["ok"]]
     log(f"wrote fleet-{args.mode}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
         + (f"; failures: {sorted(set(failed))}" if failed else ""))
     return 1 if failed else 0
+
+
+def earlier_meta(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc.get(k) for k in ("rtts_ms", "repeats", "date", "load_start", "load_end")}
 
 
 def _samples(doc: Any) -> list[dict[str, Any]]:
