@@ -146,13 +146,14 @@ def measure_rows(runner: Runner, tools: list[Tool], sizes: list[int], repeats: i
         for n in sizes:
             for tool in order:
                 runner.prepare(tool, n)
-                before = proxies.counters() if proxies else (0, 0, 0)
+                before = proxies.counters() if proxies else (0, 0, 0, 0)
                 sample = runner.measure(tool, n, rep)
-                after = proxies.counters() if proxies else (0, 0, 0)
+                after = proxies.counters() if proxies else (0, 0, 0, 0)
                 if proxies:
                     sample.extra["bytes_up_per_host"] = (after[0] - before[0]) / n
                     sample.extra["bytes_down_per_host"] = (after[1] - before[1]) / n
                     sample.extra["connections_per_host"] = (after[2] - before[2]) / n
+                    sample.extra["turns_per_host"] = (after[3] - before[3]) / n
                 results[tool.key].setdefault(n, []).append(dataclasses.asdict(sample))
                 flag = "" if sample.ok else f"  FAILED {sample.extra.get('error', '')}"
                 log(f"  rep={rep} n={n} {tool.key:20s} {sample.wall:7.3f}s cpu={sample.cpu:6.2f}s{flag}")
@@ -245,6 +246,25 @@ def fit(rows: dict[str, list[dict[str, Any]]]) -> tuple[float, float] | None:
     return startup, per_host
 
 
+def idle_estimate(rows: dict[str, list[dict[str, Any]]], rtt_ms: float,
+                  cpu_per_host: float | None) -> tuple[float, float, float] | None:
+    """(startup, per-host latency, round trips waited per host) as they would be on idle CPUs: round trips x RTT
+    + the controller's and the host's CPU per host; startup: the controller's CPU less one host's. On this shared
+    machine the measured latency also holds the time every process waited for a core (load), which a fleet's hosts
+    do not wait; CPU seconds barely change with load."""
+    one = [s for s in rows.get("1", []) if s["ok"]]
+    four = [s for s in rows.get("4", []) if s["ok"]]
+    if not one or not four or any("turns_per_host" not in s["extra"] for s in one + four):
+        return None
+    waited = statistics.median(s["extra"]["turns_per_host"] for s in one + four) / 2
+    host_cpu = statistics.median(s["host_cpu"] / n for n, group in ((1, one), (4, four)) for s in group)
+    if cpu_per_host is None:  # the serial runs' own marginal CPU, noisier than the cpu mode's
+        cpu_per_host = max(0.0, (statistics.median(s["cpu"] for s in four)
+                                 - statistics.median(s["cpu"] for s in one)) / 3)
+    startup = max(0.0, statistics.median(s["cpu"] for s in one) - cpu_per_host)
+    return startup, waited * rtt_ms / 1000 + cpu_per_host + host_cpu, waited
+
+
 def usable_cores(key: str) -> int:
     return (os.cpu_count() or 1) if key == "floor" else 1
 
@@ -279,81 +299,116 @@ def report() -> str:
     lines = [BEGIN, "## Fleet-like mode (`fleet_mode.py`)", ""]
     if lat is None:
         return "\n".join(lines + ["(not run yet)", END])
-    keys = list(lat[f"{lat['rtts_ms'][0]:g}"])
-    lines += ["Per-host latency and startup, fitted from 1 and 4 hosts worked on one after the other through the "
-              f"delaying proxies (median of {lat['repeats']}; load {lat['load_start']} → {lat['load_end']}). "
-              "Bytes per host: through the proxy, both ways, at the highest RTT.", "",
-              "| row | " + " | ".join(f"RTT {r:g} ms: startup / per host" for r in lat["rtts_ms"])
-              + " | round trips | bytes up / down per host |", "|---|" + "---|" * (len(lat["rtts_ms"]) + 2)]
+    rtts = lat["rtts_ms"]
+    keys = list(lat[f"{rtts[-1]:g}"])
+    cpu_at: dict[tuple[str, int], float] = {}
+    cpu_per_host: dict[str, float] = {}
+    if cpu is not None:
+        lo, hi = min(cpu["sizes"]), max(cpu["sizes"])
+        for key, by_n in cpu["rows"].items():
+            for n in cpu["sizes"]:
+                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
+                if c is not None:
+                    cpu_at[(key, n)] = c
+            if (key, lo) in cpu_at and (key, hi) in cpu_at and hi > lo:
+                cpu_per_host[key] = (cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo)
+    runs = lat.get("runs") or [lat]
+    lines += ["Per-host latency: 1 and 4 hosts worked on one after the other through the delaying proxies, each "
+              "host's time as the tool timed it (connect to last answer; median over hosts and runs); startup: the "
+              "rest of each run. *Idle*: the same on idle CPUs, estimated as round trips waited (the proxy counts "
+              "the turns of each connection's data) × RTT + controller CPU per host + host CPU per host. "
+              "Runs: " + "; ".join(f"RTT {', '.join(f'{r:g}' for r in run['rtts_ms'])} ms, {run['repeats']} "
+                                    f"repeats, {run.get('date')}, load {run['load_start']} → {run['load_end']}"
+                                    for run in runs) + ".", "",
+              "| row | " + " | ".join(f"RTT {r:g}: startup / per host ms (idle)" for r in rtts)
+              + " | round trips waited per host | agent round trips | bytes up / down per host |",
+              "|---|" + "---|" * (len(rtts) + 3)]
     fits: dict[tuple[str, float], tuple[float, float]] = {}
+    idle: dict[tuple[str, float], tuple[float, float, float]] = {}
     for key in keys:
         cells = []
-        for r in lat["rtts_ms"]:
-            f = fit(lat[f"{r:g}"][key])
+        for r in rtts:
+            rows = lat[f"{r:g}"].get(key, {})
+            f, e = fit(rows), idle_estimate(rows, r, cpu_per_host.get(key))
             if f:
                 fits[(key, r)] = f
-            cells.append(f"{f[0] * 1000:.0f} / **{f[1] * 1000:.0f}** ms" if f else "failed")
-        top = lat[f"{lat['rtts_ms'][-1]:g}"][key].get("4", [])
+            if e:
+                idle[(key, r)] = e
+            cells.append((f"{f[0] * 1000:.0f} / **{f[1] * 1000:.0f}**" if f else "failed")
+                         + (f" ({e[1] * 1000:.0f})" if e else ""))
+        top = lat[f"{rtts[-1]:g}"].get(key, {}).get("4", [])
         rts = sorted({x for s in top if s["ok"] for x in (s["round_trips"] or [])})
         up = median_of(top, lambda s: s["extra"].get("bytes_up_per_host", 0))
         down = median_of(top, lambda s: s["extra"].get("bytes_down_per_host", 0))
-        lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {run.fmt_rt(rts) if rts else '–'} | "
-                     f"{(up or 0) / 1000:.1f} kB / {(down or 0) / 1000:.1f} kB |")
+        waited = idle.get((key, rtts[-1]), (0, 0, None))[2]
+        lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if waited is None else f'{waited:.1f}'} | "
+                     f"{run.fmt_rt(rts) if rts else '–'} | {(up or 0) / 1000:.1f} kB / {(down or 0) / 1000:.1f} kB |")
     lines.append("")
-    cpu_at: dict[tuple[str, int], float] = {}
     if cpu is not None:
         sizes = cpu["sizes"]
-        lines += [f"Controller CPU (user+system of ddops' process tree; no proxies, `--forks {FLEET_FORKS}`; "
-                  f"median of {cpu['repeats']}; load {cpu['load_start']} → {cpu['load_end']}):", "",
+        lines += [f"Controller CPU (user+system seconds of the command's process tree; no proxies, `--forks "
+                  f"{FLEET_FORKS}`; median of {cpu['repeats']}, {cpu.get('date')}; load {cpu['load_start']} → "
+                  f"{cpu['load_end']}):", "",
                   "| row | " + " | ".join(f"N={n}: CPU s (wall s)" for n in sizes) + " | CPU per host ms |",
                   "|---|" + "---|" * (len(sizes) + 1)]
         for key in keys:
             by_n = cpu["rows"].get(key, {})
             cells = []
             for n in sizes:
-                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
                 w = median_of(by_n.get(str(n), []), lambda s: s["wall"])
-                if c is not None:
-                    cpu_at[(key, n)] = c
-                cells.append(f"{c:.2f} ({w:.2f})" if c is not None else "failed")
-            lo, hi = min(sizes), max(sizes)
-            per = ((cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo) * 1000
-                   if (key, hi) in cpu_at and (key, lo) in cpu_at and hi > lo else None)
-            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per:.1f}'} |")
+                cells.append(f"{cpu_at[(key, n)]:.2f} ({w:.2f})" if (key, n) in cpu_at else "–")
+            per = cpu_per_host.get(key)
+            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
-    top_rtt = max(lat["rtts_ms"])
-    lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + "
-              f"{math.ceil(FLEET_N / FLEET_FORKS)} waves × per-host latency, controller CPU at N={FLEET_N} / "
-              "usable cores: 1 for a Python process, "
-              f"{os.cpu_count()} for the ssh fan-out).", "",
-              "| row | modelled s | bound by | / floor |", "|---|---|---|---|"]
-    floor_t = None
-    modelled: dict[str, float] = {}
+    top_rtt = max(rtts)
+    waves = math.ceil(FLEET_N / FLEET_FORKS)
+    lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + {waves} waves × "
+              f"per-host latency, controller CPU at N={FLEET_N} / usable cores: 1 for a Python process, "
+              f"{os.cpu_count()} for the ssh fan-out), from the measured latency and from the idle estimate.", "",
+              "| row | measured: s (bound) | / floor | idle: s (bound) | / floor |", "|---|---|---|---|---|"]
+    models: dict[str, tuple[float, float | None]] = {}
     for key in keys:
-        f = fits.get((key, top_rtt))
+        f, e = fits.get((key, top_rtt)), idle.get((key, top_rtt))
         if not f:
             continue
-        t, bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)
-        modelled[key] = t
-        if key == "floor":
-            floor_t = t
-        lines.append(f"| {label(key)} | **{t:.2f}** | {bound} | "
-                     f"{'–' if not floor_t else f'{t / floor_t:.2f}×'} |")
+        c = cpu_at.get((key, FLEET_N))
+        t, bound = model(f[0], f[1], c, key)
+        te, bound_e = model(e[0], e[1], c, key) if e else (None, None)
+        models[key] = (t, te)
+    floor_t, floor_e = models.get("floor", (None, None))
+    for key, (t, te) in models.items():
+        f, e = fits[(key, top_rtt)], idle.get((key, top_rtt))
+        bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)[1]
+        bound_e = model(e[0], e[1], cpu_at.get((key, FLEET_N)), key)[1] if e else ""
+        lines.append(f"| {label(key)} | **{t:.2f}** ({bound}) | {f'{t / floor_t:.2f}×' if floor_t else '–'} | "
+                     + (f"**{te:.2f}** ({bound_e}) | {f'{te / floor_e:.2f}×' if floor_e else '–'} |" if te else "– | – |"))
+    lines.append("")
+    for key in ("ddops", "ddops-rerun"):
+        if key in models and f"{key}-fresh" in models:
+            with_, without = models[key], models[f"{key}-fresh"]
+            parts = [f"{name}: {(1 - a / b) * 100:.0f}% shorter" for name, a, b in
+                     (("measured", with_[0], without[0]), ("idle", with_[1], without[1])) if a and b]
+            lines.append(f"- The resident makes the modelled N={FLEET_N} {LABELS[key]} " + ", ".join(parts) + ".")
     lines.append("")
     if check is not None:
         n = check["hosts"]
-        lines += [f"Model against a real run: N={n} at once through the proxies at RTT {check['rtt_ms']:g} ms "
-                  f"(`--forks {FLEET_FORKS}`; the hosts' CPU is shared here, as no fleet's is; median of "
-                  f"{check['repeats']}):", "", "| row | measured wall s | modelled s | measured / modelled |",
-                  "|---|---|---|---|"]
+        lines += [f"The model against a real run: N={n} hosts at once through the proxies at RTT {check['rtt_ms']:g} "
+                  f"ms (`--forks {FLEET_FORKS}`, median of {check['repeats']}, {check.get('date')}, load "
+                  f"{check['load_start']} → {check['load_end']}). Here the {n} hosts share the controller's "
+                  f"{os.cpu_count()} cores, as no fleet's do; the model takes the controller CPU of this run:", "",
+                  "| row | measured wall s | host CPU s | modelled s (measured / idle latency) | measured / modelled |",
+                  "|---|---|---|---|---|"]
         for key in keys:
-            w = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["wall"])
-            c = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["cpu"])
-            f = fits.get((key, check["rtt_ms"]))
+            samples = check["rows"].get(key, {}).get(str(n), [])
+            w, c = median_of(samples, lambda s: s["wall"]), median_of(samples, lambda s: s["cpu"])
+            h = median_of(samples, lambda s: s["host_cpu"])
+            f, e = fits.get((key, check["rtt_ms"])), idle.get((key, check["rtt_ms"]))
             if w is None or not f:
                 continue
-            t, _ = model(f[0], f[1], c, key, n=n)
-            lines.append(f"| {label(key)} | {w:.2f} | {t:.2f} | {w / t:.2f}× |")
+            t = model(f[0], f[1], c, key, n=n)[0]
+            te = model(e[0], e[1], c, key, n=n)[0] if e else None
+            lines.append(f"| {label(key)} | {w:.2f} | {h:.2f} | {t:.2f} / {'–' if te is None else f'{te:.2f}'} | "
+                         f"{w / t:.2f}× / {'–' if te is None else f'{w / te:.2f}×'} |")
         lines.append("")
     return "\n".join(lines + [END])
 
