@@ -7,7 +7,7 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ddops.slurm_options import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.errors import InventoryError, UsageError
@@ -19,27 +19,120 @@ DEFAULT_SSH_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 SYNC_MODES = ("auto", "remote", "push")
 
-# Every key a host may carry (and so `defaults` and `groups.<g>` too), with its type.
-HOST_KEYS: dict[str, type | tuple[type, ...]] = {
-    "address": str,
-    "port": int,
-    "user": str,
-    "identity_file": str,
-    "proxy_jump": str,
-    "repo": str,
-    "python": str,
-    "groups": list,
-    "vars": dict,
-    "repo_url": str,
-    "commit": str,
-    "sync": str,
-    "connect_timeout": (int, float),
-    "command_timeout": (int, float),
-    "agent_linger": (int, float),
-    # Slurm as the bench executor (ddops/bench/slurm.py): the host is then the cluster's login node.
-    "executor": str,
-    "slurm": dict,
+CONNECTIONS = ("ssh", "local")  # `local`: this machine, through a local agent process (no sshd)
+
+
+def _port(value: int) -> Iterator[tuple[tuple, str]]:
+    if not 0 < value < 65536:
+        yield (), f"port {value} is out of range 1-65535"
+
+
+def _positive_seconds(value: float) -> Iterator[tuple[tuple, str]]:
+    if value <= 0:
+        yield (), "must be a positive number of seconds"
+
+
+def _linger(value: float) -> Iterator[tuple[tuple, str]]:
+    if not 0 <= value <= 86400:
+        yield (), "must be between 0 (never) and 86400 seconds"
+
+
+def _repo(repo: str) -> Iterator[tuple[tuple, str]]:
+    if not repo.startswith(("/", "~")):
+        yield (), "must be an absolute path (or start with ~)"
+    elif any(ch in repo for ch in "\n\0") or ".." in Path(repo).parts:
+        yield (), "must not contain newlines, NUL bytes or '..'"
+
+
+def _git_word(value: str) -> Iterator[tuple[tuple, str]]:
+    # repo_url and commit reach git's command line on the controller and the host: '-' would make them options
+    # there (`--upload-pack=CMD` runs CMD).
+    if value.startswith("-") or any(ch in value for ch in "\n\0"):
+        yield (), "must not start with '-' (git would read it as an option) nor contain newlines or NUL bytes"
+
+
+def _address(value: str) -> Iterator[tuple[tuple, str]]:
+    if not value or any(c.isspace() for c in value):
+        yield (), "must be a host name or IP address without spaces"
+
+
+def _group_names(groups: list) -> Iterator[tuple[tuple, str]]:
+    for i, g in enumerate(groups):
+        if not isinstance(g, str) or not _valid_name(g):
+            yield (i,), "group names use letters, digits, '.', '_' and '-' only"
+
+
+def _var_names(variables: dict) -> Iterator[tuple[tuple, str]]:
+    for k in variables:
+        if not isinstance(k, str):
+            yield (k,), "variable names must be strings"
+
+
+def _slurm(options: dict) -> Iterator[tuple[tuple, str]]:
+    for key, value in options.items():
+        if key not in SLURM_KEYS:
+            yield (key,), f"unknown key{suggest(key, SLURM_KEYS)}"
+        elif not _is_type(value, SLURM_KEYS[key]):
+            yield (key,), f"must be {type_name(SLURM_KEYS[key])}, not {describe(value)}"
+    yield from slurm_option_problems(options)
+
+
+@dataclass(frozen=True, slots=True)
+class HostKey:
+    """One key a host may carry (and so `defaults` and `groups.<g>` too): how it is written, checked and kept."""
+
+    type: type | tuple[type, ...]
+    default: Any = None  # what a host gets when nothing sets the key (None: unset)
+    choices: tuple[str, ...] = ()
+    check: Callable[[Any], Iterator[tuple[tuple, str]]] | None = None  # (key path below the key, problem)
+    convert: Callable[[Any], Any] | None = None  # the YAML value as the Host field holds it
+    in_groups: bool = True  # a group may set it
+    nullable: bool = False  # `key:` with no value means "none" (an empty list or mapping)
+    doc: str = ""
+
+    def problems(self, value: Any) -> Iterator[tuple[tuple, str]]:
+        """What is wrong with a value of this key, as (key path below it, message)."""
+        if value is None and self.nullable:
+            return
+        if not _is_type(value, self.type):
+            yield (), f"must be {type_name(self.type)}, not {describe(value)}"
+            return
+        if self.choices and value not in self.choices:
+            yield (), f"must be one of {', '.join(self.choices)}{suggest(value, self.choices)}"
+        if self.check is not None:
+            yield from self.check(value)
+
+
+# The Host schema, one table: the keys the inventory accepts, their defaults and checks, and the Host fields they
+# fill (HostKey.convert) all come from here. `Host` below declares the same fields, its defaults read from this table
+# (tests/unit/test_inventory.py holds the two together).
+HOST_SCHEMA: dict[str, HostKey] = {
+    "address": HostKey(str, check=_address, in_groups=False, doc="what to connect to (default: the host's name)"),
+    "connection": HostKey(str, "ssh", choices=CONNECTIONS, doc="`local`: this machine, without sshd"),
+    "port": HostKey(int, 22, check=_port, convert=int),
+    "user": HostKey(str, "root"),
+    "identity_file": HostKey(str, doc="the private key (the ssh-agent's copy is used first)"),
+    "proxy_jump": HostKey(str, doc="`a,b`: hops, as OpenSSH's ProxyJump; `none`: no jump"),
+    "repo": HostKey(str, "/root/ddtree", check=_repo),
+    "python": HostKey(str, "python3"),
+    "groups": HostKey(list, (), check=_group_names, convert=tuple, in_groups=False, nullable=True),
+    "vars": HostKey(dict, {}, check=_var_names, convert=dict, nullable=True),
+    "repo_url": HostKey(str, check=_git_word),
+    "commit": HostKey(str, check=_git_word),
+    "sync": HostKey(str, "auto", choices=SYNC_MODES),
+    "connect_timeout": HostKey((int, float), 10.0, check=_positive_seconds, convert=float),
+    "command_timeout": HostKey((int, float), 120.0, check=_positive_seconds, convert=float),
+    # Seconds the host's agent stays on after a session to serve the next command without starting Python
+    # (remote/README.md, "The resident agent"); 0: never.
+    "agent_linger": HostKey((int, float), 300.0, check=_linger, convert=float),
+    # How `ddops bench` runs the plan here: `bare` (detached processes on this host) or `slurm` (one job array, the
+    # host then being the cluster's login node: ddops/bench/slurm.py).
+    "executor": HostKey(str, "bare", choices=EXECUTORS),
+    "slurm": HostKey(dict, None, check=_slurm, nullable=True),
 }
+HOST_KEYS: dict[str, type | tuple[type, ...]] = {k: spec.type for k, spec in HOST_SCHEMA.items()}
+GROUP_KEYS = {k: spec for k, spec in HOST_SCHEMA.items() if spec.in_groups}
+BUILTIN_DEFAULTS: dict[str, Any] = {k: spec.default for k, spec in HOST_SCHEMA.items() if spec.default is not None}
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "defaults": dict,
     "known_hosts": str,
@@ -48,50 +141,52 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "groups": dict,
     "hosts": dict,
 }
-BUILTIN_DEFAULTS: dict[str, Any] = {
-    "port": 22,
-    "user": "root",
-    "repo": "/root/ddtree",
-    "python": "python3",
-    "sync": "auto",
-    "connect_timeout": 10.0,
-    "command_timeout": 120.0,
-    "agent_linger": 300.0,
-}
+
+
+def _default(key: str) -> Any:
+    """Host's default for a schema key (mutable ones as a factory)."""
+    value = HOST_SCHEMA[key].default
+    return field(default_factory=dict, hash=False, compare=False) if isinstance(value, dict) else value
 
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    """One SSH-reachable host, with every setting resolved."""
+    """One host, with every setting resolved (HOST_SCHEMA says what each means)."""
 
     name: str
     address: str
-    port: int = 22
-    user: str = "root"
+    port: int = _default("port")
+    user: str = _default("user")
     identity_file: str | None = None
     proxy_jump: str | None = None
-    repo: str = "/root/ddtree"
-    python: str = "python3"
-    groups: tuple[str, ...] = ()
-    vars: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    repo: str = _default("repo")
+    python: str = _default("python")
+    groups: tuple[str, ...] = _default("groups")
+    vars: Mapping[str, Any] = _default("vars")
     repo_url: str | None = None
     commit: str | None = None
-    sync: str = "auto"
-    connect_timeout: float = 10.0
-    command_timeout: float = 120.0
-    # Seconds the host's agent stays on after a session to serve the next command without starting Python
-    # (remote/README.md, "The resident agent"); 0: never.
-    agent_linger: float = 300.0
+    sync: str = _default("sync")
+    connect_timeout: float = _default("connect_timeout")
+    command_timeout: float = _default("command_timeout")
+    agent_linger: float = _default("agent_linger")
+    executor: str = _default("executor")
+    slurm: SlurmOptions | None = None
+    connection: str = _default("connection")
+    # Not inventory keys: where the settings came from.
     # The host's UserKnownHostsFile from ssh_config, where the inventory names no known_hosts; None: the inventory's.
     known_hosts: str | None = None
-    # How `ddops bench` runs the plan here: `bare` (detached processes on this host) or `slurm` (one job array).
-    executor: str = "bare"
-    slurm: SlurmOptions | None = None
+    # `file:line: key.path` of the identity_file setting, for the error that names a missing key file.
+    identity_origin: str | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
         """`name (address)` or just the name when they are the same."""
         return self.name if self.name == self.address else f"{self.name} ({self.address})"
+
+    @property
+    def local(self) -> bool:
+        """This machine (`connection: local`): reached through a local agent process, not SSH."""
+        return self.connection == "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +236,13 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         ssh_config = load_ssh_config(data.get("ssh_config", DEFAULT_SSH_CONFIG))
 
     defaults = data.get("defaults") or {}
-    _expect_mapping(doc, ("defaults",), defaults, HOST_KEYS)
-    _check_host_values(doc, ("defaults",), defaults)
+    _check_host_values(doc, ("defaults",), defaults, HOST_SCHEMA)
 
     group_settings = data.get("groups") or {}
     for gname, gvalues in group_settings.items():
         if not isinstance(gvalues, dict):
             raise _err(doc, ("groups", gname), f"must be a mapping, not {describe(gvalues)}")
-        keys = {k: v for k, v in HOST_KEYS.items() if k not in ("groups", "address")}
-        _expect_mapping(doc, ("groups", gname), gvalues, keys)
-        _check_host_values(doc, ("groups", gname), gvalues)
+        _check_host_values(doc, ("groups", gname), gvalues, GROUP_KEYS)
 
     patches = data.get("patches") or []
     for i, p in enumerate(patches):
@@ -174,8 +266,7 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         values = values if values is not None else {}
         if not isinstance(values, dict):
             raise _err(doc, keypath, f"must be a mapping, not {describe(values)}")
-        _expect_mapping(doc, keypath, values, HOST_KEYS)
-        _check_host_values(doc, keypath, values)
+        _check_host_values(doc, keypath, values, HOST_SCHEMA)
         host = _resolve_host(name, values, defaults, group_settings, ssh_config, doc,
                              known_hosts_from_config="known_hosts" not in data)
         key = (host.address, host.port)
@@ -216,7 +307,7 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
 def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
                   ssh_config: SshConfig | OpenSshConfig, doc: YamlDoc, *,
                   known_hosts_from_config: bool = True) -> Host:
-    groups = list(values.get("groups", defaults.get("groups", [])))
+    groups = list((values["groups"] or []) if "groups" in values else (defaults.get("groups") or []))
     for g in groups:
         if g == name:
             raise _err(doc, ("hosts", name, "groups"), f"group '{g}' has the same name as a host")
@@ -245,28 +336,37 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
     merged["address"] = address_resolved
     if isinstance(merged.get("port"), str):
         raise _err(doc, ("hosts", name), f"ssh_config gives port '{merged['port']}', which is not a number")
+    fields = {key: _field_value(spec, merged.get(key)) for key, spec in HOST_SCHEMA.items()
+              if key not in ("groups", "slurm")}
     return Host(
         name=name,
-        address=merged["address"],
-        port=int(merged["port"]),
-        user=merged["user"],
-        identity_file=merged.get("identity_file"),
-        proxy_jump=merged.get("proxy_jump"),
-        repo=merged["repo"],
-        python=merged["python"],
+        **fields,
         groups=tuple(groups),
-        vars=dict(merged.get("vars") or {}),
-        repo_url=merged.get("repo_url"),
-        commit=merged.get("commit"),
-        sync=merged["sync"],
-        connect_timeout=float(merged["connect_timeout"]),
-        command_timeout=float(merged["command_timeout"]),
-        agent_linger=float(merged["agent_linger"]),
         # Precedence as for the other keys: the inventory's own `known_hosts` beats ssh_config's.
         known_hosts=from_config.get("known_hosts") if known_hosts_from_config else None,
-        executor=merged.get("executor") or "bare",
         slurm=SlurmOptions.from_mapping(merged["slurm"]) if merged.get("executor") == "slurm" else None,
+        identity_origin=_origin(doc, "identity_file", name, values, groups, group_settings, defaults),
     )
+
+
+def _field_value(spec: HostKey, value: Any) -> Any:
+    value = spec.default if value is None else value
+    return spec.convert(value) if spec.convert is not None and value is not None else value
+
+
+def _origin(doc: YamlDoc, key: str, name: str, values: dict, groups: list, group_settings: dict,
+            defaults: dict) -> str | None:
+    """`file:line: key.path` of the setting a host's `key` came from (its own, a group's, the defaults', or the
+    host's line when ssh_config set it)."""
+    if key in values:
+        keypath: tuple = ("hosts", name, key)
+    elif any(key in (group_settings.get(g) or {}) for g in groups):
+        keypath = ("groups", next(g for g in groups if key in (group_settings.get(g) or {})), key)
+    elif key in defaults:
+        keypath = ("defaults", key)
+    else:
+        return f"{doc.where(('hosts', name))}: hosts.{name}: {key} (from ssh_config)"
+    return f"{doc.where(keypath)}: {dotted(keypath)}"
 
 
 def _expect_mapping(doc: YamlDoc, keypath: tuple, data: Any, allowed: Mapping[str, Any]) -> None:
@@ -277,50 +377,26 @@ def _expect_mapping(doc: YamlDoc, keypath: tuple, data: Any, allowed: Mapping[st
         if key not in allowed:
             raise _err(doc, child, f"unknown key{suggest(key, allowed)}")
         expected = allowed[key]
-        if value is None and key in ("groups", "vars", "defaults", "patches", "slurm"):
+        if value is None and key in ("groups", "defaults", "patches"):
             continue
-        ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, (int, float)))
-        if not ok:
+        if not _is_type(value, expected):
             raise _err(doc, child, f"must be {type_name(expected)}, not {describe(value)}")
 
 
-def _check_host_values(doc: YamlDoc, keypath: tuple, values: dict) -> None:
-    if "port" in values and not 0 < values["port"] < 65536:
-        raise _err(doc, keypath + ("port",), f"port {values['port']} is out of range 1-65535")
-    for key in ("connect_timeout", "command_timeout"):
-        if key in values and values[key] <= 0:
-            raise _err(doc, keypath + (key,), "must be a positive number of seconds")
-    if "agent_linger" in values and not 0 <= values["agent_linger"] <= 86400:
-        raise _err(doc, keypath + ("agent_linger",), "must be between 0 (never) and 86400 seconds")
-    if "sync" in values and values["sync"] not in SYNC_MODES:
-        raise _err(doc, keypath + ("sync",), f"must be one of {', '.join(SYNC_MODES)}{suggest(values['sync'], SYNC_MODES)}")
-    if "executor" in values and values["executor"] not in EXECUTORS:
-        raise _err(doc, keypath + ("executor",),
-                   f"must be one of {', '.join(EXECUTORS)}{suggest(values['executor'], EXECUTORS)}")
-    if values.get("slurm") is not None:
-        _expect_mapping(doc, keypath + ("slurm",), values["slurm"], SLURM_KEYS)
-        for sub, message in slurm_option_problems(values["slurm"]):
-            raise _err(doc, keypath + ("slurm",) + sub, message)
-    if "repo" in values:
-        repo = values["repo"]
-        if not repo.startswith(("/", "~")):
-            raise _err(doc, keypath + ("repo",), "must be an absolute path (or start with ~)")
-        if any(ch in repo for ch in "\n\0") or ".." in Path(repo).parts:
-            raise _err(doc, keypath + ("repo",), "must not contain newlines, NUL bytes or '..'")
-    for key in ("repo_url", "commit"):
-        # Both reach git's command line on the controller and the host: '-' would make them options there
-        # (`--upload-pack=CMD` runs CMD).
-        if key in values and (values[key].startswith("-") or any(ch in values[key] for ch in "\n\0")):
-            raise _err(doc, keypath + (key,), "must not start with '-' (git would read it as an option) "
-                                              "nor contain newlines or NUL bytes")
-    if "address" in values and (not values["address"] or any(c.isspace() for c in values["address"])):
-        raise _err(doc, keypath + ("address",), "must be a host name or IP address without spaces")
-    for i, g in enumerate(values.get("groups") or []):
-        if not isinstance(g, str) or not _valid_name(g):
-            raise _err(doc, keypath + ("groups", i), "group names use letters, digits, '.', '_' and '-' only")
-    for k in values.get("vars") or {}:
-        if not isinstance(k, str):
-            raise _err(doc, keypath + ("vars", k), "variable names must be strings")
+def _is_type(value: Any, expected: type | tuple[type, ...]) -> bool:
+    """isinstance, where a bool is not a number (YAML's `yes` is no port)."""
+    return isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, (int, float)))
+
+
+def _check_host_values(doc: YamlDoc, keypath: tuple, values: Any, schema: Mapping[str, HostKey]) -> None:
+    """The first problem of a host's (or defaults', or a group's) settings, as an InventoryError at its line."""
+    if not isinstance(values, dict):
+        raise _err(doc, keypath, f"must be a mapping, not {describe(values)}")
+    for key, value in values.items():
+        if key not in schema:
+            raise _err(doc, keypath + (key,), f"unknown key{suggest(key, schema)}")
+        for sub, message in schema[key].problems(value):
+            raise _err(doc, keypath + (key,) + sub, message)
 
 
 def _err(doc: YamlDoc, keypath: tuple, message: str) -> InventoryError:

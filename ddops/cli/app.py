@@ -42,10 +42,14 @@ def main_callback(
     forks: Annotated[int, typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.")] = 32,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are "
                                                                   "always refused).")] = False,
+    ask_key_passphrase: Annotated[bool, typer.Option(
+        "--ask-key-passphrase", help="Ask the passphrase of an encrypted identity_file the ssh-agent lacks, even "
+                                     "without a terminal (one line of stdin).")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:
-    ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, forks=forks, accept_new=accept_new)
+    ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, forks=forks, accept_new=accept_new,
+                       ask_key_passphrase=ask_key_passphrase)
 
 
 hosts_cmds.register(app)

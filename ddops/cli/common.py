@@ -64,6 +64,7 @@ class AppState:
     verbose: int = 0
     forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
     accept_new: bool = False
+    ask_key_passphrase: bool = False
     _inventory_cache: Any = field(default=None, repr=False)
 
     def load_inventory(self) -> "Inventory":
@@ -76,8 +77,23 @@ class AppState:
     def connector(self, inventory: "Inventory") -> "Connector":
         from ddops.transport import Connector
 
+        # An encrypted key the ssh-agent lacks is asked for on a terminal (or wherever --ask-key-passphrase says).
+        ask = read_passphrase if self.ask_key_passphrase or sys.stdin.isatty() else None
         return Connector(inventory.known_hosts, accept_new=self.accept_new,
-                         jump_hosts=(*inventory.hosts, *inventory.jump_hosts))
+                         jump_hosts=(*inventory.hosts, *inventory.jump_hosts), ask_passphrase=ask)
+
+
+def read_passphrase(prompt: str) -> str | None:
+    """A passphrase from the terminal (not echoed), else a line of stdin; None at end of input."""
+    import getpass
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", getpass.GetPassWarning)  # no terminal: --ask-key-passphrase reads stdin
+        try:
+            return getpass.getpass(prompt, stream=sys.stderr)
+        except EOFError:
+            return None
 
 
 # Options shared by the host-selecting commands, declared once.
@@ -130,6 +146,7 @@ def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: C
     connector = st.connector(inventory)
     progress = FleetProgress(title, [h.name for h in hosts], enabled=not st.json)
     try:
+        connector.prepare(hosts)  # key files read and unlocked before the progress view starts and anything connects
         with progress:
             return run_fleet(hosts, task, connector.connect, forks=forks or st.forks, on_event=progress.event)
     finally:

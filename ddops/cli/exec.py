@@ -47,6 +47,7 @@ def exec_command(ctx: typer.Context, command: CommandArg = None, host: HostOpt =
     printer = _LinePrinter([h.name for h in chosen]) if streaming else None
     connector = st.connector(inventory)
     try:
+        connector.prepare(chosen)
         results = run_fleet(chosen, lambda h, s: exec_host(h, s, spec, printer.line if printer else None),
                             connector.connect, forks=forks or st.forks)
     finally:
