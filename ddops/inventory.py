@@ -256,7 +256,7 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
     # Every host's name goes through ssh_config (its ProxyJump hops too, below): resolve them all at once.
     ssh_config.prefetch(str(v.get("address", n)) if isinstance(v, dict) else str(n) for n, v in raw_hosts.items())
     hosts: list[Host] = []
-    addresses: dict[tuple[str, int], str] = {}
+    addresses: dict[tuple[str, Any], str] = {}
     for name, values in raw_hosts.items():
         keypath = ("hosts", name)
         if not isinstance(name, str) or not _valid_name(name):
@@ -269,9 +269,10 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         _check_host_values(doc, keypath, values, HOST_SCHEMA)
         host = _resolve_host(name, values, defaults, group_settings, ssh_config, doc,
                              known_hosts_from_config="known_hosts" not in data)
-        key = (host.address, host.port)
+        key = ("local", host.repo) if host.local else (host.address, host.port)
         if key in addresses:
-            raise _err(doc, keypath, f"same address {host.address}:{host.port} as host '{addresses[key]}'")
+            what = f"same repo {host.repo} on this machine" if host.local else f"same address {host.address}:{host.port}"
+            raise _err(doc, keypath, f"{what} as host '{addresses[key]}'")
         addresses[key] = name
         hosts.append(host)
 

@@ -9,9 +9,17 @@ from typing import Callable
 
 import paramiko
 
-from ddops.errors import CommandTimeout
+from ddops.errors import CommandTimeout, TransportError
 
 READ_CHUNK = 1 << 16
+# What the controller holds of one answer: an agent's answer line (a snapshot of many files is megabytes) and a
+# command's kept output. More is refused, never gathered: a host cannot make the controller run out of memory.
+MAX_AGENT_ANSWER = 256 << 20
+MAX_COMMAND_OUTPUT = 64 << 20
+
+
+def output_too_large(host_name: str, what: str, limit: int) -> TransportError:
+    return TransportError(f"{host_name}: the {what} sent more than {limit >> 20} MiB of output: refused (cut off)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +57,11 @@ class ChannelReader:
     """
 
     def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None,
-                 on_output: Callable[[str, bytes], None] | None = None) -> None:
+                 on_output: Callable[[str, bytes], None] | None = None,
+                 max_out: int | None = None, too_much: Callable[[], Exception] | None = None) -> None:
         self.channel = channel
+        self._max_out = max_out  # stdout (and stderr, unless max_err keeps its end) beyond this: too_much()
+        self._too_much = too_much
         self._on_output = on_output  # streamed: each chunk goes there as it arrives and is not kept
         self.out = bytearray()
         self.err = bytearray()
@@ -67,6 +78,7 @@ class ChannelReader:
                 self._on_output("stdout", chunk)
             else:
                 self.out += chunk
+                self._check_size()
             progressed = True
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(READ_CHUNK)
@@ -77,7 +89,13 @@ class ChannelReader:
             self.err += chunk
             if self._max_err is not None:
                 del self.err[:-self._max_err]
+            else:
+                self._check_size()
         return progressed
+
+    def _check_size(self) -> None:
+        if self._max_out is not None and len(self.out) + len(self.err) > self._max_out:
+            raise self._too_much() if self._too_much else TransportError(f"more than {self._max_out} bytes")
 
     def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception]) -> bool:
         """Read until `done()` (checked once nothing more is ready): True; or until the channel closed: False.

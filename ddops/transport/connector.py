@@ -16,6 +16,7 @@ from ddops.errors import HostKeyError, TransportError
 from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
 from ddops.transport.auth import KeyRing, OpenSshOrder, PassphrasePrompt
+from ddops.transport.local import LocalSession
 from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, known_hosts_name, revoked_message,
                                       system_known_hosts)
 from ddops.transport.resident import ResidentBook
@@ -47,13 +48,15 @@ class Connector:
         self._jumps: dict[str, Session] = {}
         self._jump_lock = threading.RLock()  # held while a hop connects, which may connect the hops before it
 
-    def connect(self, host: Host) -> Session:
+    def connect(self, host: Host) -> Session | LocalSession:
+        if host.local:  # `connection: local`: this machine, the same agent as a local process
+            return LocalSession(host)
         return self._connect(host, ())
 
     def prepare(self, hosts: Iterable[Host]) -> None:
         """Read the identity files of these hosts and of the hops they jump through, before any connection: a missing
         one is an InventoryError, an encrypted one is unlocked now (one prompt per file) or refused in one line."""
-        hosts = list(hosts)
+        hosts = [h for h in hosts if not h.local]
         hops = [self._hop_host(hop, h) for h in hosts for hop in jump_hops(h.proxy_jump)]
         self.keys.prepare([*hosts, *hops])
 
