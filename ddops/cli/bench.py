@@ -71,7 +71,7 @@ def run(ctx: typer.Context,
 
     st = state(ctx)
     st.json = st.json or json_out
-    bench_plan = load_plan(plan)
+    bench_plan = load_plan(plan, st.load_inventory())
     inventory, chosen = selected_hosts(st, host, group, all_, limit)
     if check:
         results = fleet_run(st, inventory, chosen, check_task(bench_plan), title=f"bench {bench_plan.name} --check",
