@@ -184,7 +184,10 @@ class Spread:
         xs = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not xs:
             return None
-        return cls(mean=fmean(xs), std=pstdev(xs) if len(xs) > 1 else 0.0, low=min(xs), high=max(xs), n=len(xs))
+        try:
+            return cls(mean=fmean(xs), std=pstdev(xs) if len(xs) > 1 else 0.0, low=min(xs), high=max(xs), n=len(xs))
+        except OverflowError:  # numbers near 1e308 from a file: no spread worth showing, and no crash
+            return None
 
 
 @dataclass(frozen=True, slots=True)
