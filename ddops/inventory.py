@@ -138,6 +138,7 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "known_hosts": str,
     "ssh_config": str,
     "patches": list,
+    "playbook_dirs": list,
     "groups": dict,
     "hosts": dict,
 }
@@ -198,6 +199,11 @@ class Inventory:
     ssh_config: str = DEFAULT_SSH_CONFIG
     # ProxyJump hops that are ssh_config aliases rather than inventory hosts, resolved like hosts (for the Connector).
     jump_hosts: tuple[Host, ...] = ()
+    # Folders searched for playbooks and bench plans before the built-ins, absolute (relative ones are read against
+    # the inventory's folder, so that cron and CI find them from anywhere).
+    playbook_dirs: tuple[str, ...] = ()
+    # `file:line` of each `patches:` entry, for errors about the playbook it names.
+    patches_where: tuple[str, ...] = field(default=(), compare=False)
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -212,6 +218,11 @@ class Inventory:
             for g in h.groups:
                 seen.setdefault(g)
         return tuple(seen)
+
+
+def looks_like_playbook_path(name: str) -> bool:
+    """A playbook or plan given as a path (`./mine.yaml`, `dir/x`) rather than a name looked up in folders."""
+    return "/" in name or name.endswith((".yaml", ".yml")) or name.startswith((".", "~"))
 
 
 def inventory_path(explicit: str | None) -> Path:
@@ -244,10 +255,19 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
             raise _err(doc, ("groups", gname), f"must be a mapping, not {describe(gvalues)}")
         _check_host_values(doc, ("groups", gname), gvalues, GROUP_KEYS)
 
+    folder = Path(doc.path).resolve().parent
     patches = data.get("patches") or []
     for i, p in enumerate(patches):
         if not isinstance(p, str) or not p:
             raise _err(doc, ("patches", i), f"must be a playbook name, not {describe(p)}")
+    # A path in `patches:` is read against the inventory's folder, not the working directory.
+    patches = [str(folder / Path(p).expanduser()) if looks_like_playbook_path(p) else p for p in patches]
+    playbook_dirs = data.get("playbook_dirs") or []
+    for i, d in enumerate(playbook_dirs):
+        if not isinstance(d, str) or not d:
+            raise _err(doc, ("playbook_dirs", i), f"must be a folder path, not {describe(d)}")
+        if not (folder / Path(d).expanduser()).is_dir():
+            raise _err(doc, ("playbook_dirs", i), f"'{d}' is not a folder (read against {folder})")
 
     raw_hosts = data["hosts"]
     if not isinstance(raw_hosts, dict) or not raw_hosts:
@@ -302,6 +322,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         patches=tuple(patches),
         ssh_config=data.get("ssh_config", DEFAULT_SSH_CONFIG),
         jump_hosts=tuple(hop_hosts.values()),
+        playbook_dirs=tuple(str(folder / Path(d).expanduser()) for d in playbook_dirs),
+        patches_where=tuple(doc.where(("patches", i)) for i in range(len(patches))),
     )
 
 

@@ -171,6 +171,43 @@ def config_signature(path: Path, ssh: str) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def host_aliases(path: str | os.PathLike[str]) -> list[str]:
+    """The literal names of the config's `Host` lines, in order, through its `Include`s (what `ssh NAME` can name;
+    wildcard patterns and `Match` blocks name no host of their own)."""
+    import glob
+
+    names: dict[str, None] = {}
+    seen: set[Path] = set()
+
+    def read(current: Path) -> None:
+        if current in seen:
+            return
+        seen.add(current)
+        try:
+            text = current.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        for raw in text.splitlines():
+            words = raw.replace("=", " ", 1).split() if raw.strip() else []
+            if not words or words[0].startswith("#"):
+                continue
+            key = words[0].lower()
+            if key == "host":
+                for pattern in words[1:]:
+                    if not pattern.startswith("!") and not set(pattern) & set("*?"):
+                        names.setdefault(pattern.strip('"'))
+            elif key == "include":
+                for pattern in words[1:]:
+                    pattern = os.path.expanduser(pattern.strip('"'))
+                    if not os.path.isabs(pattern):  # as OpenSSH reads a user config's Include
+                        pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+                    for found in sorted(glob.glob(pattern)):
+                        read(Path(found))
+
+    read(Path(path).expanduser())
+    return list(names)
+
+
 def parse_ssh_g(text: str) -> dict[str, list[str]]:
     """`ssh -G` output (`key value` lines) as key -> values, in order (IdentityFile and a few others repeat)."""
     options: dict[str, list[str]] = {}

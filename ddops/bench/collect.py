@@ -156,8 +156,9 @@ def _label_for(file_path: str, commands: Sequence[Mapping[str, Any]]) -> str:
 
 def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[str]]:
     """(Labeled summaries, problems): every collected result file of these runs through its summarizer."""
-    from ddops.bench.report import Labeled
+    from ddops.bench.report import CodeId, Labeled
     from ddops.bench.results import summarize_file
+    from ddops.bench.runs import RUNNING_STATUSES, RunStatus
     from ddops.bench.summary import ResultFileError
 
     items: list[Any] = []
@@ -166,6 +167,9 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
         doc = read_manifest(root, run_id)
         for host, entry in doc["hosts"].items():
             summarizer = entry.get("summarizer") or doc.get("summarizer") or "ddtree"
+            code = CodeId.from_manifest(entry)
+            # Collected while still going: the rows so far, marked, since more results (and repeats) may come.
+            incomplete = RunStatus.of(entry.get("status")) in RUNNING_STATUSES
             for f in entry.get("files") or []:
                 try:
                     local = (root / run_id / host).joinpath(*safe_relpath(f["path"]).parts)
@@ -179,7 +183,8 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
                 except ResultFileError as exc:
                     problems.append(f"{host}: {exc}")
                     continue
-                items.extend(Labeled(host, run_label, s) for s in summaries)
+                items.extend(Labeled(host, run_label, s, code=code, incomplete=incomplete, run_id=run_id)
+                             for s in summaries)
             problems.extend(f"{host}: {line}" for line in slurm_task_problems(entry))
     return items, problems
 

@@ -232,10 +232,25 @@ def _value(doc: YamlDoc, keypath: tuple, value: Any) -> Value:
         for i, item in enumerate(value):
             if not _is_scalar(item):
                 raise _err(doc, keypath + (i,), f"list items must be strings or numbers, not {describe(item)}")
+            if not one_line(item):
+                raise _err(doc, keypath + (i,), ONE_LINE)
         return tuple(value)
     if not _is_scalar(value):
         raise _err(doc, keypath, f"must be a string, number, true/false or a list of those, not {describe(value)}")
+    if not one_line(value):
+        raise _err(doc, keypath, ONE_LINE)
     return value
+
+
+# A quoted value stays one shell word, but a newline in it still ends a `# comment` around its placeholder, and
+# whatever follows would run.
+ONE_LINE = "must be one line: a newline (or CR, NUL) in a value would end a shell comment and run the rest"
+
+
+def one_line(value: Any) -> bool:
+    """No newline, carriage return or NUL in the value (or any of its items)."""
+    items = value if isinstance(value, tuple) else (value,)
+    return not any(isinstance(v, str) and any(c in v for c in "\n\r\0") for v in items)
 
 
 def _check_relative(doc: YamlDoc, keypath: tuple, text: str) -> None:
@@ -259,8 +274,14 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
         raise fail("here-documents are not supported (their bodies are expanded unquoted); put the script in the repo")
     quote: str | None = None
     escaped = False
+    comment = False
+    previous = "\n"
     for part in _parse_template(command, fail):
         if isinstance(part, _Var):
+            if comment:
+                raise fail(f"{{{part.name}}} is inside a shell comment; take it out of the comment (a value there "
+                           "does nothing, and a newline in one would run)")
+            previous = "x"
             if escaped:
                 raise fail(f"{{{part.name}}} follows a backslash; remove it, ddops quotes every value itself")
             if quote is not None:
@@ -268,8 +289,12 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
                            "remove them, ddops quotes every value itself")
             continue
         for ch in part:
-            if escaped:
+            if comment:
+                comment = ch != "\n"
+            elif escaped:
                 escaped = False
+            elif quote is None and ch == "#" and previous in " \t\n;&|()<>":
+                comment = True
             elif quote == "'":
                 if ch == "'":
                     quote = None
@@ -280,6 +305,7 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
                     quote = None
             elif ch in "'\"":
                 quote = ch
+            previous = ch
     if quote is not None:
         raise fail(f"unbalanced {quote} quote")
 
@@ -409,6 +435,9 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
                                                      and all(_is_scalar(v) for v in values[name])):
                 raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}}: host value must be a string, number "
                                     f"or list of those, not {describe(values[name])}")
+            if not one_line(values[name]):
+                raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}}: the value for "
+                                    f"{host_vars.get('host', 'the host')} {ONE_LINE}")
         command = render(plan.command, values, shell=True)
         if command in seen:
             raise PlaybookError(f"{plan.path}: {plan.name}: runs {seen[command]} and {index} expand to the same "

@@ -10,18 +10,20 @@ from typing import Any, Iterable, Mapping, Sequence
 import ddops
 from ddops.bench.plan import BenchPlan, RunSpec, check_host, load_bench_plan
 from ddops.errors import DdopsError, PlaybookError
-from ddops.inventory import Host
+from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState, active_applications, patch_state
 from ddops.patching.kinds import PatchState
-from ddops.patching.playbook import builtin_dirs
+from ddops.patching.playbook import search_path
 from ddops.yamlsrc import suggest
 
 
 # --- plans ---------------------------------------------------------------------------------------------------------
 
 
-def plan_dirs() -> tuple[Path, ...]:
-    return tuple(builtin_dirs())
+def plan_dirs(inventory: Inventory | None = None) -> tuple[Path, ...]:
+    """Where bare plan names are looked up: as playbooks (the inventory's playbook_dirs, $DDOPS_PLAYBOOK_PATH, the
+    built-ins)."""
+    return search_path(inventory)
 
 
 def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = None) -> Path:
@@ -41,8 +43,8 @@ def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = No
                         f"{suggest(name_or_path, known)}")
 
 
-def load_plan(name_or_path: str) -> BenchPlan:
-    return load_bench_plan(resolve_plan_path(name_or_path))
+def load_plan(name_or_path: str, inventory: Inventory | None = None) -> BenchPlan:
+    return load_bench_plan(resolve_plan_path(name_or_path, plan_dirs(inventory)))
 
 
 # --- patch states --------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import re
 import threading
 import types
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ from ddops.bench.summarize_vllm import summarize_vllm
 from ddops.bench.summary import MethodSummary, ResultFileError
 
 MAX_RESULT_BYTES = 2 * 1024**3
+# torch.save stores its archive entries uncompressed: a genuine result never inflates to more than its own size.
+# A little slack for a fork that re-zips with deflate; more than that is a decompression bomb.
+MAX_INFLATION = 4
 MIN_TORCH = (2, 6)  # weights_only loading had code-execution holes before 2.6 (CVE-2025-32434)
 _LOAD_LOCK = threading.Lock()  # safe_globals() edits a process-wide allowlist
 _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
@@ -48,6 +52,7 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
         raise ResultFileError(f"{path}: refused: torch {torch.__version__} cannot load untrusted files safely "
                               f"(needs >= {'.'.join(map(str, MIN_TORCH))})")
     data = read_limited(path, max_bytes)
+    check_archive(data, path, max_bytes)
     # The DDTree layout: dicts, lists, tensors, floats, and SimpleNamespace per method (argparse.Namespace for
     # forks that save `args` unconverted). Nothing else is allowed to be rebuilt.
     allowed = list(_NAMESPACES)
@@ -62,6 +67,28 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
         raise ResultFileError(f"{path}: not a DDTree result: holds {type(obj).__name__}, not a dict")
     check_reach(obj, len(data), path, torch)
     return obj
+
+
+def check_archive(data: bytes, path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> None:
+    """ResultFileError when a torch.save zip archive's directory declares more inflated bytes than the budget.
+
+    Read from the central directory alone, before anything is inflated: torch's reader allocates what each entry
+    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran.
+    """
+    if not data.startswith(b"PK"):
+        return  # the legacy (pre-1.6) torch.save format is a bare pickle: nothing in it inflates
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise ResultFileError(f"{path}: refused: not a readable torch.save archive ({exc})") from None
+    budget = min(max_bytes, MAX_INFLATION * len(data))
+    declared = sum(e.file_size for e in entries)
+    if declared > budget:
+        biggest = max(entries, key=lambda e: e.file_size)
+        raise ResultFileError(f"{path}: refused: its archive declares {_size(declared)} inflated "
+                              f"(entry {biggest.filename!r}: {_size(biggest.file_size)}) out of {_size(len(data))}, "
+                              f"over the {_size(budget)} it may take")
 
 
 def check_reach(obj: Any, budget: int, path: str | Path, torch: Any) -> None:
@@ -149,6 +176,8 @@ def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RE
         return out
     except MemoryError:
         raise ResultFileError(f"{path}: refused: reading it ran out of memory") from None
+    except ArithmeticError:  # e.g. means of 1e308 overflow: a number no real run measured
+        raise ResultFileError(f"{path}: refused: its numbers are too large to average") from None
     except RecursionError:
         raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
 

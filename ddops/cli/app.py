@@ -54,7 +54,8 @@ def main_callback(
 
 hosts_cmds.register(app)
 testbed_cmds.register(app)
-for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddops.cli.exec"):
+for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddops.cli.exec", "ddops.cli.playbook",
+                    "ddops.cli.inventory", "ddops.cli.backups"):
     try:
         module = __import__(module_name, fromlist=["register"])
     except ModuleNotFoundError as exc:

@@ -71,7 +71,7 @@ def run(ctx: typer.Context,
 
     st = state(ctx)
     st.json = st.json or json_out
-    bench_plan = load_plan(plan)
+    bench_plan = load_plan(plan, st.load_inventory())
     inventory, chosen = selected_hosts(st, host, group, all_, limit)
     if check:
         results = fleet_run(st, inventory, chosen, check_task(bench_plan), title=f"bench {bench_plan.name} --check",
@@ -539,13 +539,17 @@ def report(ctx: typer.Context,
            fmt: Annotated[str, typer.Option("--format", help="table, json, csv or md.")] = "table",
            by: Annotated[Optional[str], typer.Option("--by", help="host: one row per host and method (repeats "
                                                      "aggregated); method: one row per method over every host and "
-                                                     "repeat. Default: both tables.", show_default=False)] = None,
+                                                     "repeat; run: one row per run, host and method; patchset: each "
+                                                     "method's code variants side by side. Different code (commit, "
+                                                     "patches, library versions) is never pooled. Default: host and "
+                                                     "method.", show_default=False)] = None,
            plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here (speedup and "
                                                         "τ per method, with error bars).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.report import BY, aggregate, build_report, groups_markdown, to_csv, to_json
+    from ddops.bench.report import BY, DEFAULT_VIEWS, aggregate, build_report, groups_markdown, pooling_note, \
+        to_csv, to_json
     from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 
@@ -555,8 +559,8 @@ def report(ctx: typer.Context,
     if fmt not in ("table", "json", "csv", "md"):
         raise UsageError(f"--format {fmt}: use table, json, csv or md")
     if by is not None and by not in BY:
-        raise UsageError(f"--by {by}: use host or method")
-    views = [by] if by else list(BY)
+        raise UsageError(f"--by {by}: use {', '.join(BY)}")
+    views = [by] if by else list(DEFAULT_VIEWS)
     root = results_root(results_dir)
     ids = [check_run_id(r) for r in run_ids or []]
     if not ids:
@@ -566,6 +570,9 @@ def report(ctx: typer.Context,
         ids = newest
     items, problems = load_collected(root, ids)
     rep = build_report(items)
+    note = pooling_note(rep)
+    if note and fmt != "json":
+        err_console.print(escape(note))
     if fmt == "json":
         sys.stdout.write(to_json(rep) + "\n")
     elif fmt == "csv":
@@ -593,7 +600,9 @@ def _report_table(groups: Sequence[Any], run_ids: Sequence[str]) -> None:
     from ddops.bench.report import group_columns, note_label
 
     headers, rows = group_columns(groups)
-    scope = "per host" if groups and groups[0].by == "host" else "per method, all hosts"
+    by = groups[0].by if groups else "method"
+    scope = {"host": "per host", "run": "per run and host", "patchset": "per patch set, all hosts"}.get(
+        by, "per method, all hosts")
     from rich.table import Table
 
     table = Table(title=f"bench report {', '.join(run_ids)}: {scope} (mean ± std over n runs)", header_style="bold")

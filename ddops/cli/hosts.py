@@ -44,10 +44,15 @@ def hosts(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_
 
 @inventory_app.command("check")
 def inventory_check(ctx: typer.Context) -> None:
-    """Validate the inventory: exit 0 when it is fine, 2 with file:line when it is not."""
+    """Validate the inventory and every playbook its `patches:` names: exit 0 when all is fine, 2 with file:line
+    when not."""
+    from ddops.patching.playbook import load_inventory_playbooks
+
     inventory = state(ctx).load_inventory()
+    books = load_inventory_playbooks(inventory) if inventory.patches else []
+    patches = f"; patches: {', '.join(b.name for b in books)}" if books else ""
     console.print(f"{escape(inventory.path)}: ok ({len(inventory.hosts)} hosts, "
-                  f"{len(inventory.groups)} groups)")
+                  f"{len(inventory.groups)} groups{escape(patches)})")
 
 
 # How long the login shell takes before running a command: with the rc files vs without (bash only).

@@ -31,12 +31,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
-    from ddops.patching.playbook import load_playbooks
+    from ddops.patching.playbook import load_inventory_playbooks
 
-    chosen = list(names or st.load_inventory().patches)
-    if not chosen:
-        raise UsageError(f"no playbook named and no `patches:` in {st.load_inventory().path}")
-    return load_playbooks(chosen)
+    inventory = st.load_inventory()
+    if not (names or inventory.patches):
+        raise UsageError(f"no playbook named and no `patches:` in {inventory.path}")
+    return load_inventory_playbooks(inventory, names)
 
 
 def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
@@ -127,9 +127,8 @@ def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = 
     patch_ids = None
     if playbook:
         from ddops.patching.snapshot import all_patches
-        from ddops.patching.playbook import load_playbooks
 
-        patch_ids = [p.id for p in all_patches(load_playbooks(playbook))]
+        patch_ids = [p.id for p in all_patches(_playbooks(st, playbook))]
     if everywhere and not yes and sys.stdin.isatty() and not st.json:
         what = ", ".join(playbook) if playbook else "every ddops patch"
         if not typer.confirm(f"Roll back {what} on every host that has one ({len(chosen)} in the inventory)?"):

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import console, escape
+from ddops.cli.common import console, escape, state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)
@@ -26,11 +26,24 @@ def _default_root() -> Path:
     return DEFAULT_ROOT
 
 
+def _root(ctx: typer.Context, root: Path | None) -> Path:
+    """--root, else the testbed that `-i FILE` describes, else the default one."""
+    if root is not None:
+        return root
+    inventory = state(ctx).inventory
+    if inventory:
+        from ddops.testbed import root_of_inventory
+
+        return root_of_inventory(inventory)
+    return _default_root()
+
+
 @testbed_app.command("up")
 def up(
     ctx: typer.Context,
     count: Annotated[int, typer.Option("--hosts", "-n", min=1, max=250, help="How many hosts.")] = 3,
-    seed: Annotated[Optional[Path], typer.Option("--seed", help="Directory copied into every host's repo path.")] = None,
+    seed: Annotated[Optional[Path], typer.Option("--seed", help="Directory copied into every host's repo path, or the "
+                                                 "name of an example shipped with ddops (mini-ddtree).")] = None,
     inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
     root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
@@ -62,11 +75,13 @@ def up(
 
 @testbed_app.command("down")
 def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
-    """Stop the hosts this testbed started and remove its files (and its containers, network, firewall chains)."""
+    """Stop the hosts this testbed (--root, or the one `-i FILE` describes) started and remove its files (and its
+    containers, network, firewall chains)."""
     from ddops import testbed
 
-    engine = testbed.load_testbed(root or _default_root()).engine
-    stopped = testbed.down(root or _default_root())
+    where = _root(ctx, root)
+    engine = testbed.load_testbed(where).engine
+    stopped = testbed.down(where)
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
     console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
@@ -76,7 +91,7 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed
 
-    rows = testbed.status(root or _default_root())
+    rows = testbed.status(_root(ctx, root))
     from rich.table import Table
 
     table = Table(header_style="bold")

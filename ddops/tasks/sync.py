@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import ddops
 from ddops.errors import AgentError, DdopsError, UsageError
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
-from ddops.patching.playbook import load_playbooks
+from ddops.patching.playbook import load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
 from ddops.strenum import StrEnum
 from ddops.tasks.base import AgentSession, default_actor
@@ -330,10 +330,11 @@ class SyncRun:
     """Everything a sync or deploy run shares across hosts: resolved pins, bundles, playbooks, the planner."""
 
     def __init__(self, options: SyncOptions, pins: Mapping[tuple[str | None, str | None], Pin],
-                 patches: Sequence[str] = ()) -> None:
+                 patches: Sequence[str] = (), search_dirs: Sequence[Any] | None = None) -> None:
         self.options = options
         self.pins = dict(pins)
         self.patches = tuple(patches)
+        self.search_dirs = search_dirs  # where the patches' names are looked up (None: search_path())
         self.bundles = Bundles(options.from_clone)
         self._lock = threading.Lock()
         self._playbooks: Any = None
@@ -363,7 +364,7 @@ class SyncRun:
     def playbooks(self) -> Any:
         with self._lock:
             if self._playbooks is None:
-                self._playbooks = load_playbooks(list(self.patches))
+                self._playbooks = load_playbooks(list(self.patches), self.search_dirs)
             return self._playbooks
 
     def planner(self) -> Any:
@@ -406,7 +407,7 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
     if not options.actor:
         options = replace(options, actor=default_actor())
     pins = resolve_pins(hosts, rev=options.rev, from_clone=options.from_clone)
-    run = SyncRun(options, pins, inventory.patches)
+    run = SyncRun(options, pins, inventory.patches, search_path(inventory))
     if run.reapply:
         run.playbooks()  # a broken playbook is a usage error (exit 2) before any host is touched
     return run

@@ -14,7 +14,8 @@ PACKAGE = Path(ddops.__file__).resolve().parent
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("values", frozenset({"ddops", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
-                          "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.resources"})),
+                          "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
+                          "ddops.resources"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
     ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
     ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),

@@ -197,7 +197,6 @@ HOSTILE = [
     "`touch PWNED`",
     "x' ; touch PWNED ; echo '",
     'x" ; touch PWNED ; echo "',
-    "a\ntouch PWNED",
     "a && touch PWNED || touch PWNED",
     "> PWNED",
     "$HOME ${HOME} \\ * ?",
@@ -329,3 +328,35 @@ def test_empty_and_malformed_files_are_playbook_errors(tmp_path):
 def test_name_defaults_to_the_file_stem(tmp_path):
     text = MINIMAL.replace("name: t\n", "")
     assert load(tmp_path, text).name == "plan"
+
+
+@pytest.mark.parametrize("command", ["run {x} # {x}", "run {x}; #{x}", "run {x} #note {x}", "run {x}\n# {x}\n"])
+def test_a_placeholder_inside_a_shell_comment_is_refused(tmp_path, command):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:4: command: ") and "{x} is inside a shell comment" in msg
+
+
+@pytest.mark.parametrize("command", ["run {x} '#' {x}", "run {x}#{x}", "run ${{#}} {x}", "run {x} # note\nrun {x}"])
+def test_a_hash_that_does_not_start_a_comment_leaves_placeholders_alone(tmp_path, command):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    assert load(tmp_path, text).command == command.strip()
+
+
+@pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
+@pytest.mark.parametrize("value", ["gsm8k\ntouch PWNED", "a\rb", ["ok", "x\ntouch PWNED"]])
+def test_a_value_with_a_newline_is_refused_wherever_it_comes_from(tmp_path, where, value):
+    lines = ["summarizer: ddtree", 'results: "*.pt"', "command: run {v} --out {result_dir}/r.pt"]
+    if where == "matrix":
+        lines += ["matrix:", f"  v: [{json.dumps(value)}]"]
+    elif where == "plan_var":
+        lines += ["vars:", f"  v: {json.dumps(value)}"]
+    else:
+        lines += ["vars:", "  v: null"]
+    text = "\n".join(lines) + "\n"
+    if where != "host_var":
+        msg = error_of(tmp_path, text)
+        assert msg.startswith(f"{tmp_path / 'plan.yaml'}:5: ") and "must be one line" in msg, msg
+        return
+    with pytest.raises(PlaybookError, match=r"\{v\}: the value for h1 must be one line"):
+        expand_runs(load(tmp_path, text), {"host": "h1", "v": value})

@@ -1,4 +1,4 @@
-"""The fan-out benchmark still runs: 2 testbed hosts, 1 repeat, ddops rows only (the real run is not a test)."""
+"""The fleet-speed measurement still runs: 2 testbed hosts, 1 repeat, ddops rows only (the real run is not a test)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from tests.conftest import REPO_ROOT, requires_sshd
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
 
-def test_fanout_benchmark_runs_on_two_hosts_and_reports_round_trips(tmp_path):
+def test_fleet_speed_benchmark_runs_on_two_hosts_and_reports_round_trips(tmp_path):
     output = tmp_path / "RESULTS.md"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "fanout" / "run.py"), "--sizes", "2", "--repeats", "1",
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "fleet-speed" / "run.py"), "--sizes", "2", "--repeats", "1",
          "--only", "ddops", "--no-scaling", "--no-startup", "--output", str(output)],
         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

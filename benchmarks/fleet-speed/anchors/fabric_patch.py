@@ -1,6 +1,6 @@
 """Fabric anchor: one ThreadingGroup `run` of `cp && sed && grep` on every host, host keys checked.
 
-Usage: python fabric_patch.py SPEC.json   (spec: {user, key, known_hosts, command, hosts: [{address, port}]})
+Usage: python fabric_patch.py SPEC.json [--serial]  (spec: {user, key, known_hosts, command, hosts: [{address, port}]})
 This is the hand-written one-liner that ddops is compared with: no plan, no journal, a backup that the next run
 overwrites. It exits 1 when any host failed.
 """
@@ -9,7 +9,7 @@ import json
 import sys
 
 import paramiko
-from fabric import Connection, ThreadingGroup
+from fabric import Connection, SerialGroup, ThreadingGroup
 
 
 def main() -> int:
@@ -23,7 +23,8 @@ def main() -> int:
         c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         c.client.load_host_keys(spec["known_hosts"])
         connections.append(c)
-    results = ThreadingGroup.from_connections(connections).run(spec["command"], hide=True, warn=True)
+    group = SerialGroup if "--serial" in sys.argv[2:] else ThreadingGroup  # --serial: one host after another
+    results = group.from_connections(connections).run(spec["command"], hide=True, warn=True)
     failed = [c.host for c, r in results.items() if isinstance(r, Exception) or not r.ok]
     for c in connections:
         c.close()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fan-out benchmark's anchors (the pyproject extra `bench-anchors`) in a venv of their own, which run.py finds:
+# The fleet-speed measurement's anchors (the pyproject extra `bench-anchors`) in a venv of their own, which run.py finds:
 # pyinfra 3.x requires paramiko < 5, and ddops' own venv runs paramiko 5.
 set -euo pipefail
 cd "$(dirname "$0")"

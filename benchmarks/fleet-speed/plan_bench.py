@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plan-only microbenchmark: the time to plan N files cold (no plan cache) in a fresh process, no hosts involved.
 
-    python benchmarks/fanout/plan_bench.py [--files 1000] [--playbook scaling|hybrid-cache|crop-relative]
+    python benchmarks/fleet-speed/plan_bench.py [--files 1000] [--playbook scaling|hybrid-cache|crop-relative]
                                            [--engine fast|libcst] [--repo PATH] [--repeats 3]
 
 Each run is a fresh `python -c` that imports the planner from --repo (default: this checkout; give another

@@ -1,0 +1,393 @@
+#!/usr/bin/env python3
+"""Fleet-like mode: what a real fleet's wall time is made of, measured apart on one small machine.
+
+    python benchmarks/fleet-speed/fleet_mode.py latency --rtts 0,5,20 [--repeats 5]
+    python benchmarks/fleet-speed/fleet_mode.py cpu --sizes 32,200 [--repeats 3]
+    python benchmarks/fleet-speed/fleet_mode.py check --rtt 20 --hosts 32 [--repeats 3]
+
+On a real fleet every host has CPUs of its own and is a round trip away; here the hosts share the controller's two
+cores and are microseconds away, so a fleet's time is modelled from two figures measured apart:
+- latency: 1 and 4 hosts worked on one after the other (`--forks 1`, Fabric's SerialGroup, one ssh after another)
+  through a delaying TCP proxy per host (delay_proxy.py; every chunk forwarded RTT/2 later each way), where nothing
+  queues on host CPU. The fit wall(n) = startup + n x per-host latency gives both.
+- cpu: the controller's own CPU seconds (rusage of its process tree) at N=32 and N=200 hosts, no proxies.
+- model: T(N, forks) = max(startup + ceil(N / forks) x per-host latency, controller CPU at N / usable cores), one
+  core for a Python process (the GIL), every core for a fan-out of ssh processes.
+`check` runs N hosts at once through the proxies to hold the model against a real run. Each mode writes its JSON to
+fleet-<mode>.json here; `report` turns them into the fleet section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run  # noqa: E402
+from delay_proxy import DelayProxies  # noqa: E402
+from run import PLAYBOOK, Bed, Runner, Sample, Tool, log  # noqa: E402
+
+PROXY_PREFIX = "127.0.0."  # the proxies listen on loopback, one address per host
+FLEET_N, FLEET_FORKS = 200, 32
+BEGIN, END = "<!-- fleet: written by fleet_mode.py report -->", "<!-- end of fleet -->"
+
+
+# --- the hosts through proxies ----------------------------------------------------------------------------------
+
+def proxied_bed(bed: Bed, work: Path, port: int) -> tuple[Bed, list[tuple[tuple[str, int], tuple[str, int]]]]:
+    """A view of the testbed whose hosts are the proxies (127.0.0.x:port), with their host keys in known_hosts."""
+    hosts, pairs, lines = [], [], []
+    for i, host in enumerate(bed.hosts):
+        address = f"{PROXY_PREFIX}{10 + i}"
+        hosts.append(dataclasses.replace(host, address=address, port=port))
+        pairs.append(((address, port), (host.address, host.port)))
+        key = run.testbed.common.host_key_path(host).with_suffix(".pub").read_text().split()
+        lines.append(f"[{address}]:{port} {key[0]} {key[1]}\n")
+    with open(bed.tb.known_hosts, "a") as fh:
+        fh.writelines(lines)
+    work.mkdir(parents=True, exist_ok=True)
+    return Bed(dataclasses.replace(bed.tb, hosts=tuple(hosts)), work, bed.host_python, bed.originals), pairs
+
+
+def serial_ssh_script(bed: Bed, n: int) -> Path:
+    """`ssh host true` on each of the first n hosts, one after the other."""
+    path = bed.work / f"floor-serial-{n}.sh"
+    if not path.exists():
+        lines = ["#!/bin/bash", "set -e"]
+        lines += [" ".join(shlex.quote(w) for w in bed.ssh_argv(h) + ["true"]) for h in bed.hosts[:n]]
+        path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def fleet_tools(runner: Runner, *, forks: int | None, serial: bool, only: set[str] | None = None) -> list[Tool]:
+    """The rows: the ssh-true floor, the Fabric one-liner, and ddops' five commands with and without a resident."""
+    bed, d = runner.bed, runner.ddops
+    by_key = {t.key: t for t in runner.tools}
+    fork_words = ["--forks", str(forks)] if forks else []
+    tools = []
+    floor = by_key["floor"]
+    if serial:
+        floor = dataclasses.replace(floor, argv=lambda n: ["bash", str(serial_ssh_script(bed, n))])
+    tools.append(floor)
+    if "fabric" in by_key:
+        fabric = by_key["fabric"]
+        if serial:
+            fabric = dataclasses.replace(fabric, argv=(lambda a: lambda n: a(n) + ["--serial"])(fabric.argv))
+        tools.append(fabric)
+    commands = {"ddops-cold": ["patch", PLAYBOOK], "ddops": ["patch", PLAYBOOK], "ddops-rerun": ["patch", PLAYBOOK],
+                "ddops-check": ["patch", PLAYBOOK, "--check"], "ddops-rollback": ["rollback", "--yes"]}
+    for resident in (True, False):
+        for key, words in commands.items():
+            base = by_key[key]
+
+            def argv(n: int, words: list[str] = words, resident: bool = resident) -> list[str]:
+                return d + ["-i", str(bed.ddops_inventory(n, resident=resident)), *fork_words, *words, "--all",
+                            "--json"]
+
+            tools.append(dataclasses.replace(base, key=key if resident else f"{key}-fresh", argv=argv,
+                                             label=base.label if resident else base.label + " (no resident)"))
+    if only:
+        tools = [t for t in tools if t.key in only]
+    return tools
+
+
+def make_runner(bed: Bed, args: argparse.Namespace) -> Runner:
+    ns = argparse.Namespace(anchors_venv=None, only=None, baseline_repo=None, repeats=args.repeats, slow_repeats=1)
+    return Runner(ns, bed)
+
+
+# --- measuring ------------------------------------------------------------------------------------------------
+
+def measure_rows(runner: Runner, tools: list[Tool], sizes: list[int], repeats: int,
+                 proxies: DelayProxies | None) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Every tool at every size, interleaved per repeat (one warm-up each first); samples with bytes per host."""
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {t.key: {} for t in tools}
+    top = max(sizes)  # every host warmed: page cache, plan cache, and each host's resident started
+    for tool in tools:
+        runner.prepare(tool, top)
+        runner.run_once(tool, top, tag="warmup")
+        if tool.leaves != "same":
+            runner.state[top] = tool.leaves
+    for rep in range(repeats):
+        order = tools[:] if rep % 2 == 0 else tools[::-1]  # A/B order alternates: load drifts hit both alike
+        for n in sizes:
+            for tool in order:
+                runner.prepare(tool, n)
+                before = proxies.counters() if proxies else (0, 0, 0)
+                sample = runner.measure(tool, n, rep)
+                after = proxies.counters() if proxies else (0, 0, 0)
+                if proxies:
+                    sample.extra["bytes_up_per_host"] = (after[0] - before[0]) / n
+                    sample.extra["bytes_down_per_host"] = (after[1] - before[1]) / n
+                    sample.extra["connections_per_host"] = (after[2] - before[2]) / n
+                results[tool.key].setdefault(n, []).append(dataclasses.asdict(sample))
+                flag = "" if sample.ok else f"  FAILED {sample.extra.get('error', '')}"
+                log(f"  rep={rep} n={n} {tool.key:20s} {sample.wall:7.3f}s cpu={sample.cpu:6.2f}s{flag}")
+    return results
+
+
+def start_bed(count: int, host_python: str) -> tuple[Bed, Path]:
+    work = Path(tempfile.mkdtemp(prefix="ddops-fleet-speed-"))
+    seed = work / "seed"
+    seed.mkdir()
+    originals = {}
+    for name in run.SEED_FILES:
+        originals[name] = (run.REPO / "examples" / "mini-ddtree" / name).read_bytes()
+        (seed / name).write_bytes(originals[name])
+    prefix = f"127.{random.randint(60, 99)}.{random.randint(1, 250)}."
+    log(f"fleet mode: {count} testbed hosts on {prefix}2.., work dir {work}")
+    tb = run.testbed.up(count, root=work / "testbed", seed=seed, address_prefix=prefix, python=host_python)
+    run.precompile(None)
+    return Bed(tb, work, host_python, originals), work
+
+
+def stop_bed(bed: Bed, work: Path) -> None:
+    run.testbed.down(bed.tb.root)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
+    bed, work = start_bed(4, args.host_python)
+    out: dict[str, Any] = {"rtts_ms": args.rtts, "sizes": [1, 4], "repeats": args.repeats, "load_start": run.load_text()}
+    try:
+        port = random.randint(20000, 40000)
+        for rtt in args.rtts:
+            view, pairs = proxied_bed(bed, work / f"rtt{rtt:g}", port)
+            with DelayProxies(pairs, rtt / 1000, lifetime=1800) as proxies:
+                runner = make_runner(view, args)
+                tools = fleet_tools(runner, forks=1, serial=True, only=args.only)
+                log(f"== RTT {rtt:g} ms, load {run.load_text()}")
+                out[f"{rtt:g}"] = measure_rows(runner, tools, [1, 4], args.repeats, proxies)
+            port += 1
+    finally:
+        stop_bed(bed, work)
+    out["load_end"] = run.load_text()
+    return out
+
+
+def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    bed, work = start_bed(max(args.sizes), args.host_python)
+    out: dict[str, Any] = {"sizes": args.sizes, "repeats": args.repeats, "load_start": run.load_text()}
+    try:
+        runner = make_runner(bed, args)
+        tools = fleet_tools(runner, forks=FLEET_FORKS, serial=False, only=args.only)
+        out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
+    finally:
+        stop_bed(bed, work)
+    out["load_end"] = run.load_text()
+    return out
+
+
+def mode_check(args: argparse.Namespace) -> dict[str, Any]:
+    bed, work = start_bed(args.hosts, args.host_python)
+    out: dict[str, Any] = {"rtt_ms": args.rtt, "hosts": args.hosts, "repeats": args.repeats,
+                           "load_start": run.load_text()}
+    try:
+        view, pairs = proxied_bed(bed, work / "check", random.randint(20000, 40000))
+        with DelayProxies(pairs, args.rtt / 1000, lifetime=1800) as proxies:
+            runner = make_runner(view, args)
+            tools = fleet_tools(runner, forks=FLEET_FORKS, serial=False, only=args.only)
+            out["rows"] = measure_rows(runner, tools, [args.hosts], args.repeats, proxies)
+    finally:
+        stop_bed(bed, work)
+    out["load_end"] = run.load_text()
+    return out
+
+
+# --- the model and the report ---------------------------------------------------------------------------------
+
+def median_of(samples: list[dict[str, Any]], field: Callable[[dict[str, Any]], float]) -> float | None:
+    good = [field(s) for s in samples if s["ok"]]
+    return statistics.median(good) if good else None
+
+
+def fit(rows: dict[str, list[dict[str, Any]]]) -> tuple[float, float] | None:
+    """(startup, per-host latency) from the medians at 1 and 4 hosts worked on one after the other."""
+    w1, w4 = median_of(rows.get("1", []), lambda s: s["wall"]), median_of(rows.get("4", []), lambda s: s["wall"])
+    if w1 is None or w4 is None:
+        return None
+    per_host = (w4 - w1) / 3
+    return w1 - per_host, per_host
+
+
+def usable_cores(key: str) -> int:
+    return (os.cpu_count() or 1) if key == "floor" else 1
+
+
+def model(startup: float, per_host: float, cpu: float | None, key: str, n: int = FLEET_N,
+          forks: int = FLEET_FORKS) -> tuple[float, str]:
+    """The modelled fleet time and what bounds it (latency or the controller's CPU)."""
+    latency = startup + math.ceil(n / forks) * per_host
+    if cpu is not None and cpu / usable_cores(key) > latency:
+        return cpu / usable_cores(key), "controller CPU"
+    return latency, "latency"
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = HERE / f"fleet-{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+LABELS = {"floor": "`ssh host true` (floor)", "fabric": "Fabric one-liner", "ddops-cold": "first apply, cold plan",
+          "ddops": "first apply, warm plan", "ddops-rerun": "rerun", "ddops-check": "--check",
+          "ddops-rollback": "rollback"}
+
+
+def label(key: str) -> str:
+    fresh = key.endswith("-fresh")
+    base = key[:-len("-fresh")] if fresh else key
+    return LABELS.get(base, base) + (" (no resident)" if fresh else " (resident)" if base.startswith("ddops") else "")
+
+
+def report() -> str:
+    lat, cpu, check = load("latency"), load("cpu"), load("check")
+    lines = [BEGIN, "## Fleet-like mode (`fleet_mode.py`)", ""]
+    if lat is None:
+        return "\n".join(lines + ["(not run yet)", END])
+    keys = list(lat[f"{lat['rtts_ms'][0]:g}"])
+    lines += ["Per-host latency and startup, fitted from 1 and 4 hosts worked on one after the other through the "
+              f"delaying proxies (median of {lat['repeats']}; load {lat['load_start']} → {lat['load_end']}). "
+              "Bytes per host: through the proxy, both ways, at the highest RTT.", "",
+              "| row | " + " | ".join(f"RTT {r:g} ms: startup / per host" for r in lat["rtts_ms"])
+              + " | round trips | bytes up / down per host |", "|---|" + "---|" * (len(lat["rtts_ms"]) + 2)]
+    fits: dict[tuple[str, float], tuple[float, float]] = {}
+    for key in keys:
+        cells = []
+        for r in lat["rtts_ms"]:
+            f = fit(lat[f"{r:g}"][key])
+            if f:
+                fits[(key, r)] = f
+            cells.append(f"{f[0] * 1000:.0f} / **{f[1] * 1000:.0f}** ms" if f else "failed")
+        top = lat[f"{lat['rtts_ms'][-1]:g}"][key].get("4", [])
+        rts = sorted({x for s in top if s["ok"] for x in (s["round_trips"] or [])})
+        up = median_of(top, lambda s: s["extra"].get("bytes_up_per_host", 0))
+        down = median_of(top, lambda s: s["extra"].get("bytes_down_per_host", 0))
+        lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {run.fmt_rt(rts) if rts else '–'} | "
+                     f"{(up or 0) / 1000:.1f} kB / {(down or 0) / 1000:.1f} kB |")
+    lines.append("")
+    cpu_at: dict[tuple[str, int], float] = {}
+    if cpu is not None:
+        sizes = cpu["sizes"]
+        lines += [f"Controller CPU (user+system of ddops' process tree; no proxies, `--forks {FLEET_FORKS}`; "
+                  f"median of {cpu['repeats']}; load {cpu['load_start']} → {cpu['load_end']}):", "",
+                  "| row | " + " | ".join(f"N={n}: CPU s (wall s)" for n in sizes) + " | CPU per host ms |",
+                  "|---|" + "---|" * (len(sizes) + 1)]
+        for key in keys:
+            by_n = cpu["rows"].get(key, {})
+            cells = []
+            for n in sizes:
+                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
+                w = median_of(by_n.get(str(n), []), lambda s: s["wall"])
+                if c is not None:
+                    cpu_at[(key, n)] = c
+                cells.append(f"{c:.2f} ({w:.2f})" if c is not None else "failed")
+            lo, hi = min(sizes), max(sizes)
+            per = ((cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo) * 1000
+                   if (key, hi) in cpu_at and (key, lo) in cpu_at and hi > lo else None)
+            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per:.1f}'} |")
+        lines.append("")
+    top_rtt = max(lat["rtts_ms"])
+    lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + "
+              f"{math.ceil(FLEET_N / FLEET_FORKS)} waves × per-host latency, controller CPU at N={FLEET_N} / "
+              "usable cores: 1 for a Python process, "
+              f"{os.cpu_count()} for the ssh fan-out).", "",
+              "| row | modelled s | bound by | / floor |", "|---|---|---|---|"]
+    floor_t = None
+    modelled: dict[str, float] = {}
+    for key in keys:
+        f = fits.get((key, top_rtt))
+        if not f:
+            continue
+        t, bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)
+        modelled[key] = t
+        if key == "floor":
+            floor_t = t
+        lines.append(f"| {label(key)} | **{t:.2f}** | {bound} | "
+                     f"{'–' if not floor_t else f'{t / floor_t:.2f}×'} |")
+    lines.append("")
+    if check is not None:
+        n = check["hosts"]
+        lines += [f"Model against a real run: N={n} at once through the proxies at RTT {check['rtt_ms']:g} ms "
+                  f"(`--forks {FLEET_FORKS}`; the hosts' CPU is shared here, as no fleet's is; median of "
+                  f"{check['repeats']}):", "", "| row | measured wall s | modelled s | measured / modelled |",
+                  "|---|---|---|---|"]
+        for key in keys:
+            w = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["wall"])
+            c = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["cpu"])
+            f = fits.get((key, check["rtt_ms"]))
+            if w is None or not f:
+                continue
+            t, _ = model(f[0], f[1], c, key, n=n)
+            lines.append(f"| {label(key)} | {w:.2f} | {t:.2f} | {w / t:.2f}× |")
+        lines.append("")
+    return "\n".join(lines + [END])
+
+
+def write_report() -> None:
+    path = HERE / "RESULTS.md"
+    text = path.read_text()
+    section = report()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        marker = "## Notes"
+        head, tail = text.split(marker, 1) if marker in text else (text, "")
+        text = head + section + "\n\n" + (marker + tail if tail else "")
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=["latency", "cpu", "check", "report"])
+    p.add_argument("--rtts", default="0,5,20", help="latency: round trips in ms (default 0,5,20).")
+    p.add_argument("--rtt", type=float, default=20.0, help="check: the round trip in ms (default 20).")
+    p.add_argument("--sizes", default=f"32,{FLEET_N}", help=f"cpu: host counts (default 32,{FLEET_N}).")
+    p.add_argument("--hosts", type=int, default=32, help="check: hosts at once (default 32).")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--only", help="rows, comma-separated (default all).")
+    p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
+                   else sys.executable)
+    args = p.parse_args(argv)
+    args.rtts = [float(x) for x in args.rtts.split(",")]
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.only = set(args.only.split(",")) if args.only else None
+    if args.mode == "report":
+        write_report()
+        return 0
+    started = time.monotonic()
+    result = {"latency": mode_latency, "cpu": mode_cpu, "check": mode_check}[args.mode](args)
+    result["duration_s"] = time.monotonic() - started
+    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (HERE / f"fleet-{args.mode}.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_report()
+    failed = [k for k, v in result.items() if isinstance(v, dict) for s in _samples(v) if not s["ok"]]
+    log(f"wrote fleet-{args.mode}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
+        + (f"; failures: {sorted(set(failed))}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _samples(doc: Any) -> list[dict[str, Any]]:
+    if isinstance(doc, list):
+        return [s for s in doc if isinstance(s, dict) and "ok" in s]
+    if isinstance(doc, dict):
+        return [s for v in doc.values() for s in _samples(v)]
+    return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
