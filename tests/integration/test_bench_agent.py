@@ -358,3 +358,34 @@ def test_follow_rides_out_the_host_going_away_and_the_run_keeps_going(bed, host,
             assert event.run is not None and event.run.status == "completed", event
     assert errors and "before" in text and "after" in text and "completed" in text
     assert follower.final["host1"].run.done == 1
+
+
+def test_stop_of_a_lost_run_never_signals_a_process_that_now_holds_one_of_its_recorded_pids(bed, host, connect):
+    session = connect()
+    launch(session, host, "r-reused", "sleep 300")
+    recorded = wait_until(lambda: state_of(session, host, "r-reused")["state"].get("child_pid"), timeout=10)
+    assert recorded
+    for pid in tagged("r-reused"):  # the runner and its command die, as in an OOM kill or a reboot
+        os.kill(pid, signal.SIGKILL)
+    wait_for_status(connect, host, "r-reused", statuses=("lost",), timeout=10)
+    # Pid reuse: an unrelated process (root's) now has the recorded pids. The runner's record keeps its own start
+    # time; the command's record is given the newcomer's real start time and group, so only the run's tag tells.
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        victim_start = int(Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        pid_file = run_dir(bed, "r-reused") / "pid"
+        runner = json.loads(pid_file.read_text())
+        pid_file.write_text(json.dumps(dict(runner, pid=victim.pid, pgid=victim.pid)))
+        state_file = run_dir(bed, "r-reused") / "state.json"
+        state = json.loads(state_file.read_text())
+        state.update(child_pid=victim.pid, child={"pid": victim.pid, "start_time": victim_start, "pgid": victim.pid})
+        state_file.write_text(json.dumps(state))
+
+        result = session.call_agent("bench_stop", {"repo": host.repo, "run_id": "r-reused", "grace": 0.5})
+
+        assert victim.poll() is None, "bench stop signalled a process that is not the run's"
+        assert result["status"] == "stopped" and result["killed"] == [] and result["remaining"] == []
+        assert state_of(session, host, "r-reused")["state"]["status"] == "stopped"
+    finally:
+        victim.kill()
+        victim.wait()

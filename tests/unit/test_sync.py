@@ -273,18 +273,46 @@ def test_bad_sync_options_are_usage_errors(tmp_path):
         prepare_sync(inventory, inventory.hosts, SyncOptions(reapply=True))
 
 
+def absent_commit(commit: str) -> str:
+    """A full commit id that is certainly not `commit` (its last digit changed), so not in the repo either."""
+    return commit[:-1] + ("1" if commit[-1] == "0" else "0")
+
+
+@pytest.mark.parametrize("commit", ["absent", "present"])
 @pytest.mark.parametrize("verb", ["sync_inspect", "sync_fetch", "sync_checkout"])
-def test_agent_refuses_a_repo_url_that_git_would_read_as_an_option(upstream, tmp_path, verb):
+def test_agent_refuses_a_repo_url_that_git_would_read_as_an_option(upstream, tmp_path, verb, commit):
     repo, cache, marker = tmp_path / "repo", tmp_path / "cache", tmp_path / "pwned"
     git(tmp_path, "clone", "-q", upstream["url"], str(repo))
     git(repo, "remote", "set-url", "origin", str(upstream["origin"]))  # not the URL asked for: a fetch by URL
     # The upload-pack command runs where a local "repository" is named: the repo itself, by its path.
     evil = f"--upload-pack=touch {marker}; git-upload-pack"
-    payload = {"repo": str(repo), "commit": upstream["second"][:39] + "0", "source": "remote", "actor": "t"}
+    # "absent": the URL would be used; "present": the commit is there and the URL is not needed, and is refused
+    # all the same (every operand is checked before anything runs).
+    pin = absent_commit(upstream["second"]) if commit == "absent" else upstream["second"]
+    payload = {"repo": str(repo), "commit": pin, "source": "remote", "actor": "t"}
     payload.update({"probe_url": evil} if verb == "sync_inspect" else {"repo_url": evil})
     error = fails(verb, payload, cache)
     assert error["kind"] == "bad_request" and "must not be empty, start with '-'" in error["message"]
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("existed", [False, True])
+@pytest.mark.parametrize("verb", ["sync_fetch", "sync_checkout"])
+def test_a_sync_with_an_unusable_repo_url_leaves_no_empty_git_init_behind(upstream, tmp_path, verb, existed):
+    repo, cache = tmp_path / "host" / "repo", tmp_path / "cache"
+    if existed:
+        repo.mkdir(parents=True)  # an empty directory waiting for its checkout
+    payload = {"repo": str(repo), "commit": upstream["first"], "source": "remote", "actor": "t",
+               "repo_url": str(tmp_path / "no-such-upstream")}
+    error = fails(verb, payload, cache)
+    assert error["kind"] == "fetch_failed", error
+    if existed:
+        assert repo.is_dir() and list(repo.iterdir()) == []
+    else:
+        assert not repo.exists()
+    # A usable URL afterwards clones as into a fresh directory.
+    done = ok(verb, dict(payload, repo_url=upstream["url"]), cache)
+    assert done["created"] is True
 
 
 def test_a_pin_starting_with_a_dash_is_refused_before_git():
