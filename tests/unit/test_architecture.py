@@ -147,3 +147,28 @@ def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
     found = imports_in(source, "ddops.bench.x")
     assert {"ddops.tasks", "ddops.tasks.patch", "ddops.fleet", "os"} <= found
     assert layer_of("ddops.tasks.patch") > layer_of("ddops.bench.x")
+
+
+def cli_sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in all_modules().items() if name.startswith("ddops.cli")}
+
+
+def test_the_cli_builds_no_per_host_task_and_reads_no_run_document():
+    # Tasks (what a command does on one host) and the values they return live below the CLI: a command parses,
+    # calls, renders.
+    for name, source in cli_sources().items():
+        built = {node.func.id for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert not built & {"TaskOutcome", "RunRecord", "HostRun"}, name
+
+
+def test_the_host_selection_and_global_options_are_declared_once():
+    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.common); every command
+    # gets them from there, with the selection as one `Selection` value.
+    for name, source in cli_sources().items():
+        if name == "ddops.cli.common":
+            continue
+        for option in ('"--host"', '"--group"', '"--limit"', '"--json"', '"--forks"', '"--inventory"',
+                       '"--accept-new"', '"--verbose"'):
+            assert option not in source, f"{name} declares {option}"
+        assert "Selection(" not in source, name
