@@ -42,6 +42,10 @@ def main_callback(
     forks: Annotated[int, typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.")] = 32,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are "
                                                                   "always refused).")] = False,
+    adhoc_hosts: Annotated[Optional[str], typer.Option(
+        "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
+                              "(~/.ssh/config fills in the rest; before the command: after it, -H is --host).",
+        show_default=False)] = None,
     ask_key_passphrase: Annotated[bool, typer.Option(
         "--ask-key-passphrase", help="Ask the passphrase of an encrypted identity_file the ssh-agent lacks, even "
                                      "without a terminal (one line of stdin).")] = False,
@@ -49,7 +53,7 @@ def main_callback(
                                           help="Show the version and exit.")] = False,
 ) -> None:
     ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, forks=forks, accept_new=accept_new,
-                       ask_key_passphrase=ask_key_passphrase)
+                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts)
 
 
 hosts_cmds.register(app)

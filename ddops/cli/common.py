@@ -65,13 +65,15 @@ class AppState:
     forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
     accept_new: bool = False
     ask_key_passphrase: bool = False
+    adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
     _inventory_cache: Any = field(default=None, repr=False)
 
     def load_inventory(self) -> "Inventory":
-        from ddops.inventory import inventory_path, load_inventory
+        from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
 
         if self._inventory_cache is None:
-            self._inventory_cache = load_inventory(inventory_path(self.inventory))
+            self._inventory_cache = (adhoc_inventory(self.adhoc_hosts) if self.adhoc_hosts is not None
+                                     else load_inventory(inventory_path(self.inventory)))
         return self._inventory_cache
 
     def connector(self, inventory: "Inventory") -> "Connector":
@@ -135,6 +137,8 @@ def selected_hosts(st: AppState, host: Sequence[str] | None, group: Sequence[str
 
     inventory = st.load_inventory()
     selection = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_, limit=limit)
+    if st.adhoc_hosts is not None and selection.empty:
+        selection = Selection(all=True)  # `ddops -H a,b patch`: the hosts named are the ones meant
     return inventory, select(inventory, selection)
 
 
