@@ -62,7 +62,10 @@ def oversized(files: Sequence[Mapping[str, Any]], max_bytes: int) -> tuple[list[
 def safe_relpath(rel: str) -> PurePosixPath:
     """A host-supplied path below the host's results folder; refused if it could land anywhere else."""
     p = PurePosixPath(rel)
-    if not rel or "\0" in rel or "\\" in rel or p.is_absolute() or any(part in ("..", "") for part in p.parts):
+    # Each written component checked, not the normalised path: `.` normalises to no parts at all, which names the
+    # host's folder itself (the download turned it into a file).
+    # An absolute path starts with an empty component.
+    if not rel or "\0" in rel or "\\" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
         raise DdopsError(f"refusing result path {rel!r} from the host")
     return p
 

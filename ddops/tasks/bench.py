@@ -403,13 +403,20 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
         wanted, too_big = oversized(listing.get("files") or [], max_file_bytes)
         if too_big:
             listing = {**listing, "refused": [*(listing.get("refused") or []), *too_big]}
+        unsafe = []
         for remote in wanted:
-            local = dest.joinpath(*safe_relpath(remote["path"]).parts)
+            try:
+                local = dest.joinpath(*safe_relpath(str(remote.get("path"))).parts)
+            except DdopsError as exc:  # that file alone: the others are still the host's results
+                unsafe.append({"path": str(remote.get("path")), "reason": str(exc)})
+                continue
             if fetch_file(session, remote, local):
                 fetched += 1
             else:
                 kept += 1
             files.append(remote)
+        if unsafe:
+            listing = {**listing, "refused": [*(listing.get("refused") or []), *unsafe]}
         manifest = host_manifest(host, listing, files)
         run = HostRun.from_state(host.name, listing.get("state") or {}, listing.get("failures"))
         parts = [f"{fetched} file{'s' if fetched != 1 else ''} fetched"]
@@ -417,6 +424,8 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
             parts.append(f"{kept} already here")
         if listing.get("refused"):
             parts.append("refused: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["refused"]))
+        if listing.get("skipped"):
+            parts.append("not followed: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["skipped"]))
         if not run.terminal:
             parts.append(f"run still {run.status} ({run.done}/{run.total}): collect again when it ends")
         elif run.status != RunStatus.COMPLETED:

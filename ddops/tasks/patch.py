@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddops import __version__
 from ddops.errors import AgentError, CommandTimeout
@@ -241,7 +241,7 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
                             "not_applied": list(plan.not_applied), "patches": list(plan.patches)}
     if not plan.restores:
         if plan.refused:
-            return TaskOutcome(FAILED, "; ".join(r.reason for r in plan.refused), data)
+            return TaskOutcome(FAILED, rollback_message(host, data), data)
         return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
                                                          if plan.not_applied else ""), data)
     reply = session.call_agent("rollback", {
@@ -250,15 +250,30 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
         "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
                       "restore_sha256": r.restore, "force": force} for r in plan.restores]})
     data["restored"] = reply.get("restored", []) + reply.get("unchanged", [])
-    data["saved"] = reply.get("saved", [])
+    data["saved"] = [{**s, "backup": saved_edit_path(host.repo, s["sha256"])} for s in reply.get("saved", [])]
     for refusal in reply.get("refused", []):
         why = ("changed since ddops wrote it: left untouched (--force saves that edit, then restores)"
                if refusal.get("reason") == "modified" else refusal.get("reason", "refused"))
         data["refused"].append({"file": refusal["path"], "reason": f"{refusal['path']} {why}"})
     for failure in reply.get("failed", []):
         data["refused"].append({"file": failure["path"], "reason": f"{failure['path']}: {failure.get('message')}"})
-    if data["refused"]:
-        return TaskOutcome(FAILED, "; ".join(r["reason"] for r in data["refused"]), data)
-    saved = f"; saved the foreign edit of {', '.join(s['path'] for s in data['saved'])}" if data["saved"] else ""
-    return TaskOutcome(CHANGED, f"restored {', '.join(data['restored'])}{saved}", data)
+    return TaskOutcome(FAILED if data["refused"] else CHANGED, rollback_message(host, data), data)
+
+
+def saved_edit_path(repo: str, sha: str) -> str:
+    """Where a foreign edit that rollback --force saved lies on the host (its content-addressed backup)."""
+    return f"{repo.rstrip('/')}/.ddops/backups/{sha}"
+
+
+def rollback_message(host: Host, data: Mapping[str, Any]) -> str:
+    """Every file restored and refused, and where each saved foreign edit is (with the command that shows it)."""
+    parts = []
+    if data.get("restored"):
+        parts.append(f"restored {', '.join(sorted(data['restored']))}")
+    if data.get("refused"):
+        parts.append(f"refused {'; '.join(r['reason'] for r in data['refused'])}")
+    for saved in data.get("saved", []):
+        parts.append(f"saved the foreign edit of {saved['path']} at {saved['backup']} "
+                     f"(ddops backups show {host.name} {saved['sha256'][:12]})")
+    return "; ".join(parts) or "nothing to roll back"
 

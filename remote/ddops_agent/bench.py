@@ -792,14 +792,28 @@ def bench_stop(payload):
 # -- files and provenance ---------------------------------------------------------------------------------------
 
 
+def file_kind(mode):
+    """What a non-regular file is, in words (a FIFO, a socket ...)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def hash_file(path):
-    """(sha256, size) of a regular file opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """(sha256, size) of a regular file opened without following a symlink.
+
+    O_NONBLOCK: opening a FIFO for reading waits for a writer, for ever (a FIFO swapped in after the listing's
+    lstat); opened so, it is refused by the fstat below instead.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     digest = hashlib.sha256()
     size = 0
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise AgentFault("not_file", "%s is not a regular file" % path)
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise AgentFault("not_file", "%s is %s, not a regular file" % (path, file_kind(mode)))
         while True:
             block = handle.read(1 << 20)
             if not block:
@@ -876,29 +890,38 @@ def walk_results(result_dir, segments):
 
 
 def result_files(result_dir, pattern):
-    """(files, refused): regular files under result_dir matching `pattern`; symlinks and escapes refused."""
-    files, refused = [], []
+    """(files, refused, skipped): regular files under result_dir matching `pattern`; a symlink the pattern matches,
+    anything not a regular file and escapes refused; links the walk only passes by (it never follows one, so
+    nothing below them could be collected) skipped, which fails nothing."""
+    files, refused, skipped = [], [], []
     real_root = os.path.realpath(result_dir)
     segments = [segment for segment in pattern.split("/") if segment not in ("", ".")]
     for parts, is_link in walk_results(result_dir, segments):
         rel = os.sep.join(parts)
         path = os.path.join(result_dir, rel)
         if is_link:
-            refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % rel})
+            if path_matches(parts, segments):
+                refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % rel})
+            else:
+                skipped.append({"path": rel, "reason": "symlink, not followed"})
             continue
         if not is_inside(os.path.realpath(path), real_root):
             refused.append({"path": rel, "reason": "resolves outside the run's result dir"})
             continue
         try:
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISREG(mode):
+                refused.append({"path": rel, "reason": "%s is %s, not a regular file" % (rel, file_kind(mode))})
+                continue
             sha, size = hash_file(path)
         except AgentFault as fault:
-            refused.append({"path": rel, "reason": fault.message})
+            refused.append({"path": rel, "reason": fault.message.replace(path, rel)})
             continue
         except OSError as error:
             refused.append({"path": rel, "reason": describe_error(error)})
             continue
         files.append({"path": rel, "real_path": os.path.realpath(path), "sha256": sha, "size": size})
-    return files, refused
+    return files, refused, skipped
 
 
 @verb("bench_files")
@@ -910,9 +933,15 @@ def bench_files(payload):
     if pattern.startswith("/") or ".." in pattern.split("/"):
         raise bad_request("results pattern %r must stay inside the run's result dir" % pattern)
     result_dir = os.path.join(run_dir, "results")
-    files, refused = result_files(result_dir, pattern) if os.path.isdir(result_dir) else ([], [])
+    files, refused, skipped = [], [], []
+    if os.path.islink(result_dir):
+        # Its target is not the run's: listing it would collect whatever it names (/etc, say).
+        refused.append({"path": "results", "reason": "the run's results/ is a symlink (to %s); ddops never follows "
+                                                     "links out of a run" % os.readlink(result_dir)})
+    elif os.path.isdir(result_dir):
+        files, refused, skipped = result_files(result_dir, pattern)
     state = current_state(run_dir) or {}
-    return {"run_id": run_id, "spec": spec, "state": state, "files": files, "refused": refused,
+    return {"run_id": run_id, "spec": spec, "state": state, "files": files, "refused": refused, "skipped": skipped,
             "result_dir": result_dir, "failures": failure_tails(run_dir, state)}
 
 

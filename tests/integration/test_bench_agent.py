@@ -233,7 +233,8 @@ def test_result_listing_hashes_files_and_refuses_symlinks_out_of_the_run(bed, ho
     assert files["a.pt"]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert files["a.pt"]["size"] == 3
     refused = {r["path"] for r in listing["refused"]}
-    assert "passwd.pt" in refused and "linkdir" in refused  # the link itself: never followed
+    assert refused == {"passwd.pt"}  # a link the pattern matches: refused, never followed
+    assert [r["path"] for r in listing["skipped"]] == ["linkdir"]  # a link it only passes by: not followed either
     assert listing["spec"]["results"] == "*.pt" and listing["state"]["status"] == "completed"
 
 
