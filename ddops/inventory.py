@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ddops import settings
 from ddops.slurm_options import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.errors import InventoryError, UsageError
 from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
@@ -227,7 +228,7 @@ def looks_like_playbook_path(name: str) -> bool:
 
 def inventory_path(explicit: str | None) -> Path:
     """-i PATH, else $DDOPS_INVENTORY, else ./inventory.yaml."""
-    return Path(explicit or os.environ.get("DDOPS_INVENTORY") or DEFAULT_INVENTORY)
+    return Path(explicit or settings.INVENTORY.value() or DEFAULT_INVENTORY)
 
 
 def load_inventory(path: str | os.PathLike[str], ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:

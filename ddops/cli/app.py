@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ddops import settings
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
@@ -34,7 +35,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main_callback(
     ctx: typer.Context,
-    inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="DDOPS_INVENTORY",
+    inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
                                                      help="Inventory file (default: ./inventory.yaml).",
                                                      show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ddops import settings
 from ddops.cli.common import (AllOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt, console, emit_json, escape,
                               finish, fleet_run, recap, selected_hosts, state)
 
@@ -93,7 +94,7 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
 
 @backups_app.command("restore")
 def restore(ctx: typer.Context, host: HostArg, which: WhichArg, yes: YesOpt = False, json_out: JsonOpt = False,
-            lock_timeout: Annotated[float, typer.Option("--lock-timeout", envvar="DDOPS_LOCK_TIMEOUT", min=0,
+            lock_timeout: Annotated[float, typer.Option("--lock-timeout", envvar=settings.LOCK_TIMEOUT.name, min=0,
                                                         help="Seconds to wait for another ddops run's lock.")] = 10.0
             ) -> None:
     """Put a saved edit back in its file: only over what ddops last wrote there (no patch of ddops in place)."""
