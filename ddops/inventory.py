@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ddops import settings
 from ddops.slurm_options import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.errors import InventoryError, UsageError
 from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
@@ -227,13 +228,38 @@ def looks_like_playbook_path(name: str) -> bool:
 
 def inventory_path(explicit: str | None) -> Path:
     """-i PATH, else $DDOPS_INVENTORY, else ./inventory.yaml."""
-    return Path(explicit or os.environ.get("DDOPS_INVENTORY") or DEFAULT_INVENTORY)
+    return Path(explicit or settings.INVENTORY.value() or DEFAULT_INVENTORY)
 
 
 def load_inventory(path: str | os.PathLike[str], ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:
     """Load and validate an inventory; every error is an InventoryError starting with `file:line:`."""
     doc = load_yaml_file(path, InventoryError)
     return parse_inventory(doc, ssh_config)
+
+
+ADHOC_SOURCE = "-H"  # an ad-hoc inventory's "file" in its error messages
+
+
+def adhoc_inventory(spec: str, ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:
+    """`-H user@host:port,...` as an inventory of those hosts: ~/.ssh/config and the built-in defaults fill in the
+    rest, host keys are checked against ~/.ssh/known_hosts as always. Each host is named by its address."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        user, address, port = split_hop(part)
+        port_text = part.rpartition(":")[2] if ":" in part.rpartition("@")[2].rpartition("]")[2] else ""
+        if not address or any(c.isspace() for c in part) or (port_text and port is None):
+            raise UsageError(f"-H {part}: not a host ([user@]host[:port], comma-separated)")
+        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in address)
+        if name in hosts:
+            name = f"{name}-{port or 22}"
+        if name in hosts:
+            raise UsageError(f"-H {part}: named twice")
+        hosts[name] = {"address": address, **({"user": user} if user else {}), **({"port": port} if port else {})}
+    if not hosts:
+        raise UsageError("-H: no host given (expected [user@]host[:port], comma-separated)")
+    return parse_inventory(YamlDoc(ADHOC_SOURCE, {"hosts": hosts}), ssh_config)
 
 
 def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:

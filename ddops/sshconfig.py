@@ -321,10 +321,9 @@ class OpenSshConfig:
             except (OSError, ValueError):
                 data = {}
             data[str(self.path)] = {"signature": self.signature, "hosts": self._cache}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            temp.write_text(json.dumps(data, sort_keys=True))
-            os.replace(temp, path)
+            from ddops.cache import write_private
+
+            write_private(path, json.dumps(data, sort_keys=True).encode())
         except OSError:
             pass  # only a cache: the next run asks ssh again
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -40,12 +40,16 @@ def main_callback(
     verbose: VerboseOpt = 0,
     forks: ForksOpt = None,
     accept_new: AcceptNewOpt = False,
+    adhoc_hosts: Annotated[Optional[str], typer.Option(
+        "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
+                              "(~/.ssh/config fills in the rest; before the command: after it, -H is --host).",
+        show_default=False)] = None,
     ask_key_passphrase: AskKeyPassphraseOpt = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:
     ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, accept_new=accept_new,
-                       ask_key_passphrase=ask_key_passphrase)
+                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts)
     if forks is not None:
         ctx.obj.forks = forks
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Sequence
 
 import typer
 
+from ddops import settings
 from ddops.cli.common import OnHosts, YesOpt, command, console, escape, one_host, recap
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
 
 @command(backups_app, "restore")
 def restore(ctx: typer.Context, host: HostArg, which: WhichArg, yes: YesOpt = False,
-            lock_timeout: Annotated[float, typer.Option("--lock-timeout", envvar="DDOPS_LOCK_TIMEOUT", min=0,
+            lock_timeout: Annotated[float, typer.Option("--lock-timeout", envvar=settings.LOCK_TIMEOUT.name, min=0,
                                                         help="Seconds to wait for another ddops run's lock.")] = 10.0
             ) -> None:
     """Put a saved edit back in its file: only over what ddops last wrote there (no patch of ddops in place)."""

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, 
 
 import typer
 
+from ddops import settings
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -67,6 +69,7 @@ class AppState:
     forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
     accept_new: bool = False
     ask_key_passphrase: bool = False
+    adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
     _inventory_cache: Any = field(default=None, repr=False)
 
     def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
@@ -83,10 +86,11 @@ class AppState:
         self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
 
     def load_inventory(self) -> "Inventory":
-        from ddops.inventory import inventory_path, load_inventory
+        from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
 
         if self._inventory_cache is None:
-            self._inventory_cache = load_inventory(inventory_path(self.inventory))
+            self._inventory_cache = (adhoc_inventory(self.adhoc_hosts) if self.adhoc_hosts is not None
+                                     else load_inventory(inventory_path(self.inventory)))
         return self._inventory_cache
 
     def connector(self, inventory: "Inventory") -> "Connector":
@@ -113,7 +117,7 @@ def read_passphrase(prompt: str) -> str | None:
 
 # The global options, declared once: the top-level callback and every command take them, so that each works
 # before or after the command's name (`ddops -i inv.yaml ping --all` and `ddops ping --all -i inv.yaml`).
-InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="DDOPS_INVENTORY",
+InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
                                                      help="Inventory file (default: ./inventory.yaml).",
                                                      show_default=False)]
 # After the command's name without the envvar: DDOPS_INVENTORY must not outvote an `-i` given before it.
@@ -168,11 +172,11 @@ def state(ctx: typer.Context) -> AppState:
     return root.obj
 
 
-def command(app: typer.Typer, name: str, **settings: Any) -> Callable[[Callable], Callable]:
+def command(app: typer.Typer, name: str, **options: Any) -> Callable[[Callable], Callable]:
     """Register fn as `ddops NAME`, taking the global options too, and, when fn has a `selection` parameter, the
     four host options as one `Selection` value."""
     def register(fn: Callable) -> Callable:
-        app.command(name, **settings)(with_global_options(fn))
+        app.command(name, **options)(with_global_options(fn))
         return fn
 
     return register
@@ -236,8 +240,8 @@ class OnHosts:
         self.interrupt = Interrupt()
         if hosts is not None:
             self.hosts = list(hosts)
-        elif everywhere_when_empty and selection.empty:
-            self.hosts = list(self.inventory.hosts)
+        elif selection.empty and (everywhere_when_empty or self.state.adhoc_hosts is not None):
+            self.hosts = list(self.inventory.hosts)  # `ddops -H a,b patch`: the hosts named are the ones meant
         else:
             self.hosts = select(self.inventory, selection)
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
 
+from ddops import settings
 from ddops.cli.common import AppState, CheckOpt, OnHosts, YesOpt, command, console, escape, recap
 from ddops.errors import UsageError
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
     help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False)]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="Also show the diff of what is written.")]
-LockTimeoutOpt = Annotated[float, typer.Option("--lock-timeout", envvar="DDOPS_LOCK_TIMEOUT", min=0,
+LockTimeoutOpt = Annotated[float, typer.Option("--lock-timeout", envvar=settings.LOCK_TIMEOUT.name, min=0,
                                                help="Seconds to wait for another ddops run's lock on a repo.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Restore even files edited since ddops wrote them "
                                                         "(the edit is saved as a backup first).")]

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ddops import settings
 from ddops.cli.common import command, console, escape, state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
@@ -47,7 +48,7 @@ def up(
     inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
     root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
-    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar="DDOPS_TESTBED_ADDRESS_PREFIX",
+    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar=settings.TESTBED_ADDRESS_PREFIX.name,
                                                 help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
     port: Annotated[int, typer.Option("--port", help="sshd port on every host.")] = 2222,
     patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,

@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
+from ddops import settings
 from ddops.errors import PlaybookError
 from ddops.inventory import Inventory, looks_like_playbook_path
 from ddops.patching.kinds import (CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
@@ -148,7 +149,7 @@ class PatchPlaybook:
 
 # Folders (separated by ':') searched for playbooks and bench plans after the inventory's `playbook_dirs:` and
 # before the built-ins.
-PLAYBOOK_PATH_ENV = "DDOPS_PLAYBOOK_PATH"
+PLAYBOOK_PATH_ENV = settings.PLAYBOOK_PATH.name
 
 
 def builtin_dirs() -> tuple[Path, ...]:
@@ -161,7 +162,7 @@ def builtin_dirs() -> tuple[Path, ...]:
 def search_path(inventory: Inventory | None = None) -> tuple[Path, ...]:
     """Where a bare playbook or plan name is looked up, first match wins: the inventory's `playbook_dirs:`, then
     $DDOPS_PLAYBOOK_PATH, then the built-ins."""
-    env = [d for d in os.environ.get(PLAYBOOK_PATH_ENV, "").split(os.pathsep) if d]
+    env = [d for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
     first = [*(inventory.playbook_dirs if inventory is not None else ()), *env]
     return (*(Path(d).expanduser() for d in first), *builtin_dirs())
 

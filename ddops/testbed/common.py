@@ -11,10 +11,11 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ddops import settings
 from ddops.errors import TestbedError, UsageError
 
 STATE_FILE = "testbed.json"
-DEFAULT_ROOT = Path(os.environ.get("DDOPS_TESTBED_ROOT", "/tmp/ddops-testbed"))
+DEFAULT_ROOT = Path(settings.TESTBED_ROOT.value() or "/tmp/ddops-testbed")
 ENGINES = ("namespace", "podman", "docker", "auto")
 # The inventory's second line: which testbed it describes, for `ddops -i FILE testbed down` (a copy made with
 # --inventory-out lives elsewhere).

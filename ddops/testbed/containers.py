@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+from ddops import settings
 from ddops.errors import TestbedError
 from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
                                   wait_for_ssh)
@@ -51,7 +52,7 @@ def containers_dir() -> Path:
 
     $DDOPS_CONTAINERS_DIR, else $XDG_CACHE_HOME/ddops/containers, else ~/.cache/ddops/containers.
     """
-    explicit = os.environ.get("DDOPS_CONTAINERS_DIR")
+    explicit = settings.CONTAINERS_DIR.value()
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "ddops" / "containers"

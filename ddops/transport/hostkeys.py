@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paramiko
 
+from ddops import settings
 from ddops.errors import HostKeyError
 from ddops.inventory import Host
 
@@ -29,7 +30,7 @@ SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 def system_known_hosts() -> Path:
     """The system-wide known_hosts OpenSSH reads after the user's (`DDOPS_SYSTEM_KNOWN_HOSTS` names another)."""
-    return Path(os.environ.get("DDOPS_SYSTEM_KNOWN_HOSTS") or SYSTEM_KNOWN_HOSTS)
+    return Path(settings.SYSTEM_KNOWN_HOSTS.value() or SYSTEM_KNOWN_HOSTS)
 
 
 @dataclass(frozen=True)

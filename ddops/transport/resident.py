@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddops.cache import cache_root
+from ddops.cache import cache_root, private_dirs
 
 # A host whose sshd refuses unix-socket channels (AllowStreamLocalForwarding no, DisableForwarding yes) gets no
 # resident, and is asked again after this long in case its configuration changed.
@@ -112,7 +112,7 @@ class ResidentBook:
             newest = sorted(entries.items(), key=lambda item: _stamp(item[1]))
             entries = self._entries = dict(newest[-MAX_ENTRIES:])
             try:
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_dirs(self.path.parent)
                 temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
                 os.fchmod(fd, 0o600)  # a temp file left behind keeps its mode through O_TRUNC

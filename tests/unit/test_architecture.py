@@ -13,7 +13,7 @@ PACKAGE = Path(ddops.__file__).resolve().parent
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("values", frozenset({"ddops", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
+    ("values", frozenset({"ddops", "ddops.settings", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
                           "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
                           "ddops.resources"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
@@ -147,6 +147,28 @@ def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
     found = imports_in(source, "ddops.bench.x")
     assert {"ddops.tasks", "ddops.tasks.patch", "ddops.fleet", "os"} <= found
     assert layer_of("ddops.tasks.patch") > layer_of("ddops.bench.x")
+
+
+def test_ddops_environment_settings_are_named_and_read_only_in_ddops_settings():
+    """One home per fact: a DDOPS_* variable is a Setting in ddops/settings.py, and the README lists each one."""
+    import re
+
+    from ddops.settings import SETTINGS
+
+    named = re.compile(r"DDOPS_[A-Z0-9_]+\Z")
+    strays = []
+    for name, path in all_modules().items():
+        if name == "ddops.settings":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value):
+                strays.append(f"{name}:{node.lineno}: {node.value}")
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"environ(\.get)?[\[(]\s*f?[\"']DDOPS_", line):
+                strays.append(f"{name}:{line_no}: reads the environment itself")
+    assert not strays, "DDOPS_* settings outside ddops/settings.py:\n" + "\n".join(strays)
+    readme = (PACKAGE.parent / "README.md").read_text()
+    assert [s.name for s in SETTINGS if f"`{s.name}`" not in readme] == []
 
 
 def cli_sources() -> dict[str, str]:
