@@ -10,8 +10,8 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt, VerboseOpt, err_console,
-                              escape)
+from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
+                              VerboseOpt, err_console, escape)
 from ddops.errors import EXIT_USAGE, DdopsError
 
 app = typer.Typer(

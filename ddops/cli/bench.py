@@ -58,15 +58,24 @@ def run(ctx: typer.Context, selection: Selection,
         follow: FollowOpt = None,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
-        check: CheckOpt = False, results_dir: ResultsDirOpt = None) -> None:
+        check: CheckOpt = False, results_dir: ResultsDirOpt = None,
+        var: Annotated[Optional[list[str]], typer.Option("--var", help="NAME=VALUE for one of the plan's "
+                                                         "placeholders, in every run (beats the plan's and the "
+                                                         "host's vars). Repeatable.", show_default=False)] = None,
+        only: Annotated[Optional[list[str]], typer.Option("--only", help="NAME=V1[,V2]: run only the matrix "
+                                                          "entries with these values (a smoke run). Repeatable.",
+                                                          show_default=False)] = None) -> None:
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
     from ddops.bench.preflight import load_plan
     from ddops.tasks.bench import check_task, launch_task
+    from ddops.bench.plan import narrow_plan, parse_assignments
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
-    bench_plan = load_plan(plan, state(ctx).load_inventory())
+    bench_plan = narrow_plan(load_plan(plan, state(ctx).load_inventory()),
+                             {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
+                             parse_assignments(only or (), "--only"))
     if check:
         on = OnHosts(ctx, "bench --check", selection)
         on.finish(on.run(check_task(bench_plan), title=f"bench {bench_plan.name} --check"))

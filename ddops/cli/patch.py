@@ -140,10 +140,15 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         books, planner = _playbooks(run.state, playbook), make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = run.run(task)
-    pins = {h.name: _pin(h, r.data.get("commit") if r.data else None) for h, r in zip(run.hosts, results)}
-    for r in results:
-        if r.data is not None and r.host in pins:
-            r.data["pin"] = pins[r.host]
+    from ddops.pins import host_pins
+
+    summaries = host_pins(run.hosts, [r.data.get("commit") if r.data else None for r in results])
+    pins = {name: _pin_cell(summary) for name, summary in summaries.items()}
+    if run.json:
+        for r in results:
+            if r.data is not None and r.host in summaries:
+                r.data["pin"] = summaries[r.host]["state"]
+                r.data["pin_detail"] = summaries[r.host]
     run.finish(results, render=lambda results: _status_table(results, books, pins))
 
 
@@ -171,11 +176,7 @@ def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, 
     console.print(table)
 
 
-def _pin(host: Any, commit: str | None) -> str:
-    """Whether the host's commit matches its pin (the sync module knows the rules)."""
-    from ddops.tasks.sync import pin_state
-
-    try:
-        return pin_state(host, commit)
-    except Exception:  # noqa: BLE001 - a status table must still render
-        return ""
+def _pin_cell(summary: dict) -> str:
+    """`at-pin main@73068c9`: the state and the pin as the controller resolved it."""
+    shown = summary.get("pin")
+    return f"{summary['state']} {shown}" if shown else str(summary["state"])
