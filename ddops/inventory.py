@@ -110,29 +110,37 @@ class HostKey:
 HOST_SCHEMA: dict[str, HostKey] = {
     "address": HostKey(str, check=_address, in_groups=False, doc="what to connect to (default: the host's name)"),
     "connection": HostKey(str, "ssh", choices=CONNECTIONS, doc="`local`: this machine, without sshd"),
-    "port": HostKey(int, 22, check=_port, convert=int),
-    "user": HostKey(str, "root"),
+    "port": HostKey(int, 22, check=_port, convert=int, doc="sshd's port"),
+    "user": HostKey(str, "root", doc="the login user (not root: `exec --sudo` for root's commands)"),
     "identity_file": HostKey(str, doc="the private key (the ssh-agent's copy is used first)"),
     "proxy_jump": HostKey(str, doc="`a,b`: hops, as OpenSSH's ProxyJump; `none`: no jump"),
     # Two hosts at one address:port behind different jumps are two machines with two host keys: known_hosts tells
     # them apart by this name, as OpenSSH's HostKeyAlias does.
     "host_key_alias": HostKey(str, check=_address, doc="the host's name in known_hosts, instead of [address]:port"),
-    "repo": HostKey(str, "/root/ddtree", check=_repo),
-    "python": HostKey(str, "python3"),
-    "groups": HostKey(list, (), check=_group_names, convert=tuple, in_groups=False, nullable=True),
-    "vars": HostKey(dict, {}, check=_var_names, convert=dict, nullable=True),
-    "repo_url": HostKey(str, check=_git_word),
-    "commit": HostKey(str, check=_git_word),
-    "sync": HostKey(str, "auto", choices=SYNC_MODES),
-    "connect_timeout": HostKey((int, float), 10.0, check=_positive_seconds, convert=float),
-    "command_timeout": HostKey((int, float), 120.0, check=_positive_seconds, convert=float),
+    "repo": HostKey(str, "/root/ddtree", check=_repo, doc="the research checkout's path on the host"),
+    "python": HostKey(str, "python3", doc="the interpreter the host's ddops agent runs on (Python >= 3.8)"),
+    "groups": HostKey(list, (), check=_group_names, convert=tuple, in_groups=False, nullable=True,
+                      doc="the groups the host is in (--group NAME selects them)"),
+    "vars": HostKey(dict, {}, check=_var_names, convert=dict, nullable=True,
+                    doc="values bench plans read ({name} in a plan's command)"),
+    "repo_url": HostKey(str, check=_git_word, doc="where `ddops sync` gets the repo from"),
+    "commit": HostKey(str, check=_git_word, doc="the commit (or branch, tag) `ddops sync` pins the repo to"),
+    "sync": HostKey(str, "auto", choices=SYNC_MODES,
+                    doc="push: the controller sends the commit (hosts that cannot reach the forge)"),
+    "connect_timeout": HostKey((int, float), 10.0, check=_positive_seconds, convert=float,
+                               doc="seconds to wait for SSH"),
+    "command_timeout": HostKey((int, float), 120.0, check=_positive_seconds, convert=float,
+                               doc="seconds a remote command may take"),
     # Seconds the host's agent stays on after a session to serve the next command without starting Python
     # (remote/README.md, "The resident agent"); 0: never.
-    "agent_linger": HostKey((int, float), 300.0, check=_linger, convert=float),
+    "agent_linger": HostKey((int, float), 300.0, check=_linger, convert=float,
+                            doc="seconds the host's agent stays to serve the next command (0: never)"),
     # How `ddops bench` runs the plan here: `bare` (detached processes on this host) or `slurm` (one job array, the
     # host then being the cluster's login node: ddops/bench/slurm.py).
-    "executor": HostKey(str, "bare", choices=EXECUTORS),
-    "slurm": HostKey(dict, None, check=_slurm, nullable=True),
+    "executor": HostKey(str, "bare", choices=EXECUTORS,
+                        doc="slurm: the host is a cluster's login node, bench runs become one job array"),
+    "slurm": HostKey(dict, None, check=_slurm, nullable=True,
+                     doc="sbatch options for executor slurm ({partition: gpu, gpus_per_task: 1, ...})"),
 }
 HOST_KEYS: dict[str, type | tuple[type, ...]] = {k: spec.type for k, spec in HOST_SCHEMA.items()}
 GROUP_KEYS = {k: spec for k, spec in HOST_SCHEMA.items() if spec.in_groups}

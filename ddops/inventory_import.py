@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ddops.errors import InventoryError
-from ddops.inventory import HOST_KEYS, TOP_KEYS
+from ddops.inventory import HOST_SCHEMA, TOP_KEYS, HostKey
 from ddops.sshconfig import OpenSshConfig, SshConfig
 
 # Ansible's connection variables and the ddops key each one is (ansible_ssh_* are their older spellings).
@@ -256,6 +256,9 @@ def _ddops_settings(values: Mapping[str, Any], who: str, notes: list[str]) -> di
                 notes.append(f"{who}: {key}={value!r} (not a string)")
                 continue
             out[target] = value
+        elif key in ("ansible_connection", "connection") and value in ("local", "ssh", "smart", "paramiko"):
+            if value == "local":
+                out["connection"] = "local"  # this machine (ddops: no sshd, the same agent)
         elif key in ANSIBLE_SSH_ARGS:
             jump, rest = proxy_jump_from_ssh_args(str(value))
             if jump:
@@ -409,26 +412,8 @@ def _flow(settings: Mapping[str, Any]) -> str:
     return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in settings.items()) + "}"
 
 
-# What `ddops inventory init` writes: every key commented, one example host so that `inventory check` passes.
-KEY_NOTES = {
-    "address": "host name or IP (default: the host's name)",
-    "port": "sshd port",
-    "user": "login user (a non-root user works: exec --sudo for root commands)",
-    "identity_file": "private key (an ssh-agent's keys are tried too)",
-    "proxy_jump": "bastion: an inventory host, an ssh_config alias or user@host:port (a,b for a chain)",
-    "repo": "the research checkout's path on the host",
-    "python": "the host's interpreter for the ddops agent (Python >= 3.8)",
-    "groups": "groups the host belongs to (--group NAME selects them)",
-    "vars": "values bench plans read ({name} in a plan's command)",
-    "repo_url": "where `ddops sync` fetches the repo from",
-    "commit": "the commit `ddops sync` pins the repo to",
-    "sync": "auto | remote (hosts fetch) | push (the controller pushes: hosts that cannot reach the forge)",
-    "connect_timeout": "seconds to wait for SSH",
-    "command_timeout": "seconds a remote command may take",
-    "agent_linger": "seconds the host agent stays to serve the next command (0: never)",
-    "executor": "bare | slurm (the host is a Slurm login node; bench runs become a job array)",
-    "slurm": "sbatch options when executor is slurm: {partition: gpu, gpus_per_task: 1, ...}",
-}
+# What `ddops inventory init` writes: every key commented (a host's from HOST_SCHEMA), one example host so that
+# `inventory check` passes.
 TOP_NOTES = {
     "defaults": "settings every host gets unless its groups or itself say otherwise",
     "known_hosts": "host keys are checked against this file (--accept-new records unknown ones)",
@@ -440,10 +425,20 @@ TOP_NOTES = {
 }
 
 
+def _key_doc(spec: HostKey) -> str:
+    """What a key means, its choices and its default, as the starter file's comment."""
+    parts = [spec.doc] if spec.doc else []
+    if spec.choices:
+        parts.append(" | ".join(spec.choices))
+    if spec.default not in (None, (), {}):
+        parts.append(f"default {spec.default}")
+    return "; ".join(parts)
+
+
 def starter_inventory() -> str:
     """The commented starting inventory; every key a host and the file may carry is named in it."""
-    width = max(len(k) for k in HOST_KEYS) + 2
-    host_keys = "\n".join(f"#   {k + ':':<{width}} {KEY_NOTES.get(k, '')}".rstrip() for k in HOST_KEYS)
+    width = max(len(k) for k in HOST_SCHEMA) + 2
+    host_keys = "\n".join(f"#   {k + ':':<{width}} {_key_doc(spec)}".rstrip() for k, spec in HOST_SCHEMA.items())
     top_keys = "\n".join(f"#   {k + ':':<15} {TOP_NOTES.get(k, '')}".rstrip() for k in TOP_KEYS)
     return f"""# ddops inventory (written by `ddops inventory init`; check it with `ddops inventory check`).
 # Top-level keys:

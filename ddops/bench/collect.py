@@ -87,6 +87,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
+        **({"metrics": spec["metrics"]} if spec.get("metrics") else {}),
         "results": spec.get("results"), "status": state.get("status"),
         "gpu": {"model": prov.get("gpu_model"), "count": prov.get("gpu_count"), "driver": prov.get("gpu_driver")},
         "os": prov.get("os"), "kernel": prov.get("kernel"), "python": prov.get("python"),
@@ -182,7 +183,7 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
                 label = _label_for(f["path"], entry.get("commands") or [])
                 run_label = label if len(run_ids) == 1 else f"{run_id}:{label}"
                 try:
-                    summaries = summarize_file(local, summarizer)
+                    summaries = summarize_file(local, summarizer, metrics=entry.get("metrics"))
                 except ResultFileError as exc:
                     problems.append(f"{host}: {exc}")
                     continue

@@ -11,9 +11,10 @@ import types
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ddops.bench.summarize_ddtree import summarize_ddtree
+from ddops.bench.summarize_metrics import csv_records, metric_format, records_of, summarize_metrics
 from ddops.bench.summarize_vllm import summarize_vllm
 from ddops.bench.summary import MethodSummary, ResultFileError
 
@@ -158,16 +159,44 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
     return docs
 
 
+def _json_docs(path: str | Path, text: str) -> list[Any]:
+    """One JSON document, or one per line (JSON lines); NaN and Infinity read as no value."""
+    try:
+        return [json.loads(text, parse_constant=_no_constant)]
+    except ValueError:
+        try:
+            return [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ResultFileError(f"{path}: not JSON: {exc}") from None
+
+
+def summarize_metrics_file(path: str | Path, metrics: Mapping[str, str], *,
+                           max_bytes: int = 256 * 1024**2) -> list[MethodSummary]:
+    """A team's own JSON or CSV metrics file, read by the key paths of the plan's `metrics:`."""
+    raw = read_limited(path, max_bytes)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ResultFileError(f"{path}: not valid UTF-8") from None
+    if metric_format(metrics, str(path)) == "csv":
+        return summarize_metrics(csv_records(text, str(path)), str(path), metrics, flat=True)
+    return summarize_metrics(records_of(_json_docs(path, text), metrics, str(path)), str(path), metrics)
+
+
 def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RESULT_BYTES,
-                   **hints: Any) -> list[MethodSummary]:
+                   metrics: Mapping[str, str] | None = None, **hints: Any) -> list[MethodSummary]:
     """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's.
 
     Whatever a hostile file makes the reader run out of (memory, stack) is that file's ResultFileError, so the
     report goes on with the other files.
     """
-    if summarizer not in ("ddtree", "vllm"):
+    if summarizer not in ("ddtree", "vllm", "metrics"):
         raise ValueError(f"unknown summarizer {summarizer!r}")
     try:
+        if summarizer == "metrics":
+            if not metrics:
+                raise ResultFileError(f"{path}: the run's plan names no `metrics:` key paths to read it by")
+            return summarize_metrics_file(path, metrics, max_bytes=min(max_bytes, 256 * 1024**2))
         if summarizer == "ddtree":
             return summarize_ddtree(load_result_pt(path, max_bytes=max_bytes), str(path))
         out: list[MethodSummary] = []

@@ -61,7 +61,13 @@ def run(ctx: typer.Context,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
         check: CheckOpt = False, json_out: JsonOpt = False, forks: ForksOpt = None,
-        results_dir: ResultsDirOpt = None) -> None:
+        results_dir: ResultsDirOpt = None,
+        var: Annotated[Optional[list[str]], typer.Option("--var", help="NAME=VALUE for one of the plan's "
+                                                         "placeholders, in every run (beats the plan's and the "
+                                                         "host's vars). Repeatable.", show_default=False)] = None,
+        only: Annotated[Optional[list[str]], typer.Option("--only", help="NAME=V1[,V2]: run only the matrix "
+                                                          "entries with these values (a smoke run). Repeatable.",
+                                                          show_default=False)] = None) -> None:
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
@@ -71,7 +77,11 @@ def run(ctx: typer.Context,
 
     st = state(ctx)
     st.json = st.json or json_out
-    bench_plan = load_plan(plan, st.load_inventory())
+    from ddops.bench.plan import narrow_plan, parse_assignments
+
+    bench_plan = narrow_plan(load_plan(plan, st.load_inventory()),
+                             {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
+                             parse_assignments(only or (), "--only"))
     inventory, chosen = selected_hosts(st, host, group, all_, limit)
     if check:
         results = fleet_run(st, inventory, chosen, check_task(bench_plan), title=f"bench {bench_plan.name} --check",

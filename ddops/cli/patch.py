@@ -163,11 +163,15 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
         books, planner = _playbooks(st, playbook), make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = fleet_run(st, inventory, chosen, task, title="status", forks=forks)
-    pins = {h.name: _pin(h, r.data.get("commit") if r.data else None) for h, r in zip(chosen, results)}
+    from ddops.pins import host_pins
+
+    summaries = host_pins(chosen, [r.data.get("commit") if r.data else None for r in results])
+    pins = {name: _pin_cell(summary) for name, summary in summaries.items()}
     if st.json:
         for r in results:
-            if r.data is not None and r.host in pins:
-                r.data["pin"] = pins[r.host]
+            if r.data is not None and r.host in summaries:
+                r.data["pin"] = summaries[r.host]["state"]
+                r.data["pin_detail"] = summaries[r.host]
         emit_json("status", results)
     else:
         patch_ids = [p.id for b in books for p in b.patches] or list(
@@ -194,11 +198,7 @@ def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = No
     finish(results)
 
 
-def _pin(host: Any, commit: str | None) -> str:
-    """Whether the host's commit matches its pin (the sync module knows the rules)."""
-    from ddops.tasks.sync import pin_state
-
-    try:
-        return pin_state(host, commit)
-    except Exception:  # noqa: BLE001 - a status table must still render
-        return ""
+def _pin_cell(summary: dict) -> str:
+    """`at-pin main@73068c9`: the state and the pin as the controller resolved it."""
+    shown = summary.get("pin")
+    return f"{summary['state']} {shown}" if shown else str(summary["state"])

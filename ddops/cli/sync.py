@@ -80,8 +80,16 @@ def _step(key: str):
     return lambda r: (r.data.get(key) or {}).get("status", "") if r.data else ""
 
 
+def _pin(r: Any) -> str:
+    """`main@73068c9 (remote)`: the pin as the controller resolved it, and where."""
+    data = _sync_data(r)
+    where = data.get("resolved_in") or ""
+    where = "clone" if where.startswith("the clone") else "remote" if where.startswith("the remote") else ""
+    return f"{data.get('pin_shown', '')}{f' ({where})' if where else ''}"
+
+
 _COLUMNS = {
-    "sync": [("before", _commit("before")), ("after", _commit("after")), ("moved", _moved)],
-    "deploy": [("before", _commit("before")), ("after", _commit("after")), ("moved", _moved),
+    "sync": [("pin", _pin), ("before", _commit("before")), ("after", _commit("after")), ("moved", _moved)],
+    "deploy": [("pin", _pin), ("before", _commit("before")), ("after", _commit("after")), ("moved", _moved),
                ("patch", _step("patch")), ("verify", _step("verify"))],
 }

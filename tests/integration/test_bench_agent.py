@@ -293,7 +293,7 @@ def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_w
                                     "command: echo {gpus}\n")
     (refused,) = run_fleet([replace(host, commit="0" * 40)], launch_task(gpu_plan, "r-refused"), connect)
     assert refused.status == "failed"
-    assert f"pinned commit {'0' * 40} is not in the repo" in refused.message
+    assert f"pinned commit {'0' * 7} is not in the repo" in refused.message
     assert "needs 2 GPU(s), host has 0" in refused.message and "GB free disk" in refused.message
     assert not run_dir(bed, "r-refused").exists()
 
@@ -390,3 +390,48 @@ def test_stop_of_a_lost_run_never_signals_a_process_that_now_holds_one_of_its_re
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_teams_own_benchmark_runs_as_a_smoke_run_and_is_collected_and_reported(bed, tmp_path):
+    """--only cuts the matrix, --var sets a placeholder, and summarizer: metrics reads the JSON it wrote."""
+    from tests.conftest import run_ddops
+
+    plan = tmp_path / "team-bench.yaml"
+    plan.write_text("""\
+name: team-bench
+summarizer: metrics
+results: "*.json"
+metrics: {method: method, tokens_per_s: speed.tok_s, output: text, dataset: dataset}
+command: >-
+  printf '{{"method": "%s", "dataset": "%s", "speed": {{"tok_s": %s}}, "text": "%s"}}\\n'
+  {method} {dataset} {speed} {text} > {result_dir}/{method}-{dataset}.json
+vars: {text: default}
+matrix:
+  method:
+    - {method: baseline, speed: 40}
+    - {method: fast, speed: 80}
+  dataset: [mine, big-one]
+""")
+    results = tmp_path / "results"
+    env = {"DDOPS_RESULTS_DIR": str(results)}
+    inventory = bed.inventory_path
+    proc = run_ddops("bench", "run", str(plan), "--all", "--only", "dataset=mine", "--var", "text=same answer",
+                     "--run-id", "20261201-0000-team", "--no-follow", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def finished() -> bool:
+        doc = json.loads(run_ddops("--json", "bench", "status", "20261201-0000-team", inventory=inventory,
+                                   env=env).stdout)
+        return doc["hosts"][0]["data"]["run"]["status"] == "completed"
+
+    wait_until(finished, timeout=60)
+    proc = run_ddops("bench", "collect", "20261201-0000-team", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in (results / "20261201-0000-team" / "host1").rglob("*.json")) == [
+        "baseline-mine.json", "fast-mine.json"]
+    proc = run_ddops("bench", "report", "20261201-0000-team", "--format", "json", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["method"]: r for r in json.loads(proc.stdout)["rows"]}
+    assert set(rows) == {"metrics:baseline", "metrics:fast"}
+    assert rows["metrics:fast"]["speedup"] == pytest.approx(2.0) and rows["metrics:fast"]["fidelity"] == 1.0
+    assert rows["metrics:fast"]["dataset"] == "mine"
