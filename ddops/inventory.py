@@ -114,6 +114,9 @@ HOST_SCHEMA: dict[str, HostKey] = {
     "user": HostKey(str, "root", doc="the login user (not root: `exec --sudo` for root's commands)"),
     "identity_file": HostKey(str, doc="the private key (the ssh-agent's copy is used first)"),
     "proxy_jump": HostKey(str, doc="`a,b`: hops, as OpenSSH's ProxyJump; `none`: no jump"),
+    # Two hosts at one address:port behind different jumps are two machines with two host keys: known_hosts tells
+    # them apart by this name, as OpenSSH's HostKeyAlias does.
+    "host_key_alias": HostKey(str, check=_address, doc="the host's name in known_hosts, instead of [address]:port"),
     "repo": HostKey(str, "/root/ddtree", check=_repo, doc="the research checkout's path on the host"),
     "python": HostKey(str, "python3", doc="the interpreter the host's ddops agent runs on (Python >= 3.8)"),
     "groups": HostKey(list, (), check=_group_names, convert=tuple, in_groups=False, nullable=True,
@@ -169,6 +172,7 @@ class Host:
     user: str = _default("user")
     identity_file: str | None = None
     proxy_jump: str | None = None
+    host_key_alias: str | None = None
     repo: str = _default("repo")
     python: str = _default("python")
     groups: tuple[str, ...] = _default("groups")
@@ -323,10 +327,21 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         _check_host_values(doc, keypath, values, HOST_SCHEMA)
         host = _resolve_host(name, values, defaults, group_settings, ssh_config, doc,
                              known_hosts_from_config="known_hosts" not in data)
-        key = ("local", host.repo) if host.local else (host.address, host.port)
+        # One machine per key: a local repo, or an address:port as seen from the jump it is reached through
+        # (10.0.0.5 behind bastion-a is not 10.0.0.5 behind bastion-b).
+        key = ("local", host.repo) if host.local else (host.address, host.port, _jump_path(host.proxy_jump))
         if key in addresses:
-            what = f"same repo {host.repo} on this machine" if host.local else f"same address {host.address}:{host.port}"
+            what = (f"same repo {host.repo} on this machine" if host.local
+                    else f"same address {host.address}:{host.port}" + (f" behind {host.proxy_jump}" if host.proxy_jump
+                                                                       else ""))
             raise _err(doc, keypath, f"{what} as host '{addresses[key]}'")
+        twin = next((other for other in hosts if not other.local and (other.address, other.port) ==
+                     (host.address, host.port) and (other.host_key_alias or None) == (host.host_key_alias or None)),
+                    None)
+        if twin is not None:
+            raise _err(doc, keypath, f"same address {host.address}:{host.port} as host '{twin.name}' behind another "
+                                     "jump: give each a `host_key_alias` (their host keys would share one known_hosts "
+                                     "entry)")
         addresses[key] = name
         hosts.append(host)
 
@@ -377,7 +392,7 @@ def _resolve_host(name: str, values: dict, defaults: dict, group_settings: dict,
         address_resolved = from_config["hostname"]
     else:
         address_resolved = address
-    for key in ("user", "port", "identity_file", "proxy_jump"):
+    for key in ("user", "port", "identity_file", "proxy_jump", "host_key_alias"):
         if key in from_config and key not in values and not any(key in (group_settings.get(g) or {}) for g in groups):
             merged[key] = int(from_config[key]) if key == "port" and from_config[key].isdigit() else from_config[key]
     for g in reversed(groups):
@@ -462,6 +477,11 @@ def _err(doc: YamlDoc, keypath: tuple, message: str) -> InventoryError:
 
 def _valid_name(name: str) -> bool:
     return bool(name) and all(c.isalnum() or c in "._-" for c in name)
+
+
+def _jump_path(proxy_jump: str | None) -> str:
+    """A ProxyJump chain as one comparable value (`a, b` and `a,b` are one path)."""
+    return ",".join(jump_hops(proxy_jump))
 
 
 def _jump_hops(proxy_jump: str | None) -> list[str]:

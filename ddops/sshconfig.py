@@ -23,7 +23,7 @@ from ddops.errors import UsageError
 # `ddops hosts` and `inventory check` with no ~/.ssh/config start without it.
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
-            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts"}
+            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts", "hostkeyalias": "host_key_alias"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +237,9 @@ def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, s
     known = (options.get("userknownhostsfile") or [_UNSET_FILE])[0].split()
     if known and known[0] != _UNSET_FILE:
         found["known_hosts"] = known[0]
+    alias = (options.get("hostkeyalias") or [""])[0]
+    if alias:  # ssh -G prints it only when set
+        found["host_key_alias"] = alias
     jump = (options.get("proxyjump") or ["none"])[0]
     if jump and jump != "none":
         found["proxy_jump"] = jump

@@ -122,7 +122,7 @@ def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBoo
     from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
 
     linger, refused = 0.0, False
-    key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
+    key = resident_key(host.user, host.address, host.port, host.python, agent_digest(), via=host.proxy_jump)
     if residents is not None and host.agent_linger > 0:
         resident = residents.resident_for(key)
         if resident is not None:

@@ -17,7 +17,7 @@ from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
 from ddops.transport.auth import KeyRing, OpenSshOrder, PassphrasePrompt
 from ddops.transport.local import LocalSession
-from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, known_hosts_name, revoked_message,
+from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, host_key_name, known_hosts_name, revoked_message,
                                       system_known_hosts)
 from ddops.transport.resident import ResidentBook
 from ddops.transport.session import Session
@@ -79,15 +79,15 @@ class Connector:
                       timeout: float) -> Session:
         sock = self._open_socket(host, timeout, via)
         client = paramiko.SSHClient()
-        name = known_hosts_name(host.address, host.port)
+        name = host_key_name(host)
         known = self._known_hosts(host)
         try:
             entries = known.entries_for(host, name) + self.system_known_hosts.entries_for(host, name)
         except HostKeyError:
             sock.close()
             raise
-        for key_type, key in entries.usable():
-            client.get_host_keys().add(name, key_type, key)
+        for key_type, key in entries.usable():  # under the name paramiko looks up, whatever known_hosts calls it
+            client.get_host_keys().add(known_hosts_name(host.address, host.port), key_type, key)
         client.set_missing_host_key_policy(HostKeyPolicy(host, known.path, self.accept_new, entries))
         try:
             client.connect(
@@ -102,7 +102,7 @@ class Connector:
             raise HostKeyError(
                 f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
                 f"If the host was reinstalled, remove the old key with: ssh-keygen -f {known.path} "
-                f"-R '{known_hosts_name(host.address, host.port)}'"
+                f"-R '{name}'"
             ) from None
         except HostKeyError:
             sock.close()

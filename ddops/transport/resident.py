@@ -35,9 +35,9 @@ class Resident:
     secret: bytes
 
 
-def resident_key(user: str, address: str, port: int, python: str, digest: str) -> str:
-    """One agent version, run by one Python, for one user on one host."""
-    return f"{user}@{address}:{port} {python} {digest[:16]}"
+def resident_key(user: str, address: str, port: int, python: str, digest: str, via: str | None = None) -> str:
+    """One agent version, run by one Python, for one user on one host (an address:port as the jump `via` sees it)."""
+    return f"{user}@{address}:{port}{f' via {via}' if via else ''} {python} {digest[:16]}"
 
 
 class ResidentBook:

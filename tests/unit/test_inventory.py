@@ -291,3 +291,19 @@ def test_where_each_identity_file_was_set_is_kept_for_its_error(tmp_path):
     assert [h.identity_origin for h in inv.hosts] == [f"{path}:2: defaults.identity_file",
                                                       f"{path}:3: groups.g.identity_file",
                                                       f"{path}:7: hosts.c.identity_file"]
+
+
+def test_one_address_behind_two_jumps_is_two_hosts_each_with_a_host_key_alias(tmp_path):
+    hosts = """\
+        hosts:
+          gw-a: {address: 10.9.0.1}
+          gw-b: {address: 10.9.0.2}
+          gpu-a: {address: 10.0.0.5, proxy_jump: gw-a, host_key_alias: gpu-a}
+          gpu-b: {address: 10.0.0.5, proxy_jump: gw-b%s}
+        """
+    inv = load_inventory(write(tmp_path, hosts % ", host_key_alias: gpu-b"))
+    assert [h.host_key_alias for h in inv.hosts][2:] == ["gpu-a", "gpu-b"]
+    assert "hosts.gpu-b: same address 10.0.0.5:22 as host 'gpu-a' behind another jump: give each a " \
+           "`host_key_alias`" in error_of(tmp_path, hosts % ", host_key_alias: gpu-a")
+    assert "hosts.gpu-b: same address 10.0.0.5:22 behind gw-a as host 'gpu-a'" in error_of(
+        tmp_path, hosts.replace("proxy_jump: gw-b", "proxy_jump: gw-a") % ", host_key_alias: gpu-b")
