@@ -21,8 +21,11 @@ SLURM_KEYS: dict[str, type | tuple[type, ...]] = {
     "conf": str,
 }
 # sbatch options ddops sets itself for every run: an `extra` that set them would break the run's bookkeeping.
-MANAGED_OPTIONS = ("--array", "-a", "--output", "-o", "--error", "-e", "--job-name", "-J", "--chdir", "-D",
-                   "--wrap", "--parsable", "--open-mode", "--export")
+MANAGED_LONG = ("array", "output", "error", "job-name", "chdir", "wrap", "parsable", "open-mode", "export")
+MANAGED_SHORT = "aoeJD"
+# sbatch's short options that take a value (sbatch --help, Slurm 22.05): in a cluster like `-Qo/x` the first of
+# them takes the rest of the word as its value, so the letters after it are not options.
+_SHORT_WITH_VALUE = "aAbcCdDeFGiJLmMnNopqStwxB"
 _TIME = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2}"
                    r"|UNLIMITED|INFINITE)\Z")
 _GRES = re.compile(r"[A-Za-z][A-Za-z0-9_]*(:[A-Za-z0-9_.-]+)*(,[A-Za-z][A-Za-z0-9_]*(:[A-Za-z0-9_.-]+)*)*\Z")
@@ -81,9 +84,30 @@ def slurm_option_problems(values: Mapping[str, Any]) -> list[tuple[tuple[Any, ..
         if not isinstance(option, str) or not option.startswith("-") or any(c in option for c in "\n\0"):
             problems.append((("extra", i), "must be an sbatch option, like --mem=64G"))
             continue
-        name = option.split("=", 1)[0]
-        short = None if option.startswith("--") else option[:2]  # -a0-3, -o out: a short option and its value
-        if name in MANAGED_OPTIONS or short in MANAGED_OPTIONS:
-            name = name if name in MANAGED_OPTIONS else short
-            problems.append((("extra", i), f"{name} is set by ddops for every run (one array task per run)"))
+        managed = managed_option(option)
+        if managed:
+            word = option.split("=", 1)[0]
+            said = f"{word} is set" if word == managed else f"{word} means {managed} to sbatch, which is set"
+            problems.append((("extra", i), f"{said} by ddops for every run (one array task per run)"))
     return problems
+
+
+def managed_option(option: str) -> str | None:
+    """The ddops-managed sbatch option this word would set, as sbatch parses it, else None.
+
+    sbatch reads options with getopt_long: a long option may be abbreviated to any prefix (`--arr=` is
+    `--array=`; an ambiguous prefix is an error, which is refused here too), and short options cluster
+    (`-Qo/x` is `-Q -o /x`).
+    """
+    if option == "--":
+        return "the end of sbatch's options"
+    if option.startswith("--"):
+        name = option[2:].split("=", 1)[0]
+        hits = [m for m in MANAGED_LONG if m.startswith(name)]
+        return " or ".join(f"--{m}" for m in hits) or None
+    for letter in option[1:]:
+        if letter in MANAGED_SHORT:
+            return f"-{letter}"
+        if letter in _SHORT_WITH_VALUE:  # the rest of the word is this option's value
+            return None
+    return None

@@ -23,7 +23,7 @@ from ddops.errors import UsageError
 # `ddops hosts` and `inventory check` with no ~/.ssh/config start without it.
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
-            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts"}
+            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts", "hostkeyalias": "host_key_alias"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +171,43 @@ def config_signature(path: Path, ssh: str) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def host_aliases(path: str | os.PathLike[str]) -> list[str]:
+    """The literal names of the config's `Host` lines, in order, through its `Include`s (what `ssh NAME` can name;
+    wildcard patterns and `Match` blocks name no host of their own)."""
+    import glob
+
+    names: dict[str, None] = {}
+    seen: set[Path] = set()
+
+    def read(current: Path) -> None:
+        if current in seen:
+            return
+        seen.add(current)
+        try:
+            text = current.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        for raw in text.splitlines():
+            words = raw.replace("=", " ", 1).split() if raw.strip() else []
+            if not words or words[0].startswith("#"):
+                continue
+            key = words[0].lower()
+            if key == "host":
+                for pattern in words[1:]:
+                    if not pattern.startswith("!") and not set(pattern) & set("*?"):
+                        names.setdefault(pattern.strip('"'))
+            elif key == "include":
+                for pattern in words[1:]:
+                    pattern = os.path.expanduser(pattern.strip('"'))
+                    if not os.path.isabs(pattern):  # as OpenSSH reads a user config's Include
+                        pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+                    for found in sorted(glob.glob(pattern)):
+                        read(Path(found))
+
+    read(Path(path).expanduser())
+    return list(names)
+
+
 def parse_ssh_g(text: str) -> dict[str, list[str]]:
     """`ssh -G` output (`key value` lines) as key -> values, in order (IdentityFile and a few others repeat)."""
     options: dict[str, list[str]] = {}
@@ -200,6 +237,9 @@ def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, s
     known = (options.get("userknownhostsfile") or [_UNSET_FILE])[0].split()
     if known and known[0] != _UNSET_FILE:
         found["known_hosts"] = known[0]
+    alias = (options.get("hostkeyalias") or [""])[0]
+    if alias:  # ssh -G prints it only when set
+        found["host_key_alias"] = alias
     jump = (options.get("proxyjump") or ["none"])[0]
     if jump and jump != "none":
         found["proxy_jump"] = jump
@@ -284,10 +324,9 @@ class OpenSshConfig:
             except (OSError, ValueError):
                 data = {}
             data[str(self.path)] = {"signature": self.signature, "hosts": self._cache}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            temp.write_text(json.dumps(data, sort_keys=True))
-            os.replace(temp, path)
+            from ddops.cache import write_private
+
+            write_private(path, json.dumps(data, sort_keys=True).encode())
         except OSError:
             pass  # only a cache: the next run asks ssh again
 

@@ -62,7 +62,10 @@ def oversized(files: Sequence[Mapping[str, Any]], max_bytes: int) -> tuple[list[
 def safe_relpath(rel: str) -> PurePosixPath:
     """A host-supplied path below the host's results folder; refused if it could land anywhere else."""
     p = PurePosixPath(rel)
-    if not rel or "\0" in rel or "\\" in rel or p.is_absolute() or any(part in ("..", "") for part in p.parts):
+    # Each written component checked, not the normalised path: `.` normalises to no parts at all, which names the
+    # host's folder itself (the download turned it into a file).
+    # An absolute path starts with an empty component.
+    if not rel or "\0" in rel or "\\" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
         raise DdopsError(f"refusing result path {rel!r} from the host")
     return p
 
@@ -84,6 +87,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
+        **({"metrics": spec["metrics"]} if spec.get("metrics") else {}),
         "results": spec.get("results"), "status": state.get("status"),
         "gpu": {"model": prov.get("gpu_model"), "count": prov.get("gpu_count"), "driver": prov.get("gpu_driver")},
         "os": prov.get("os"), "kernel": prov.get("kernel"), "python": prov.get("python"),
@@ -156,8 +160,9 @@ def _label_for(file_path: str, commands: Sequence[Mapping[str, Any]]) -> str:
 
 def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[str]]:
     """(Labeled summaries, problems): every collected result file of these runs through its summarizer."""
-    from ddops.bench.report import Labeled
+    from ddops.bench.report import CodeId, Labeled
     from ddops.bench.results import summarize_file
+    from ddops.bench.runs import RUNNING_STATUSES, RunStatus
     from ddops.bench.summary import ResultFileError
 
     items: list[Any] = []
@@ -166,6 +171,9 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
         doc = read_manifest(root, run_id)
         for host, entry in doc["hosts"].items():
             summarizer = entry.get("summarizer") or doc.get("summarizer") or "ddtree"
+            code = CodeId.from_manifest(entry)
+            # Collected while still going: the rows so far, marked, since more results (and repeats) may come.
+            incomplete = RunStatus.of(entry.get("status")) in RUNNING_STATUSES
             for f in entry.get("files") or []:
                 try:
                     local = (root / run_id / host).joinpath(*safe_relpath(f["path"]).parts)
@@ -175,11 +183,12 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
                 label = _label_for(f["path"], entry.get("commands") or [])
                 run_label = label if len(run_ids) == 1 else f"{run_id}:{label}"
                 try:
-                    summaries = summarize_file(local, summarizer)
+                    summaries = summarize_file(local, summarizer, metrics=entry.get("metrics"))
                 except ResultFileError as exc:
                     problems.append(f"{host}: {exc}")
                     continue
-                items.extend(Labeled(host, run_label, s) for s in summaries)
+                items.extend(Labeled(host, run_label, s, code=code, incomplete=incomplete, run_id=run_id)
+                             for s in summaries)
             problems.extend(f"{host}: {line}" for line in slurm_task_problems(entry))
     return items, problems
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Mapping
 
-from ddops.errors import PlaybookError
+from ddops.errors import PlaybookError, UsageError
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
-SUMMARIZERS = ("ddtree", "vllm")
+SUMMARIZERS = ("ddtree", "vllm", "metrics")
 # Names the launcher fills per host or per run; a plan may use them without declaring them.
 HOST_BUILTINS = ("gpus", "host", "repo", "python")
 RUN_BUILTINS = ("result_dir", "run_index")
@@ -32,7 +32,13 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "results": str,
     "summarizer": str,
     "timeout_minutes": (int, float),
+    "metrics": dict,
 }
+# `metrics:` of a plan whose summarizer is `metrics` (ddops/bench/summarize_metrics.py): where each number and the
+# output text sit in the team's own JSON or CSV metrics file, as key paths (`a.b.0.c`; a CSV column name).
+METRIC_KEYS = ("format", "records", "method", "tokens_per_s", "tpot_s", "ttft_s", "output", "dataset",
+               "temperature", "model")
+METRIC_FORMATS = ("json", "csv")
 REQUIRED = ("command", "results", "summarizer")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
@@ -58,6 +64,8 @@ class BenchPlan:
     gpus: int = 0
     min_free_disk_gb: float = 0.0
     timeout_minutes: float = 60.0
+    metrics: dict[str, str] = field(default_factory=dict, hash=False)
+    overrides: dict[str, Value] = field(default_factory=dict, hash=False)  # --var: beat plan and host vars
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -114,6 +122,7 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
     summarizer = data["summarizer"]
     if summarizer not in SUMMARIZERS:
         raise _err(doc, ("summarizer",), f"must be one of {', '.join(SUMMARIZERS)}{suggest(summarizer, SUMMARIZERS)}")
+    metrics = _parse_metrics(doc, data.get("metrics"), summarizer)
     workdir = data.get("workdir", ".")
     _check_relative(doc, ("workdir",), workdir)
     results = data["results"]
@@ -150,8 +159,31 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
         name=name, command=command, results=results, summarizer=summarizer, path=doc.path,
         description=str(data.get("description", "")).strip(), workdir=workdir, env=env, matrix=matrix,
         vars=plan_vars, requires_patches=patches, gpus=gpus, min_free_disk_gb=float(disk),
-        timeout_minutes=float(timeout),
+        timeout_minutes=float(timeout), metrics=metrics,
     )
+
+
+def _parse_metrics(doc: YamlDoc, raw: Any, summarizer: str) -> dict[str, str]:
+    if summarizer != "metrics":
+        if raw is not None:
+            raise _err(doc, ("metrics",), "is read only by `summarizer: metrics`")
+        return {}
+    if not raw:
+        raise _err(doc, ("summarizer",), "`metrics` needs a `metrics:` mapping naming where tokens_per_s (or "
+                                         "tpot_s) sits in the metrics file")
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        kp = ("metrics", key)
+        if key not in METRIC_KEYS:
+            raise _err(doc, kp, f"unknown key{suggest(str(key), METRIC_KEYS)}")
+        if not isinstance(value, str) or not value.strip() or not one_line(value):
+            raise _err(doc, kp, "must be a key path (like `results.tokens_per_s`) or a CSV column name")
+        out[key] = value.strip()
+    if "format" in out and out["format"] not in METRIC_FORMATS:
+        raise _err(doc, ("metrics", "format"), f"must be one of {', '.join(METRIC_FORMATS)}")
+    if not ({"tokens_per_s", "tpot_s"} & set(out)):
+        raise _err(doc, ("metrics",), "needs tokens_per_s or tpot_s: the speed the report compares")
+    return out
 
 
 def _parse_patches(doc: YamlDoc, patches: list, known: Iterable[str] | None) -> tuple[str, ...]:
@@ -232,10 +264,25 @@ def _value(doc: YamlDoc, keypath: tuple, value: Any) -> Value:
         for i, item in enumerate(value):
             if not _is_scalar(item):
                 raise _err(doc, keypath + (i,), f"list items must be strings or numbers, not {describe(item)}")
+            if not one_line(item):
+                raise _err(doc, keypath + (i,), ONE_LINE)
         return tuple(value)
     if not _is_scalar(value):
         raise _err(doc, keypath, f"must be a string, number, true/false or a list of those, not {describe(value)}")
+    if not one_line(value):
+        raise _err(doc, keypath, ONE_LINE)
     return value
+
+
+# A quoted value stays one shell word, but a newline in it still ends a `# comment` around its placeholder, and
+# whatever follows would run.
+ONE_LINE = "must be one line: a newline (or CR, NUL) in a value would end a shell comment and run the rest"
+
+
+def one_line(value: Any) -> bool:
+    """No newline, carriage return or NUL in the value (or any of its items)."""
+    items = value if isinstance(value, tuple) else (value,)
+    return not any(isinstance(v, str) and any(c in v for c in "\n\r\0") for v in items)
 
 
 def _check_relative(doc: YamlDoc, keypath: tuple, text: str) -> None:
@@ -259,8 +306,14 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
         raise fail("here-documents are not supported (their bodies are expanded unquoted); put the script in the repo")
     quote: str | None = None
     escaped = False
+    comment = False
+    previous = "\n"
     for part in _parse_template(command, fail):
         if isinstance(part, _Var):
+            if comment:
+                raise fail(f"{{{part.name}}} is inside a shell comment; take it out of the comment (a value there "
+                           "does nothing, and a newline in one would run)")
+            previous = "x"
             if escaped:
                 raise fail(f"{{{part.name}}} follows a backslash; remove it, ddops quotes every value itself")
             if quote is not None:
@@ -268,8 +321,12 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
                            "remove them, ddops quotes every value itself")
             continue
         for ch in part:
-            if escaped:
+            if comment:
+                comment = ch != "\n"
+            elif escaped:
                 escaped = False
+            elif quote is None and ch == "#" and previous in " \t\n;&|()<>":
+                comment = True
             elif quote == "'":
                 if ch == "'":
                     quote = None
@@ -280,6 +337,7 @@ def _check_command_shell(doc: YamlDoc, command: str) -> None:
                     quote = None
             elif ch in "'\"":
                 quote = ch
+            previous = ch
     if quote is not None:
         raise fail(f"unbalanced {quote} quote")
 
@@ -389,6 +447,7 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
         if value is None:
             continue
         base[key] = tuple(value) if isinstance(value, list) else value
+    base.update(plan.overrides)
     base["result_dir"] = result_dir
     needed = plan.placeholders
     runs: list[RunSpec] = []
@@ -409,6 +468,9 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
                                                      and all(_is_scalar(v) for v in values[name])):
                 raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}}: host value must be a string, number "
                                     f"or list of those, not {describe(values[name])}")
+            if not one_line(values[name]):
+                raise PlaybookError(f"{plan.path}: {plan.name}: {{{name}}}: the value for "
+                                    f"{host_vars.get('host', 'the host')} {ONE_LINE}")
         command = render(plan.command, values, shell=True)
         if command in seen:
             raise PlaybookError(f"{plan.path}: {plan.name}: runs {seen[command]} and {index} expand to the same "
@@ -417,6 +479,58 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
         env = {k: render(v, values, shell=False) for k, v in plan.env.items()}
         runs.append(RunSpec(index=index, params=params, command=command, env=env))
     return runs
+
+
+def parse_assignments(items: Iterable[str], option: str) -> dict[str, tuple[str, ...]]:
+    """`["dataset=gsm8k,math500", "x=1"]` -> {dataset: (gsm8k, math500), x: (1,)}; UsageError when malformed."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not _IDENT.match(name.strip()):
+            raise UsageError(f"{option} {item!r}: write NAME=VALUE")
+        if not one_line(value):
+            raise UsageError(f"{option} {name}: the value {ONE_LINE}")
+        name = name.strip()
+        # --only takes several values (`dataset=gsm8k,math500`); a --var value is one string, commas and all.
+        values = tuple(value.split(",")) if option == "--only" else (value,)
+        out[name] = out.get(name, ()) + values if option == "--only" else values
+    return out
+
+
+def narrow_plan(plan: BenchPlan, variables: Mapping[str, str] | None = None,
+                only: Mapping[str, Iterable[str]] | None = None) -> BenchPlan:
+    """The plan with --var values set for every run and its matrix cut to the --only values (a smoke run).
+
+    --var NAME=VALUE sets a placeholder the plan uses (beating the plan's and the host's vars); a matrix axis is
+    chosen with --only instead. --only NAME=V1,V2 keeps the matrix entries whose NAME is one of the values.
+    """
+    variables, only = dict(variables or {}), {k: tuple(v) for k, v in (only or {}).items()}
+    matrix_names = {n for _, entries in plan.matrix for e in entries for n in e}
+    usable = set(plan.placeholders) | set(plan.vars)
+    for name in variables:
+        if name in matrix_names:
+            raise UsageError(f"--var {name}: {name} is a matrix value of {plan.name}; pick values with "
+                             f"--only {name}=...")
+        if name in BUILTINS:
+            raise UsageError(f"--var {name}: '{name}' is filled in by ddops")
+        if name not in usable:
+            raise UsageError(f"--var {name}: {plan.name} has no placeholder {{{name}}}{suggest(name, usable)}")
+    matrix = []
+    for axis, entries in plan.matrix:
+        kept = entries
+        for name, values in only.items():
+            if any(name in e for e in entries):
+                kept = tuple(e for e in kept if _text(e[name]) in values)
+                if not kept:
+                    have = ", ".join(dict.fromkeys(_text(e[name]) for e in entries))
+                    raise UsageError(f"--only {name}={','.join(values)}: no such value in {plan.name} "
+                                     f"(it has {have})")
+        matrix.append((axis, kept))
+    unknown = [n for n in only if n not in matrix_names]
+    if unknown:
+        raise UsageError(f"--only {unknown[0]}: {plan.name}'s matrix has no {unknown[0]}"
+                         f"{suggest(unknown[0], matrix_names)}")
+    return replace(plan, matrix=tuple(matrix), overrides={**plan.overrides, **variables})
 
 
 def check_host(plan: BenchPlan, *, gpus: int | None, free_disk_gb: float | None,

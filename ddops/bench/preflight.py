@@ -10,18 +10,21 @@ from typing import Any, Iterable, Mapping, Sequence
 import ddops
 from ddops.bench.plan import BenchPlan, RunSpec, check_host, load_bench_plan
 from ddops.errors import DdopsError, PlaybookError
-from ddops.inventory import Host
+from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState, active_applications, patch_state
 from ddops.patching.kinds import PatchState
-from ddops.patching.playbook import builtin_dirs
+from ddops.patching.playbook import search_path
+from ddops.pins import Pin
 from ddops.yamlsrc import suggest
 
 
 # --- plans ---------------------------------------------------------------------------------------------------------
 
 
-def plan_dirs() -> tuple[Path, ...]:
-    return tuple(builtin_dirs())
+def plan_dirs(inventory: Inventory | None = None) -> tuple[Path, ...]:
+    """Where bare plan names are looked up: as playbooks (the inventory's playbook_dirs, $DDOPS_PLAYBOOK_PATH, the
+    built-ins)."""
+    return search_path(inventory)
 
 
 def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = None) -> Path:
@@ -41,8 +44,8 @@ def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = No
                         f"{suggest(name_or_path, known)}")
 
 
-def load_plan(name_or_path: str) -> BenchPlan:
-    return load_bench_plan(resolve_plan_path(name_or_path))
+def load_plan(name_or_path: str, inventory: Inventory | None = None) -> BenchPlan:
+    return load_bench_plan(resolve_plan_path(name_or_path, plan_dirs(inventory)))
 
 
 # --- patch states --------------------------------------------------------------------------------------------------
@@ -90,19 +93,27 @@ def host_values(host: Host, facts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
-                       patch_states: Mapping[str, str]) -> list[str]:
-    """Why this host cannot run the plan now (empty when it can)."""
+                       patch_states: Mapping[str, str], pin: Pin | None = None) -> list[str]:
+    """Why this host cannot run the plan now (empty when it can).
+
+    `pin` is the host's pin as the controller resolved it (ddops/pins.py): a branch means the commit the clone or
+    the remote names, never what the host's own, possibly stale, branch says.
+    """
     if not facts.get("repo_exists"):
         return [f"repo {host.repo} is not there (run `ddops sync` first)"]
     problems: list[str] = []
     if host.commit:
-        head, pinned = facts.get("git_commit"), facts.get("commit_resolved")
-        if head is None:
-            problems.append(f"repo {host.repo} is not a git checkout, but the inventory pins commit {host.commit}")
-        elif pinned is None:
-            problems.append(f"pinned commit {host.commit} is not in the repo (HEAD is {head[:12]}); run `ddops sync`")
+        head = facts.get("git_commit")
+        pinned = pin.commit if pin is not None else facts.get("commit_resolved")
+        shown = pin.described if pin is not None else host.commit
+        if pin is not None and pin.error:
+            problems.append(f"pin {host.commit!r}: {pin.error}")
+        elif head is None:
+            problems.append(f"repo {host.repo} is not a git checkout, but the inventory pins commit {shown}")
+        elif head != pinned and facts.get("commit_resolved") is None:
+            problems.append(f"pinned commit {shown} is not in the repo (HEAD is {head[:12]}); run `ddops sync`")
         elif head != pinned:
-            problems.append(f"repo is at {head[:12]}, not at the pinned commit {host.commit}; run `ddops sync`")
+            problems.append(f"repo is at {head[:12]}, not at the pinned commit {shown}; run `ddops sync`")
     for other in facts.get("active_runs") or []:
         problems.append(f"bench run {other.get('run_id')} is still {other.get('status')} here "
                         f"({other.get('done')}/{other.get('total')} done): wait for it, or "
@@ -133,6 +144,7 @@ def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: M
     return {
         "plan": plan.name, "plan_path": str(plan.path), "host": host.name, "workdir": plan.workdir,
         "results": plan.results, "summarizer": plan.summarizer, "timeout_s": plan.timeout_minutes * 60,
+        **({"metrics": dict(plan.metrics)} if plan.metrics else {}),
         "env": {}, "python": host.python, "ddops_version": ddops.__version__, "actor": actor,
         "runs": [{"index": r.index, "label": r.label, "command": r.command, "env": dict(r.env),
                   "params": {k: _jsonable(v) for k, v in r.params.items()}} for r in runs],
@@ -140,7 +152,8 @@ def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: M
     }
 
 
-def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str]) -> dict[str, Any]:
+def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin: Pin | None = None
+                  ) -> dict[str, Any]:
     """What to keep about the host as it was at launch: hardware, software, commit, patches in place."""
     gpus = facts.get("gpus") or []
     versions = facts.get("versions") or {}
@@ -151,6 +164,7 @@ def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str]) -> 
         "gpu_model": gpus[0].get("name") if gpus else None, "gpu_count": len(gpus),
         "gpu_driver": gpus[0].get("driver_version") if gpus else None, "gpus": gpus,
         "repo": facts.get("repo_real"), "repo_commit": facts.get("git_commit"),
+        "pin": pin.described if pin is not None and pin.commit else None,
         "patches": journal_applications(facts), "required_patches": dict(patch_states),
     }
 

@@ -7,7 +7,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import fmean, pstdev
 from typing import Any, Iterable, Sequence
 
@@ -16,16 +16,55 @@ from ddops.bench.summarize_ddtree import BASELINE, method_order
 
 BEST = "best"
 NOT_LOSSLESS = "NOT LOSSLESS"
-BY = ("host", "method")  # what `--by` aggregates over: repeats on each host, or every host and repeat
+INCOMPLETE = "incomplete"
+# What `--by` makes one row of: a host (its repeats pooled), a method (every host and repeat pooled), a run (one
+# collected run id, nothing pooled across runs), or a patch set (each method's rows per code side by side).
+BY = ("host", "method", "run", "patchset")
+DEFAULT_VIEWS = ("host", "method")
+
+
+@dataclass(frozen=True, slots=True)
+class CodeId:
+    """What code produced a result, from the run's manifest: the commit, the patches in place, library versions.
+
+    Results of different code are never averaged together as if they were repeats.
+    """
+
+    commit: str | None = None
+    patches: tuple[tuple[str, str | None], ...] = ()  # (patch id, sha256 of the patched file), sorted
+    versions: tuple[tuple[str, str | None], ...] = ()  # (library, version): torch, transformers, python
+
+    @classmethod
+    def from_manifest(cls, entry: Any) -> "CodeId":
+        """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest)."""
+        patches = sorted({(str(p.get("id")), p.get("sha256")) for p in entry.get("patches") or ()
+                          if isinstance(p, dict) and p.get("in_place", True)}, key=lambda x: (x[0], x[1] or ""))
+        versions = tuple((lib, None if entry.get(lib) is None else str(entry.get(lib)))
+                         for lib in ("torch", "transformers", "python"))
+        commit = entry.get("repo_commit")
+        return cls(commit=str(commit) if commit else None, patches=tuple(patches), versions=versions)
+
+    @property
+    def patch_set(self) -> str:
+        return ",".join(dict.fromkeys(pid for pid, _ in self.patches)) or "no patches"
+
+    @property
+    def label(self) -> str:
+        """`73068c9 +hybrid-tree-verify` (or `73068c9 no patches`)."""
+        commit = self.commit[:7] if self.commit else "unknown commit"
+        return f"{commit} +{self.patch_set}" if self.patches else f"{commit} no patches"
 
 
 @dataclass(frozen=True, slots=True)
 class Labeled:
-    """A MethodSummary and where it came from: the host, and the run (plan run id or file name)."""
+    """A MethodSummary and where it came from: the host, the run (plan run id or file name), the code that ran."""
 
     host: str
     run: str
     summary: MethodSummary
+    code: CodeId | None = None
+    incomplete: bool = False  # collected while the run was still going: more results may come
+    run_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +89,13 @@ class ReportRow:
     source: str
     attn: str | None = None  # the target's attention implementation: runs with another one are not repeats
     divergence: Divergence | None = None  # a response that differs from the baseline's, and where
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+    code: CodeId | None = None
+    incomplete: bool = False
+    run_id: str = ""
 
     @property
     def flags(self) -> tuple[str, ...]:
-        out = []
-        if self.best_budget:
-            out.append(BEST)
-        if self.lossy:
-            out.append(NOT_LOSSLESS)
-        return tuple(out)
+        return _flags(self.best_budget, self.lossy, self.incomplete)
 
     @property
     def note(self) -> str:
@@ -86,8 +119,13 @@ class Report:
         return tuple(r for r in self.rows if r.lossy and r.speedup is not None and r.speedup > 1)
 
 
+def _flags(best: bool, lossy: bool, incomplete: bool) -> tuple[str, ...]:
+    return tuple(flag for flag, on in ((BEST, best), (NOT_LOSSLESS, lossy), (INCOMPLETE, incomplete)) if on)
+
+
 def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> Report:
-    """Rows per host x model x dataset x temperature x method (x run), each against its host's baseline."""
+    """Rows per host x code x model x dataset x temperature x method (x run), each against the baseline of its own
+    host and code."""
     labeled = [x if isinstance(x, Labeled) else Labeled(*x) for x in items]
     groups: dict[tuple, list[Labeled]] = {}
     for item in labeled:
@@ -99,7 +137,7 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
         baselines = [m for m in members if m.summary.method == BASELINE and m.summary.mean_tpot_s]
         # The fastest baseline: never flatter a method by choosing a slow reference (as the DDTree paper's table).
         reference = min(baselines, key=lambda m: m.summary.mean_tpot_s) if baselines else None
-        best = _best_budget(members)
+        group_rows: list[ReportRow] = []
         for m in members:
             s = m.summary
             speedup = None
@@ -109,13 +147,16 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
             if fidelity is None and s.output_digests:
                 fidelity = _digest_fidelity(s, [b.summary for b in baselines])
             lossy = s.temperature == 0 and fidelity is not None and fidelity < 1.0
-            rows.append(ReportRow(
+            group_rows.append(ReportRow(
                 host=m.host, run=m.run, model=s.model, dataset=s.dataset, temperature=s.temperature,
                 method=s.label, engine=s.engine, n_responses=s.n_responses, tokens_per_s=s.tokens_per_s,
                 mean_tpot_s=s.mean_tpot_s, speedup=speedup, acceptance_length=s.acceptance_length,
                 mean_ttft_s=s.mean_ttft_s, fidelity=fidelity, tree_budget=s.tree_budget,
-                best_budget=m is best, lossy=lossy, source=s.source, attn=s.attn, divergence=s.first_difference,
+                best_budget=False, lossy=lossy, source=s.source, attn=s.attn, divergence=s.first_difference,
+                code=m.code, incomplete=m.incomplete, run_id=m.run_id,
             ))
+        best = _best_budget(group_rows)
+        rows.extend(replace(r, best_budget=True) if r is best else r for r in group_rows)
     order_of = _first_seen((r.model, r.dataset, r.temperature) for r in rows)
     rows.sort(key=lambda r: (host_rank[r.host], order_of[(r.model, r.dataset, r.temperature)],
                              r.engine != "ddtree", r.engine, method_order(r.method.split(":")[-1]), r.run))
@@ -124,12 +165,39 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
 
 def _group_key(item: Labeled) -> tuple:
     s = item.summary
-    return (item.host, s.engine, s.model, s.dataset, s.temperature)
+    return (item.host, item.code, s.engine, s.model, s.dataset, s.temperature)
 
 
-def _best_budget(members: Sequence[Labeled]) -> Labeled | None:
-    trees = [m for m in members if m.summary.tree_budget is not None and m.summary.tokens_per_s]
-    return max(trees, key=lambda m: m.summary.tokens_per_s) if trees else None
+def _best_budget(rows: Sequence[ReportRow]) -> ReportRow | None:
+    """The fastest tree budget whose output is the baseline's: a NOT LOSSLESS row is never the best."""
+    trees = [r for r in rows if r.tree_budget is not None and r.tokens_per_s and not r.lossy]
+    return max(trees, key=lambda r: r.tokens_per_s) if trees else None
+
+
+def code_ids(rows: Iterable[Any]) -> tuple[CodeId | None, ...]:
+    """The distinct code identities of the rows, in first-seen order."""
+    return tuple(dict.fromkeys(r.code for r in rows))
+
+
+def pooling_note(report: Report) -> str | None:
+    """One line saying that results of different code are side by side, never averaged; None if all match."""
+    codes = [c for c in code_ids(report.rows) if c is not None]
+    if len(codes) < 2:
+        return None
+    differ = [what for what, values in (("commit", {c.commit for c in codes}), ("patch set", {c.patches for c in codes}),
+                                        ("library versions", {c.versions for c in codes})) if len(values) > 1]
+    return (f"not pooled: these runs differ in {' and '.join(differ)} ({'; '.join(code_label(c, codes) for c in codes)})"
+            ": each code's rows are reported side by side")
+
+
+def code_label(code: CodeId | None, among: Sequence[CodeId | None] = ()) -> str:
+    """The code's label, with library versions when they are what tells it apart from the others."""
+    if code is None:
+        return "unknown code"
+    label = code.label
+    if any(o is not None and o != code and o.label == label for o in among):
+        label += " (" + ", ".join(f"{lib} {v}" for lib, v in code.versions if v) + ")"
+    return label
 
 
 def _digest_fidelity(summary: MethodSummary, baselines: Sequence[MethodSummary]) -> float | None:
@@ -184,7 +252,10 @@ class Spread:
         xs = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not xs:
             return None
-        return cls(mean=fmean(xs), std=pstdev(xs) if len(xs) > 1 else 0.0, low=min(xs), high=max(xs), n=len(xs))
+        try:
+            return cls(mean=fmean(xs), std=pstdev(xs) if len(xs) > 1 else 0.0, low=min(xs), high=max(xs), n=len(xs))
+        except OverflowError:  # numbers near 1e308 from a file: no spread worth showing, and no crash
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +280,11 @@ class GroupRow:
     equal_responses: int | None  # responses whose output equals the baseline's, over all runs
     compared_responses: int | None
     tree_budget: int | None
-    best_budget: bool  # the fastest (mean tokens/s) DDTree budget of its group
+    best_budget: bool  # the fastest (mean tokens/s) lossless DDTree budget of its group
     divergence: tuple[str, Divergence] | None  # (host, where) for one response that differs
+    code: CodeId | None = None  # every row pooled here ran this code
+    incomplete: bool = False  # some pooled run was collected while still going
+    run_id: str = ""  # by run: the run
 
     @property
     def fidelity(self) -> float | None:
@@ -225,7 +299,7 @@ class GroupRow:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return tuple(flag for flag, on in ((BEST, self.best_budget), (NOT_LOSSLESS, self.lossy)) if on)
+        return _flags(self.best_budget, self.lossy, self.incomplete)
 
     @property
     def note(self) -> str:
@@ -240,19 +314,21 @@ class GroupRow:
 
 
 def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
-    """Rows grouped per host (over repeated runs) or per method (over every host and run), in report order."""
+    """Rows grouped per host (over repeats), per method (over every host and run), per run (nothing pooled across
+    runs) or per patch set (each method's code variants side by side); never over different code."""
     if by not in BY:
         raise ValueError(f"by={by!r}: use one of {BY}")
     groups: dict[tuple, list[ReportRow]] = {}
     for r in report.rows:
-        key = (r.model, r.dataset, r.temperature, r.attn, r.engine, r.method)
-        groups.setdefault(((r.host,) if by == "host" else ()) + key, []).append(r)
+        key = (r.code, r.model, r.dataset, r.temperature, r.attn, r.engine, r.method)
+        scope = {"host": (r.host,), "run": (r.run_id or r.run, r.host)}.get(by, ())
+        groups.setdefault(scope + key, []).append(r)
     out = []
     for key, rows in groups.items():
         compared = [r for r in rows if r.fidelity is not None]
         example = next(((r.host, r.divergence) for r in rows if r.divergence is not None), None)
         out.append(GroupRow(
-            by=by, host=rows[0].host if by == "host" else "all", hosts=tuple(dict.fromkeys(r.host for r in rows)),
+            by=by, host=rows[0].host if by in ("host", "run") else "all", hosts=tuple(dict.fromkeys(r.host for r in rows)),
             model=rows[0].model, dataset=rows[0].dataset, temperature=rows[0].temperature, attn=rows[0].attn,
             method=rows[0].method, engine=rows[0].engine, runs=len(rows), n_responses=sum(r.n_responses for r in rows),
             tokens_per_s=Spread.of(r.tokens_per_s for r in rows), speedup=Spread.of(r.speedup for r in rows),
@@ -260,22 +336,34 @@ def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
             mean_ttft_s=Spread.of(r.mean_ttft_s for r in rows),
             equal_responses=sum(round((r.fidelity or 0.0) * r.n_responses) for r in compared) if compared else None,
             compared_responses=sum(r.n_responses for r in compared) if compared else None,
-            tree_budget=rows[0].tree_budget, best_budget=False, divergence=example,
+            tree_budget=rows[0].tree_budget, best_budget=False, divergence=example, code=rows[0].code,
+            incomplete=any(r.incomplete for r in rows), run_id=(rows[0].run_id or rows[0].run) if by == "run" else "",
         ))
     out = _mark_best(out, by)
-    if by == "method":  # each target's methods together, in the report's order of models, datasets, temperatures
+    if by in ("method", "patchset"):  # each target's methods together, in the report's order of targets
         order = _first_seen((g.model, g.dataset, g.temperature) for g in out)
-        out.sort(key=lambda g: (order[(g.model, g.dataset, g.temperature)], g.engine != "ddtree", g.engine,
-                                method_order(g.method.split(":")[-1]), g.attn or ""))
+        code_rank = _first_seen(g.code for g in out)
+
+        def place(g: GroupRow) -> tuple:
+            method = (g.engine != "ddtree", g.engine, method_order(g.method.split(":")[-1]), g.attn or "")
+            # method: each code's table in turn; patchset: each method's code variants next to each other
+            return (order[(g.model, g.dataset, g.temperature)],) + (
+                (code_rank[g.code],) + method if by == "method" else method + (code_rank[g.code],))
+
+        out.sort(key=place)
+    elif by == "run":  # each run's rows together, runs in the order given
+        run_rank = _first_seen(g.run_id for g in out)
+        out.sort(key=lambda g: run_rank[g.run_id])  # stable: report order within a run
     return tuple(out)
 
 
 def _mark_best(groups: list[GroupRow], by: str) -> list[GroupRow]:
     best: dict[tuple, GroupRow] = {}
     for g in groups:
-        if g.tree_budget is None or g.tokens_per_s is None:
+        if g.tree_budget is None or g.tokens_per_s is None or g.lossy:
             continue
-        key = (g.host if by == "host" else None, g.model, g.dataset, g.temperature, g.engine)
+        key = (g.host if by in ("host", "run") else None, g.run_id, g.code, g.model, g.dataset, g.temperature,
+               g.engine)
         if key not in best or g.tokens_per_s.mean > best[key].tokens_per_s.mean:  # type: ignore[union-attr]
             best[key] = g
     chosen = {id(g) for g in best.values()}
@@ -283,8 +371,6 @@ def _mark_best(groups: list[GroupRow], by: str) -> list[GroupRow]:
 
 
 def _replace_best(g: GroupRow) -> GroupRow:
-    from dataclasses import replace
-
     return replace(g, best_budget=True)
 
 
@@ -292,7 +378,7 @@ def _replace_best(g: GroupRow) -> GroupRow:
 
 FIELDS = ("host", "run", "model", "dataset", "temperature", "method", "engine", "n_responses", "tokens_per_s",
           "mean_tpot_s", "speedup", "acceptance_length", "mean_ttft_s", "fidelity", "tree_budget", "best_budget",
-          "lossy", "source")
+          "lossy", "source", "incomplete")
 
 
 def to_json(report: Report) -> str:
@@ -308,6 +394,7 @@ def to_json(report: Report) -> str:
 
     by_host, by_method = aggregate(report, "host"), aggregate(report, "method")
     return json.dumps({
+        "pooling": pooling_note(report),
         "rows": [doc(r) for r in report.rows],
         "by_host": [doc(g) for g in by_host],
         "by_method": [doc(g) for g in by_method],
@@ -320,10 +407,11 @@ def to_csv(report: Report) -> str:
     """Every field, one row per ReportRow; empty cells for unknown values."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(FIELDS + ("flags",))
+    writer.writerow(FIELDS + ("code", "flags"))
+    codes = code_ids(report.rows)
     for r in report.rows:
         cells = ["" if getattr(r, f) is None else getattr(r, f) for f in FIELDS]
-        writer.writerow(cells + [";".join(r.flags)])
+        writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
     return buf.getvalue()
 
 
@@ -332,11 +420,15 @@ def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
     show_model = len({r.model for r in report.rows}) > 1
     keys = [(r.host, r.model, r.dataset, r.temperature, r.method) for r in report.rows]
     show_run = len(set(keys)) < len(keys)
-    headers = ["Host"] + (["Run"] if show_run else []) + (["Model"] if show_model else []) + [
-        "Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "Flags"]
+    codes = code_ids(report.rows)
+    show_code = len(codes) > 1
+    headers = ["Host"] + (["Run"] if show_run else []) + (["Code"] if show_code else []) + (
+        ["Model"] if show_model else []) + ["Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity",
+                                            "Flags"]
     rows = []
     for r in report.rows:
-        cells = [r.host] + ([r.run] if show_run else []) + ([_short_model(r.model)] if show_model else []) + [
+        cells = [r.host] + ([r.run] if show_run else []) + ([code_label(r.code, codes)] if show_code else []) + (
+            [_short_model(r.model)] if show_model else []) + [
             _s(r.dataset), _num(r.temperature, "g"), r.method, _num(r.tokens_per_s, ".1f"),
             _num(r.speedup, ".2f", "x"), _num(r.acceptance_length, ".2f"),
             _num(None if r.mean_ttft_s is None else r.mean_ttft_s * 1000, ".1f", " ms"), str(r.n_responses),
@@ -349,14 +441,19 @@ def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]
     """Headers and cells for aggregated rows: each number as mean ± std over its n runs (n shown once per row)."""
     show_model = len({g.model for g in groups}) > 1
     show_attn = len({g.attn for g in groups}) > 1
-    by_host = bool(groups) and groups[0].by == "host"
-    headers = (["Host"] if by_host else ["Hosts"]) + (["Model"] if show_model else []) + [
+    by = groups[0].by if groups else "method"
+    by_host = by in ("host", "run")
+    codes = code_ids(groups)
+    show_code = len(codes) > 1 or by == "patchset"
+    headers = (["Run"] if by == "run" else []) + (["Host"] if by_host else ["Hosts"]) + (
+        ["Code"] if show_code else []) + (["Model"] if show_model else []) + [
         "Dataset", "T"] + (["Attn"] if show_attn else []) + [
         "Method", "tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "Flags"]
     rows = []
     for g in groups:
         ttft = _scaled(g.mean_ttft_s, 1000)
-        cells = ([g.host] if by_host else [str(len(g.hosts))]) + ([_short_model(g.model)] if show_model else []) + [
+        cells = ([g.run_id] if by == "run" else []) + ([g.host] if by_host else [str(len(g.hosts))]) + (
+            [code_label(g.code, codes)] if show_code else []) + ([_short_model(g.model)] if show_model else []) + [
             _s(g.dataset), _num(g.temperature, "g")] + ([_s(g.attn)] if show_attn else []) + [
             g.method, _spread(g.tokens_per_s, ".1f"), _spread(g.speedup, ".2f", "x"),
             _spread(g.acceptance_length, ".2f"), _spread(ttft, ".1f", " ms"), str(g.runs), str(g.n_responses),

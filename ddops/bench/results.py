@@ -9,14 +9,19 @@ import re
 import threading
 import types
 import warnings
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ddops.bench.summarize_ddtree import summarize_ddtree
+from ddops.bench.summarize_metrics import csv_records, metric_format, records_of, summarize_metrics
 from ddops.bench.summarize_vllm import summarize_vllm
 from ddops.bench.summary import MethodSummary, ResultFileError
 
 MAX_RESULT_BYTES = 2 * 1024**3
+# torch.save stores its archive entries uncompressed: a genuine result never inflates to more than its own size.
+# A little slack for a fork that re-zips with deflate; more than that is a decompression bomb.
+MAX_INFLATION = 4
 MIN_TORCH = (2, 6)  # weights_only loading had code-execution holes before 2.6 (CVE-2025-32434)
 _LOAD_LOCK = threading.Lock()  # safe_globals() edits a process-wide allowlist
 _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
@@ -48,6 +53,7 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
         raise ResultFileError(f"{path}: refused: torch {torch.__version__} cannot load untrusted files safely "
                               f"(needs >= {'.'.join(map(str, MIN_TORCH))})")
     data = read_limited(path, max_bytes)
+    check_archive(data, path, max_bytes)
     # The DDTree layout: dicts, lists, tensors, floats, and SimpleNamespace per method (argparse.Namespace for
     # forks that save `args` unconverted). Nothing else is allowed to be rebuilt.
     allowed = list(_NAMESPACES)
@@ -62,6 +68,28 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
         raise ResultFileError(f"{path}: not a DDTree result: holds {type(obj).__name__}, not a dict")
     check_reach(obj, len(data), path, torch)
     return obj
+
+
+def check_archive(data: bytes, path: str | Path, max_bytes: int = MAX_RESULT_BYTES) -> None:
+    """ResultFileError when a torch.save zip archive's directory declares more inflated bytes than the budget.
+
+    Read from the central directory alone, before anything is inflated: torch's reader allocates what each entry
+    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran.
+    """
+    if not data.startswith(b"PK"):
+        return  # the legacy (pre-1.6) torch.save format is a bare pickle: nothing in it inflates
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise ResultFileError(f"{path}: refused: not a readable torch.save archive ({exc})") from None
+    budget = min(max_bytes, MAX_INFLATION * len(data))
+    declared = sum(e.file_size for e in entries)
+    if declared > budget:
+        biggest = max(entries, key=lambda e: e.file_size)
+        raise ResultFileError(f"{path}: refused: its archive declares {_size(declared)} inflated "
+                              f"(entry {biggest.filename!r}: {_size(biggest.file_size)}) out of {_size(len(data))}, "
+                              f"over the {_size(budget)} it may take")
 
 
 def check_reach(obj: Any, budget: int, path: str | Path, torch: Any) -> None:
@@ -131,16 +159,44 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
     return docs
 
 
+def _json_docs(path: str | Path, text: str) -> list[Any]:
+    """One JSON document, or one per line (JSON lines); NaN and Infinity read as no value."""
+    try:
+        return [json.loads(text, parse_constant=_no_constant)]
+    except ValueError:
+        try:
+            return [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ResultFileError(f"{path}: not JSON: {exc}") from None
+
+
+def summarize_metrics_file(path: str | Path, metrics: Mapping[str, str], *,
+                           max_bytes: int = 256 * 1024**2) -> list[MethodSummary]:
+    """A team's own JSON or CSV metrics file, read by the key paths of the plan's `metrics:`."""
+    raw = read_limited(path, max_bytes)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ResultFileError(f"{path}: not valid UTF-8") from None
+    if metric_format(metrics, str(path)) == "csv":
+        return summarize_metrics(csv_records(text, str(path)), str(path), metrics, flat=True)
+    return summarize_metrics(records_of(_json_docs(path, text), metrics, str(path)), str(path), metrics)
+
+
 def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RESULT_BYTES,
-                   **hints: Any) -> list[MethodSummary]:
+                   metrics: Mapping[str, str] | None = None, **hints: Any) -> list[MethodSummary]:
     """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's.
 
     Whatever a hostile file makes the reader run out of (memory, stack) is that file's ResultFileError, so the
     report goes on with the other files.
     """
-    if summarizer not in ("ddtree", "vllm"):
+    if summarizer not in ("ddtree", "vllm", "metrics"):
         raise ValueError(f"unknown summarizer {summarizer!r}")
     try:
+        if summarizer == "metrics":
+            if not metrics:
+                raise ResultFileError(f"{path}: the run's plan names no `metrics:` key paths to read it by")
+            return summarize_metrics_file(path, metrics, max_bytes=min(max_bytes, 256 * 1024**2))
         if summarizer == "ddtree":
             return summarize_ddtree(load_result_pt(path, max_bytes=max_bytes), str(path))
         out: list[MethodSummary] = []
@@ -149,6 +205,8 @@ def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RE
         return out
     except MemoryError:
         raise ResultFileError(f"{path}: refused: reading it ran out of memory") from None
+    except ArithmeticError:  # e.g. means of 1e308 overflow: a number no real run measured
+        raise ResultFileError(f"{path}: refused: its numbers are too large to average") from None
     except RecursionError:
         raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
 

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ddops import settings
 from ddops.errors import UsageError
 from ddops.inventory import Host
 from ddops.strenum import StrEnum
@@ -65,7 +66,7 @@ class StepStatus(StrEnum):
 
 RUNNING_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING)
 TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.ERROR, RunStatus.LOST)
-RESULTS_ENV = "DDOPS_RESULTS_DIR"
+RESULTS_ENV = settings.RESULTS_DIR.name
 LAUNCH_RECORD = "launch.json"
 MANIFEST = "manifest.json"
 
@@ -175,6 +176,16 @@ class HostRun:
             text += f" ({self.message})"
         return text
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "HostRun":
+        """The value back from to_json's document (a fleet result's data)."""
+        runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
+                                                         "ended", "seconds", "log_tail", "slurm")})
+                     for r in d.get("runs") or [])
+        return cls(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
+                   current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
+                   ended=d.get("ended"), message=d.get("message"), runs=runs)
+
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "run_id": self.run_id, "status": self.status, "total": self.total,
                 "done": self.done, "current": self.current, "plan": self.plan, "created": self.created,
@@ -199,7 +210,7 @@ def _epoch(iso: str | None) -> float | None:
 
 def results_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Where collected results and launch records live: --results-dir, else $DDOPS_RESULTS_DIR, else ./results."""
-    return Path(explicit or os.environ.get(RESULTS_ENV) or "results")
+    return Path(explicit or settings.RESULTS_DIR.value() or "results")
 
 
 def write_launch_record(root: Path, run_id: str, record: Mapping[str, Any]) -> Path:

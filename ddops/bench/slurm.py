@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from ddops.errors import DdopsError
 from ddops.slurm_options import SlurmOptions
 
 # --- the job array ----------------------------------------------------------------------------------------------------
@@ -49,14 +50,22 @@ def sbatch_args(options: SlurmOptions, *, run_id: str, total: int, run_dir: str,
     """sbatch's options for one run: a job array of `total` tasks, each writing to run_dir/task-<index>.out."""
     if total < 1:
         raise ValueError("a job array needs at least one task")
+    if "\\" in run_dir:
+        raise DdopsError(f"{run_dir}: a Slurm --output path with a backslash turns off its %a pattern (one output "
+                         "file per array task): move the repo to a path without one")
     args = ["--parsable", f"--job-name=ddops-{run_id}", f"--array=0-{total - 1}",
-            f"--output={run_dir}/task-%a.out", f"--chdir={run_dir}", "--open-mode=append", "--export=ALL",
+            f"--output={slurm_literal(run_dir)}/task-%a.out", f"--chdir={run_dir}", "--open-mode=append", "--export=ALL",
             f"--time={time_limit(options, plan_minutes)}"]
     for key in ("partition", "gres", "account", "qos", "constraint", "nodes"):
         value = getattr(options, key)
         if value:
             args.append(f"--{key}={value}")
     return args + list(options.extra)
+
+
+def slurm_literal(path: str) -> str:
+    """path inside an sbatch filename pattern, where Slurm expands %j, %a, %u ...: `%%` is a literal `%`."""
+    return path.replace("%", "%%")
 
 
 def batch_script(python: str, run_dir: str, run_id: str) -> str:

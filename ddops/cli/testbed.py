@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import console, escape
+from ddops import settings
+from ddops.cli.common import command, console, escape, state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)
@@ -26,15 +27,28 @@ def _default_root() -> Path:
     return DEFAULT_ROOT
 
 
-@testbed_app.command("up")
+def _root(ctx: typer.Context, root: Path | None) -> Path:
+    """--root, else the testbed that `-i FILE` describes, else the default one."""
+    if root is not None:
+        return root
+    inventory = state(ctx).inventory
+    if inventory:
+        from ddops.testbed import root_of_inventory
+
+        return root_of_inventory(inventory)
+    return _default_root()
+
+
+@command(testbed_app, "up")
 def up(
     ctx: typer.Context,
     count: Annotated[int, typer.Option("--hosts", "-n", min=1, max=250, help="How many hosts.")] = 3,
-    seed: Annotated[Optional[Path], typer.Option("--seed", help="Directory copied into every host's repo path.")] = None,
+    seed: Annotated[Optional[Path], typer.Option("--seed", help="Directory copied into every host's repo path, or the "
+                                                 "name of an example shipped with ddops (mini-ddtree).")] = None,
     inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
     root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
-    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar="DDOPS_TESTBED_ADDRESS_PREFIX",
+    address_prefix: Annotated[str, typer.Option("--address-prefix", envvar=settings.TESTBED_ADDRESS_PREFIX.name,
                                                 help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
     port: Annotated[int, typer.Option("--port", help="sshd port on every host.")] = 2222,
     patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
@@ -60,23 +74,25 @@ def up(
     console.print(f"inventory: {escape(str(inventory_out or tb.inventory_path))}")
 
 
-@testbed_app.command("down")
+@command(testbed_app, "down")
 def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
-    """Stop the hosts this testbed started and remove its files (and its containers, network, firewall chains)."""
+    """Stop the hosts this testbed (--root, or the one `-i FILE` describes) started and remove its files (and its
+    containers, network, firewall chains)."""
     from ddops import testbed
 
-    engine = testbed.load_testbed(root or _default_root()).engine
-    stopped = testbed.down(root or _default_root())
+    where = _root(ctx, root)
+    engine = testbed.load_testbed(where).engine
+    stopped = testbed.down(where)
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
     console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
 
-@testbed_app.command("status")
+@command(testbed_app, "status")
 def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed
 
-    rows = testbed.status(root or _default_root())
+    rows = testbed.status(_root(ctx, root))
     from rich.table import Table
 
     table = Table(header_style="bold")

@@ -45,16 +45,22 @@ class JournalEntry:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], index: int) -> "JournalEntry":
+        """An entry of a known event, checked field by field: DdopsError naming the entry's number if malformed."""
+        where = f"journal entry {index + 1}"
         if not isinstance(raw, Mapping):
-            raise DdopsError(f"journal entry {index + 1}: not an object")
+            raise DdopsError(f"{where}: not an object")
         event, file = raw.get("event"), raw.get("file")
-        if not isinstance(event, str) or not isinstance(file, str) or not file:
-            raise DdopsError(f"journal entry {index + 1}: needs `event` and `file`")
+        if not isinstance(event, str) or not event:
+            raise DdopsError(f"{where}: `event` must be a non-empty string")
+        if not isinstance(file, str) or not file:
+            raise DdopsError(f"{where}: a {event} entry needs `file`, a non-empty string")
+        for key in ("patch", "before", "after", "time", "id"):
+            if raw.get(key) is not None and not isinstance(raw.get(key), str):
+                raise DdopsError(f"{where}: `{key}` must be a string or null, not {type(raw.get(key)).__name__}")
         if event == APPLY and not (raw.get("patch") and raw.get("before") and raw.get("after")):
-            raise DdopsError(f"journal entry {index + 1}: an apply needs `patch`, `before` and `after`")
+            raise DdopsError(f"{where}: an apply needs `patch`, `before` and `after`")
         return cls(event=event, file=file, patch=raw.get("patch") or None, before=raw.get("before"),
-                   after=raw.get("after"), time=str(raw.get("time") or ""), id=str(raw.get("id") or ""),
-                   index=index)
+                   after=raw.get("after"), time=raw.get("time") or "", id=raw.get("id") or "", index=index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +77,40 @@ class Application:
 
 
 def parse_journal(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> list[JournalEntry]:
-    """Entries as values, in order; events this version does not know are skipped (newer agents may add some)."""
+    """Entries as values, in order. Events this version does not know are skipped whatever else they hold (a newer
+    ddops may add some); a malformed entry of a known event is a DdopsError naming its number."""
     out: list[JournalEntry] = []
     for i, raw in enumerate(journal):
-        entry = raw if isinstance(raw, JournalEntry) else JournalEntry.from_dict(raw, i)
-        if entry.event in EVENTS:
-            out.append(entry)
+        if isinstance(raw, JournalEntry):
+            out.append(raw)
+        elif isinstance(raw, Mapping) and isinstance(raw.get("event"), str) and raw["event"] not in EVENTS:
+            continue
+        else:
+            out.append(JournalEntry.from_dict(raw, i))
     return out
+
+
+def last_entry_id(journal: Sequence[Mapping[str, Any]]) -> str | None:
+    """The id of the journal's last entry as the agent sent it (what a plan made from it saw), None when empty."""
+    if not journal:
+        return None
+    last = journal[-1]
+    return last.get("id") if isinstance(last, Mapping) and isinstance(last.get("id"), str) else None
+
+
+def describe_corrupt(corrupt: Sequence[Mapping[str, Any]]) -> str:
+    """The journal lines that did not parse, in words ('' when none): a torn one was read as far as it goes."""
+    if not corrupt:
+        return ""
+    torn = [str(c.get("line")) for c in corrupt if c.get("salvaged")]
+    lost = [str(c.get("line")) for c in corrupt if not c.get("salvaged")]
+    parts = []
+    if torn:
+        parts.append(f"line{'s' if len(torn) > 1 else ''} {', '.join(torn)} torn (read as far as "
+                     f"{'they go' if len(torn) > 1 else 'it goes'})")
+    if lost:
+        parts.append(f"line{'s' if len(lost) > 1 else ''} {', '.join(lost)} unreadable (skipped)")
+    return ".ddops/journal.jsonl " + "; ".join(parts)
 
 
 def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> list[Application]:

@@ -19,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from ddops.cache import cache_root
+from ddops import settings
+from ddops.cache import cache_root, write_private
 from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
                                   Outcome)
 from ddops.patching.playbook import Patch, fingerprint
@@ -206,7 +207,7 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
     # The stdlib fast path first (splice.py): it gives libcst's answer, or None where it cannot vouch for it.
-    if work.syntax_error is None and os.environ.get("DDOPS_PLAN_ENGINE") != "libcst":
+    if work.syntax_error is None and settings.PLAN_ENGINE.value() != "libcst":
         fast = splice.plan_fast(kind, params, expect, path, work.data())
         if fast is not None:
             outcome, data = fast
@@ -380,7 +381,7 @@ def _code_version() -> str:
 
 def default_cache_dir() -> Path | None:
     """$DDOPS_CACHE_DIR/plans or ~/.cache/ddops/plans; None when DDOPS_PLAN_CACHE=0."""
-    if os.environ.get("DDOPS_PLAN_CACHE", "1") == "0":
+    if settings.PLAN_CACHE.value() == "0":
         return None
     return cache_root() / "plans"
 
@@ -424,11 +425,7 @@ class PlanStore:
                "new_b64": base64.b64encode(plan.new).decode() if plan.changed and plan.new is not None else None,
                "results": [{"patch_id": r.patch_id, **r.outcome.to_dict()} for r in plan.results]}
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            target = self._file(key)
-            temp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
-            temp.write_text(json.dumps(raw))
-            os.replace(temp, target)
+            write_private(self._file(key), json.dumps(raw).encode())  # 0600 in 0700 folders: diffs of host files
         except OSError:
             pass  # a cache that cannot be written only costs speed
 

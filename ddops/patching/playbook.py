@@ -6,13 +6,16 @@ No libcst here: transform params are checked against the libcst-free registry in
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
+from ddops import settings
 from ddops.errors import PlaybookError
+from ddops.inventory import Inventory, looks_like_playbook_path
 from ddops.patching.kinds import (CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
                                   TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders,
                                   syntax_problem)
@@ -144,6 +147,11 @@ class PatchPlaybook:
         return tuple(seen)
 
 
+# Folders (separated by ':') searched for playbooks and bench plans after the inventory's `playbook_dirs:` and
+# before the built-ins.
+PLAYBOOK_PATH_ENV = settings.PLAYBOOK_PATH.name
+
+
 def builtin_dirs() -> tuple[Path, ...]:
     """Where the built-in playbooks and bench plans are (ddops.resources)."""
     from ddops.resources import playbooks_dir
@@ -151,10 +159,34 @@ def builtin_dirs() -> tuple[Path, ...]:
     return (playbooks_dir(),)
 
 
+def search_path(inventory: Inventory | None = None) -> tuple[Path, ...]:
+    """Where a bare playbook or plan name is looked up, first match wins: the inventory's `playbook_dirs:`, then
+    $DDOPS_PLAYBOOK_PATH, then the built-ins."""
+    env = [d for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
+    first = [*(inventory.playbook_dirs if inventory is not None else ()), *env]
+    return (*(Path(d).expanduser() for d in first), *builtin_dirs())
+
+
+def load_inventory_playbooks(inventory: Inventory, names: Sequence[str] | None = None) -> list[PatchPlaybook]:
+    """The playbooks named on the command line, else the inventory's `patches:`, found along its search path; a
+    bad entry in `patches:` is an error at its file:line."""
+    dirs = search_path(inventory)
+    if names:
+        return load_playbooks(names, dirs)
+    books = []
+    for i, name in enumerate(inventory.patches):
+        try:
+            books.append(load_playbook(name, dirs))
+        except PlaybookError as exc:
+            where = inventory.patches_where[i] if i < len(inventory.patches_where) else inventory.path
+            raise PlaybookError(f"{where}: patches[{i}]: {exc}") from None
+    return check_unique_ids(books)
+
+
 def list_playbooks(search_dirs: Iterable[Path | str] | None = None) -> list[str]:
     """Names of the patch playbooks found in search_dirs (default: the built-in ones)."""
     names: dict[str, None] = {}
-    for d in (search_dirs if search_dirs is not None else builtin_dirs()):
+    for d in (search_dirs if search_dirs is not None else search_path()):
         for p in sorted(Path(d).glob("*.y*ml")):
             if p.suffix in (".yaml", ".yml") and _is_patch_file(p):
                 names.setdefault(p.stem)
@@ -162,10 +194,10 @@ def list_playbooks(search_dirs: Iterable[Path | str] | None = None) -> list[str]
 
 
 def resolve_playbook(name_or_path: str, search_dirs: Iterable[Path | str] | None = None) -> Path:
-    """A bare name -> `<dir>/<name>.yaml` from search_dirs (default: built-in); anything path-like -> that path."""
-    dirs = [Path(d) for d in (search_dirs if search_dirs is not None else builtin_dirs())]
-    looks_like_path = "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")) or name_or_path.startswith(".")
-    if looks_like_path:
+    """A bare name -> `<dir>/<name>.yaml` from search_dirs (default: search_path()); anything path-like -> that
+    path."""
+    dirs = [Path(d) for d in (search_dirs if search_dirs is not None else search_path())]
+    if looks_like_playbook_path(name_or_path):
         return Path(name_or_path).expanduser()
     for d in dirs:
         for ext in (".yaml", ".yml"):
@@ -185,7 +217,11 @@ def load_playbook(name_or_path: str | Path, search_dirs: Iterable[Path | str] | 
 
 def load_playbooks(names: Sequence[str], search_dirs: Iterable[Path | str] | None = None) -> list[PatchPlaybook]:
     """Several playbooks; patch ids must be unique across all of them (the journal keys on them)."""
-    books = [load_playbook(n, search_dirs) for n in names]
+    return check_unique_ids([load_playbook(n, search_dirs) for n in names])
+
+
+def check_unique_ids(books: list[PatchPlaybook]) -> list[PatchPlaybook]:
+    """The books, when no patch id is used by two of them."""
     seen: dict[str, str] = {}
     for book in books:
         for p in book.patches:

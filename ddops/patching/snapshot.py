@@ -45,6 +45,7 @@ class Snapshot:
     errors: dict[str, str]
     journal: list[dict[str, Any]]
     facts: dict[str, Any] | None
+    journal_corrupt: tuple[dict[str, Any], ...] = ()  # {line, error, salvaged} per journal line that did not parse
 
     @classmethod
     def from_reply(cls, files: Sequence[str], reply: Mapping[str, Any]) -> "Snapshot":
@@ -62,7 +63,8 @@ class Snapshot:
             else:
                 contents[path] = base64.b64decode(record["content_b64"])
                 shas[path] = record["sha256"]
-        return cls(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"))
+        return cls(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"),
+                   tuple(reply.get("journal_corrupt") or ()))
 
 
 def with_host_python(python: str, command: str) -> str:

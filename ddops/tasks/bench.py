@@ -27,6 +27,7 @@ from ddops.patching.journal import JournalState
 from ddops.patching.kinds import PatchState
 from ddops.patching.playbook import list_playbooks, load_playbook
 from ddops.patching.snapshot import make_planner
+from ddops.pins import Pin, Pins
 from ddops.tasks.base import AgentSession, default_actor
 from ddops.tasks.patch import status_host
 from ddops.tasks.slurm import bench_call, is_slurm, submit
@@ -70,18 +71,37 @@ def _shared_planner(plan: BenchPlan) -> Any:
     return make_planner()
 
 
-def _preflight(plan: BenchPlan) -> Callable[[Host, AgentSession], tuple[dict, dict, TaskOutcome | None]]:
-    """(facts, patch states, the FAILED outcome when the host is refused, else None) for one host."""
-    planner = _shared_planner(plan)
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    """What the preflight learnt of one host: its facts, patch states and pin, and the refusal when refused."""
 
-    def check(host: Host, session: AgentSession) -> tuple[dict, dict, TaskOutcome | None]:
-        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": host.commit})
+    facts: dict[str, Any]
+    states: dict[str, str]
+    pin: Pin | None
+    refused: TaskOutcome | None
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return provenance_of(self.facts, self.states, self.pin)
+
+
+def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, AgentSession], Preflight]:
+    """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller."""
+    planner = _shared_planner(plan)
+    pins = pins or Pins()
+
+    def check(host: Host, session: AgentSession) -> Preflight:
+        pin = pins.for_host(host) if host.commit else None
+        # The host is asked whether it has the commit the controller resolved, never what its own branch says.
+        commit = pin.commit if pin is not None else None
+        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": commit})
         states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
-        problems = preflight_problems(plan, host, facts, states)
+        problems = preflight_problems(plan, host, facts, states, pin)
         if not problems:
-            return facts, states, None
-        return facts, states, TaskOutcome(FAILED, "refused: " + "; ".join(problems),
-                                          {"problems": problems, "patches": states})
+            return Preflight(facts, states, pin, None)
+        return Preflight(facts, states, pin, TaskOutcome(FAILED, "refused: " + "; ".join(problems),
+                                                         {"problems": problems, "patches": states,
+                                                          **({"pin": pin.described} if pin else {})}))
 
     return check
 
@@ -92,16 +112,16 @@ def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, AgentSession], 
     preflight = _preflight(plan)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
-        facts, states, refused = preflight(host, session)
-        if refused is not None:
-            return refused
+        checked = preflight(host, session)
+        if checked.refused is not None:
+            return checked.refused
+        facts, states = checked.facts, checked.states
         if is_slurm(host):  # the host is a Slurm login node: one job array (ddops/tasks/slurm.py)
             return submit(plan, run_id, host, session, facts, states, host_values(host, facts),
-                          lambda runs: run_spec(plan, host, runs, provenance_of(facts, states),
-                                                actor=default_actor()))
+                          lambda runs: run_spec(plan, host, runs, checked.provenance, actor=default_actor()))
         result_dir = f"{facts['repo_real']}/.ddops/runs/{run_id}/results"
         runs = expand_runs(plan, host_values(host, facts), result_dir=result_dir)
-        spec = run_spec(plan, host, runs, provenance_of(facts, states), actor=default_actor())
+        spec = run_spec(plan, host, runs, checked.provenance, actor=default_actor())
         result = session.call_agent("bench_launch", {"repo": host.repo, "run_id": run_id, "spec": spec})
         return TaskOutcome(CHANGED, f"launched {len(runs)} run{'s' if len(runs) != 1 else ''} (runner pid "
                                     f"{result.get('pid')})",
@@ -117,12 +137,14 @@ def check_task(plan: BenchPlan) -> Callable[[Host, AgentSession], TaskOutcome]:
     preflight = _preflight(plan)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
-        facts, states, refused = preflight(host, session)
-        if refused is not None:
-            return refused
-        runs = expand_runs(plan, host_values(host, facts), result_dir="<result_dir>")
-        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}",
-                           {"patches": states, "commands": [r.command for r in runs]})
+        checked = preflight(host, session)
+        if checked.refused is not None:
+            return checked.refused
+        runs = expand_runs(plan, host_values(host, checked.facts), result_dir="<result_dir>")
+        pin = f" at {checked.pin.described}" if checked.pin is not None else ""
+        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}",
+                           {"patches": checked.states, "commands": [r.command for r in runs],
+                            **({"pin": checked.pin.described} if checked.pin else {})})
 
     return task
 
@@ -204,6 +226,21 @@ def read_logs(host: Host, session: AgentSession, run_id: str,
             run = HostRun.from_state(host.name, result["state"], result.get("failures"))
         if not data or offset >= int(result.get("log_size", 0)):
             return b"".join(chunks).decode("utf-8", "replace"), run
+
+
+def logs_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
+    """Task: the run's whole log on a host (data["log"]), failed when the run did (skipped: no such run)."""
+
+    def task(host: Host, session: AgentSession) -> TaskOutcome:
+        try:
+            text, run = read_logs(host, session, run_id)
+        except AgentError as exc:
+            if exc.kind in _NO_RUN_KINDS:
+                return TaskOutcome(SKIPPED, f"no run {run_id} here")
+            raise
+        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
+
+    return task
 
 
 # --- following -------------------------------------------------------------------------------------------------------
@@ -403,13 +440,20 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
         wanted, too_big = oversized(listing.get("files") or [], max_file_bytes)
         if too_big:
             listing = {**listing, "refused": [*(listing.get("refused") or []), *too_big]}
+        unsafe = []
         for remote in wanted:
-            local = dest.joinpath(*safe_relpath(remote["path"]).parts)
+            try:
+                local = dest.joinpath(*safe_relpath(str(remote.get("path"))).parts)
+            except DdopsError as exc:  # that file alone: the others are still the host's results
+                unsafe.append({"path": str(remote.get("path")), "reason": str(exc)})
+                continue
             if fetch_file(session, remote, local):
                 fetched += 1
             else:
                 kept += 1
             files.append(remote)
+        if unsafe:
+            listing = {**listing, "refused": [*(listing.get("refused") or []), *unsafe]}
         manifest = host_manifest(host, listing, files)
         run = HostRun.from_state(host.name, listing.get("state") or {}, listing.get("failures"))
         parts = [f"{fetched} file{'s' if fetched != 1 else ''} fetched"]
@@ -417,6 +461,8 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
             parts.append(f"{kept} already here")
         if listing.get("refused"):
             parts.append("refused: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["refused"]))
+        if listing.get("skipped"):
+            parts.append("not followed: " + ", ".join(f"{r['path']} ({r['reason']})" for r in listing["skipped"]))
         if not run.terminal:
             parts.append(f"run still {run.status} ({run.done}/{run.total}): collect again when it ends")
         elif run.status != RunStatus.COMPLETED:

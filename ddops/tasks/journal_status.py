@@ -75,15 +75,17 @@ def journal_status_host(host: Host, session: Any) -> TaskOutcome:
         "applied": [p.to_json() for p in applied],
         "journal_corrupt": first.get("journal_corrupt") or [],
     }
+    corrupt = journal_mod.describe_corrupt(data["journal_corrupt"])
+    said = f"; {corrupt}" if corrupt else ""
     if not applied:
-        return TaskOutcome(OK, "no ddops patch applied", data)
+        return TaskOutcome(OK, "no ddops patch applied" + said, data)
     attention = [p for p in applied if p.state != APPLIED]
     if attention:
         return TaskOutcome(DRIFTED, "; ".join(
             f"{p.patch} {p.state}: " + ", ".join(p.missing or p.changed_since) + (" gone" if p.missing else
                                                                                  " changed since ddops wrote it")
-            for p in attention), data)
-    return TaskOutcome(OK, f"{len(applied)} applied", data)
+            for p in attention) + said, data)
+    return TaskOutcome(OK, f"{len(applied)} applied" + said, data)
 
 
 __all__ = ["AppliedPatch", "applied_patches", "journal_status_host"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddops import __version__
 from ddops.errors import AgentError, CommandTimeout
@@ -196,19 +196,39 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     states = patch_states(plan, patches, snap)
     facts = snap.facts or {}
     data = {"patches": states, "commit": facts.get("git_commit"), "files": plan_summary(plan, snap)}
+    data["journal_corrupt"] = list(snap.journal_corrupt)
+    corrupt = journal_mod.describe_corrupt(snap.journal_corrupt)
+    said = f"; {corrupt}" if corrupt else ""
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
     if attention:
         status = DRIFTED if all(s in (PLAN_DRIFTED, journal_mod.MODIFIED) for s in attention.values()) else FAILED
-        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()), data)
+        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()) + said, data)
     pending = [pid for pid, s in states.items() if s != APPLIED]
-    return TaskOutcome(OK, f"{len(pending)} pending" if pending else "all applied", data)
+    return TaskOutcome(OK, (f"{len(pending)} pending" if pending else "all applied") + said, data)
 
 
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
                   actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
     """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
+    for attempt in range(ROLLBACK_ATTEMPTS):
+        try:
+            return rollback_once(host, session, patch_ids, force=force, actor=actor, lock_timeout=lock_timeout)
+        except AgentError as exc:
+            # Another ddops wrote to the journal between our plan and our commit: plan again from what it holds now.
+            if exc.kind != "journal_moved" or attempt == ROLLBACK_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+ROLLBACK_ATTEMPTS = 3
+
+
+def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool,
+                  actor: str | None, lock_timeout: float) -> TaskOutcome:
+    """One plan-and-commit of rollback_host; the agent refuses it (`journal_moved`) if the journal moved meanwhile."""
+    raw = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
     # Parsed once: a host patched for months has a long journal, and each step below reads all of it.
-    entries = journal_mod.parse_journal(session.call_agent("journal", {"repo": host.repo}).get("entries", []))
+    entries = journal_mod.parse_journal(raw)
     actives = journal_mod.active_applications(entries)
     if not actives:
         return TaskOutcome(OK, "nothing to roll back", {"restored": [], "refused": []})
@@ -221,24 +241,39 @@ def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
                             "not_applied": list(plan.not_applied), "patches": list(plan.patches)}
     if not plan.restores:
         if plan.refused:
-            return TaskOutcome(FAILED, "; ".join(r.reason for r in plan.refused), data)
+            return TaskOutcome(FAILED, rollback_message(host, data), data)
         return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
                                                          if plan.not_applied else ""), data)
     reply = session.call_agent("rollback", {
         "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
-        "lock_timeout": lock_timeout,
+        "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw),
         "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
                       "restore_sha256": r.restore, "force": force} for r in plan.restores]})
     data["restored"] = reply.get("restored", []) + reply.get("unchanged", [])
-    data["saved"] = reply.get("saved", [])
+    data["saved"] = [{**s, "backup": saved_edit_path(host.repo, s["sha256"])} for s in reply.get("saved", [])]
     for refusal in reply.get("refused", []):
         why = ("changed since ddops wrote it: left untouched (--force saves that edit, then restores)"
                if refusal.get("reason") == "modified" else refusal.get("reason", "refused"))
         data["refused"].append({"file": refusal["path"], "reason": f"{refusal['path']} {why}"})
     for failure in reply.get("failed", []):
         data["refused"].append({"file": failure["path"], "reason": f"{failure['path']}: {failure.get('message')}"})
-    if data["refused"]:
-        return TaskOutcome(FAILED, "; ".join(r["reason"] for r in data["refused"]), data)
-    saved = f"; saved the foreign edit of {', '.join(s['path'] for s in data['saved'])}" if data["saved"] else ""
-    return TaskOutcome(CHANGED, f"restored {', '.join(data['restored'])}{saved}", data)
+    return TaskOutcome(FAILED if data["refused"] else CHANGED, rollback_message(host, data), data)
+
+
+def saved_edit_path(repo: str, sha: str) -> str:
+    """Where a foreign edit that rollback --force saved lies on the host (its content-addressed backup)."""
+    return f"{repo.rstrip('/')}/.ddops/backups/{sha}"
+
+
+def rollback_message(host: Host, data: Mapping[str, Any]) -> str:
+    """Every file restored and refused, and where each saved foreign edit is (with the command that shows it)."""
+    parts = []
+    if data.get("restored"):
+        parts.append(f"restored {', '.join(sorted(data['restored']))}")
+    if data.get("refused"):
+        parts.append(f"refused {'; '.join(r['reason'] for r in data['refused'])}")
+    for saved in data.get("saved", []):
+        parts.append(f"saved the foreign edit of {saved['path']} at {saved['backup']} "
+                     f"(ddops backups show {host.name} {saved['sha256'][:12]})")
+    return "; ".join(parts) or "nothing to roll back"
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
-import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field, replace
@@ -21,52 +19,21 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import ddops
 from ddops.errors import AgentError, DdopsError, UsageError
+from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
-from ddops.patching.playbook import load_playbooks
+from ddops.patching.playbook import load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
-from ddops.strenum import StrEnum
+from ddops.pins import Pin, Pins, SyncError, check_url, local_git, short
 from ddops.tasks.base import AgentSession, default_actor
 from ddops.tasks.patch import patch_host, rollback_host, verify_host
 
 if TYPE_CHECKING:
     from ddops.inventory import Host, Inventory
 
-MODES = ("auto", "remote", "push")
-COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,64}$")
-LOCAL_GIT_TIMEOUT = 60.0
 BUNDLE_REF = "refs/ddops/sync"
 
 
-class PinState(StrEnum):
-    """What `ddops status` shows for a host's checkout against its pin."""
-
-    AT = "at-pin"            # HEAD is the pinned commit
-    OFF = "off-pin"          # HEAD is another commit
-    NONE = "no-pin"          # the inventory pins no commit for this host
-    NO_REPO = "no-repo"      # no git checkout (or no commit) at the host's repo path
-    UNRESOLVED = "unresolved"  # the pin is a branch or tag that could not be resolved
-
-
-PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED = PinState
-
-
-class SyncError(DdopsError):
-    """A controller-side git step failed (resolving a pin, making a bundle)."""
-
-
 # -- values ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Pin:
-    """A host's pin (`rev` as written) and the commit it names, or why it could not be resolved."""
-
-    url: str | None
-    rev: str | None
-    commit: str | None = None
-    via: str = ""  # "sha" | "ls-remote" | "clone"
-    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,29 +72,6 @@ class Bundle:
 # -- pure helpers ---------------------------------------------------------------------------------------------
 
 
-def is_commit_id(text: str | None) -> bool:
-    return bool(text) and bool(COMMIT_RE.match(text or ""))
-
-
-def short(commit: str | None) -> str:
-    return commit[:12] if commit else "nothing"
-
-
-def pick_ref(ls_remote: str, rev: str) -> str | None:
-    """The commit `git ls-remote` output gives for rev, as git would pick it (tags before branches, peeled)."""
-    refs: dict[str, str] = {}
-    for line in ls_remote.splitlines():
-        sha, _, name = line.partition("\t")
-        if sha and name:
-            refs[name.strip()] = sha.strip()
-    for name in (rev, f"refs/{rev}", f"refs/tags/{rev}", f"refs/heads/{rev}"):
-        if f"{name}^{{}}" in refs:  # an annotated tag: the commit it points at
-            return refs[f"{name}^{{}}"]
-        if name in refs and (name == "HEAD" or name.startswith("refs/")):
-            return refs[name]
-    return None
-
-
 def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
     """Split the inspect verb's dirty files: intact ddops patches (the file is what ddops last wrote) vs the rest."""
     from ddops.patching.journal import active_applications, last_written
@@ -146,98 +90,6 @@ def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
         else:
             foreign.append(path)
     return DirtyReport(patched, tuple(foreign))
-
-
-def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None) -> PinState:
-    """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
-
-    `resolved` is the commit a branch or tag pin names (see resolve_pins); a full sha pin needs none.
-    """
-    if not host.commit and resolved is None:
-        return PIN_NONE
-    if head_commit is None:
-        return PIN_NO_REPO
-    pinned = resolved or (host.commit if is_commit_id(host.commit) else None)
-    if pinned is None:
-        if host.commit and SHORT_SHA_RE.match(host.commit) and head_commit.startswith(host.commit):
-            return PIN_AT
-        return PIN_UNRESOLVED
-    return PIN_AT if head_commit == pinned else PIN_OFF
-
-
-# -- local git (the controller side) --------------------------------------------------------------------------
-
-
-def local_git(args: Sequence[str], cwd: str | os.PathLike[str] | None = None,
-              timeout: float = LOCAL_GIT_TIMEOUT) -> str:
-    """stdout of a git command on the controller; SyncError with git's message when it fails."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
-    env.pop("GIT_DIR", None)
-    try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SyncError("git is not installed on this machine (the controller)") from None
-    except subprocess.TimeoutExpired:
-        raise SyncError(f"git {args[0]} timed out after {timeout:g}s") from None
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise SyncError(f"git {args[0]} failed: {' / '.join(lines[-2:]) or f'exit {done.returncode}'}")
-    return done.stdout.strip()
-
-
-def _check_url(url: str) -> None:
-    if url.startswith("-"):
-        raise SyncError(f"repo_url {url!r} starts with '-': refusing to pass it to git")
-
-
-def resolve_pin(url: str | None, rev: str | None, from_clone: str | None = None,
-                timeout: float = LOCAL_GIT_TIMEOUT) -> Pin:
-    """The commit rev names: a full sha as is; else `git ls-remote url`, else the local clone."""
-    if not rev:
-        return Pin(url, rev, error="no commit pinned: set `commit:` for the host (or its group, or defaults), "
-                                   "or pass --commit REV")
-    if is_commit_id(rev):
-        return Pin(url, rev, rev, via="sha")
-    if rev.startswith("-"):
-        return Pin(url, rev, error=f"commit {rev!r} starts with '-': refusing to pass it to git")
-    problems = []
-    if url:
-        try:
-            _check_url(url)
-            commit = pick_ref(local_git(["ls-remote", "--", url], timeout=timeout), rev)
-            if commit:
-                return Pin(url, rev, commit, via="ls-remote")
-            problems.append(f"{url} has no branch or tag {rev!r}")
-        except SyncError as exc:
-            problems.append(f"{url}: {exc}")
-    if from_clone:
-        for candidate in (rev, f"refs/remotes/origin/{rev}"):
-            try:
-                commit = local_git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{candidate}^{{commit}}"],
-                                   cwd=from_clone)
-                return Pin(url, rev, commit, via="clone")
-            except SyncError:
-                continue
-        problems.append(f"the local clone {from_clone} has no revision {rev!r}")
-    else:
-        problems.append("pass --from LOCAL_CLONE to resolve it from a local clone")
-    return Pin(url, rev, error=f"cannot resolve commit {rev!r}: " + "; ".join(problems))
-
-
-def _pin_key(url: str | None, rev: str | None) -> tuple[str | None, str | None]:
-    return (url, rev)
-
-
-def resolve_pins(hosts: Iterable["Host"], *, rev: str | None = None, from_clone: str | None = None
-                 ) -> dict[tuple[str | None, str | None], Pin]:
-    """Every distinct (repo_url, pin) of the hosts resolved once; `rev` overrides each host's pin."""
-    out: dict[tuple[str | None, str | None], Pin] = {}
-    for host in hosts:
-        key = _pin_key(host.repo_url, rev or host.commit)
-        if key not in out:
-            out[key] = resolve_pin(key[0], key[1], from_clone)
-    return out
 
 
 def make_bundle(source: str | os.PathLike[str], commit: str, out: Path, scratch: Path) -> Bundle:
@@ -307,7 +159,7 @@ class Bundles:
         if mirror is None:
             path = self._dir() / f"mirror-{len(self._mirrors)}.git"
             try:
-                _check_url(url)
+                check_url(url)
                 local_git(["clone", "--bare", "--quiet", "--", url, str(path)], timeout=1800)
                 mirror = path
             except SyncError as exc:
@@ -329,11 +181,12 @@ class Bundles:
 class SyncRun:
     """Everything a sync or deploy run shares across hosts: resolved pins, bundles, playbooks, the planner."""
 
-    def __init__(self, options: SyncOptions, pins: Mapping[tuple[str | None, str | None], Pin],
-                 patches: Sequence[str] = ()) -> None:
+    def __init__(self, options: SyncOptions, pins: Pins, patches: Sequence[str] = (),
+                 search_dirs: Sequence[Any] | None = None) -> None:
         self.options = options
-        self.pins = dict(pins)
+        self.pins = pins
         self.patches = tuple(patches)
+        self.search_dirs = search_dirs  # where the patches' names are looked up (None: search_path())
         self.bundles = Bundles(options.from_clone)
         self._lock = threading.Lock()
         self._playbooks: Any = None
@@ -348,11 +201,7 @@ class SyncRun:
         return bool(self.patches) if self.options.reapply is None else self.options.reapply
 
     def pin_for(self, host: "Host") -> Pin:
-        key = _pin_key(host.repo_url, self.options.rev or host.commit)
-        pin = self.pins.get(key)
-        if pin is None:  # a host added after prepare_sync
-            pin = self.pins[key] = resolve_pin(key[0], key[1], self.options.from_clone)
-        return pin
+        return self.pins.for_host(host)
 
     def mode_for(self, host: "Host") -> str:
         return self.options.mode or host.sync
@@ -363,7 +212,7 @@ class SyncRun:
     def playbooks(self) -> Any:
         with self._lock:
             if self._playbooks is None:
-                self._playbooks = load_playbooks(list(self.patches))
+                self._playbooks = load_playbooks(list(self.patches), self.search_dirs)
             return self._playbooks
 
     def planner(self) -> Any:
@@ -390,8 +239,8 @@ class SyncRun:
 
 def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions) -> SyncRun:
     """Check the options, resolve every pin once, and return the run to hand to the fleet."""
-    if options.mode is not None and options.mode not in MODES:
-        raise UsageError(f"--mode {options.mode}: must be one of {', '.join(MODES)}")
+    if options.mode is not None and options.mode not in SYNC_MODES:
+        raise UsageError(f"--mode {options.mode}: must be one of {', '.join(SYNC_MODES)}")
     if options.from_clone is not None:
         clone = Path(options.from_clone).expanduser()
         if not clone.is_dir():
@@ -405,8 +254,9 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
         raise UsageError(f"--reapply needs `patches:` in {inventory.path} (the playbooks to apply again)")
     if not options.actor:
         options = replace(options, actor=default_actor())
-    pins = resolve_pins(hosts, rev=options.rev, from_clone=options.from_clone)
-    run = SyncRun(options, pins, inventory.patches)
+    pins = Pins(rev=options.rev, from_clone=options.from_clone)
+    pins.resolve_all(hosts)
+    run = SyncRun(options, pins, inventory.patches, search_path(inventory))
     if run.reapply:
         run.playbooks()  # a broken playbook is a usage error (exit 2) before any host is touched
     return run
@@ -477,7 +327,8 @@ def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: boo
     opts = run.options
     pin = run.pin_for(host)
     mode = run.mode_for(host)
-    data: dict[str, Any] = {"pin": pin.rev, "commit": pin.commit, "mode": mode, "before": None, "after": None,
+    data: dict[str, Any] = {"pin": pin.rev, "commit": pin.commit, "pin_shown": pin.shown,
+                            "resolved_in": pin.resolved_in if pin.commit else None, "mode": mode, "before": None, "after": None,
                             "source": None, "bytes_moved": 0, "rolled_back": [], "reapplied": [], "saved": None,
                             "dirty": [], "check": opts.check}
     if pin.error or not pin.commit:

@@ -8,7 +8,9 @@ directory of its own, and `shared_home` gives them all one home directory.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Iterable
 
 from ddops.errors import TestbedError, UsageError
 from ddops.testbed.common import (
-    DEFAULT_ROOT, ENGINES, STATE_FILE, Testbed, TestbedHost, check_loopback, load_testbed, make_key, write_inventory,
+    DEFAULT_ROOT, ENGINES, STATE_FILE, TESTBED_ROOT_LINE, Testbed, TestbedHost, check_loopback, load_testbed, make_key, write_inventory,
     write_known_hosts,
 )
 from ddops.testbed.containers import ContainerEngine
@@ -67,8 +69,7 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
     root_path = Path(root).resolve()
     if (root_path / STATE_FILE).exists():
         raise TestbedError(f"a testbed is already up at {root_path} (run `ddops testbed down` first)")
-    if seed is not None and not Path(seed).is_dir():
-        raise UsageError(f"--seed {seed}: not a directory")
+    seed = resolve_seed(seed)
     if not repo_path.startswith("/"):
         raise UsageError(f"--repo-path {repo_path}: must be an absolute path")
     root_path.mkdir(parents=True, exist_ok=True)
@@ -87,14 +88,89 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
         testbed = runner.plan(testbed, image)
     testbed.save()
     try:
+        host_python = python or (host_interpreter(testbed) if testbed.engine == "namespace" else "python3")
         runner.start(testbed, seed)
         write_known_hosts(testbed)
-        host_python = python or (sys.executable if testbed.engine == "namespace" else "python3")
+        check_interpreter(testbed, host_python)
         write_inventory(testbed, host_python, list(patches))
     except BaseException:
         down(root_path)
         raise
     return testbed
+
+
+def resolve_seed(seed: str | os.PathLike[str] | None) -> Path | None:
+    """A directory, or the name of an example shipped with ddops (`mini-ddtree`), as the directory to copy."""
+    if seed is None:
+        return None
+    path = Path(seed).expanduser()
+    if path.is_dir():
+        return path
+    from ddops.resources import example_names, examples_dir
+
+    names = example_names()
+    if str(seed) in names:
+        return examples_dir() / str(seed)
+    raise UsageError(f"--seed {seed}: not a directory, nor an example shipped with ddops ({', '.join(names)})")
+
+
+def host_interpreter(testbed: Testbed, executable: str | None = None) -> str:
+    """A Python the namespace hosts can run: the controller's own, unless the shared home hides it (pyenv under
+    /root), then the first python3 on PATH outside the home."""
+    executable = executable or sys.executable
+    if not testbed.shared_home or not _hidden_by_home(executable, testbed.user_home):
+        return executable
+    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/local/bin", "/usr/bin"]:
+        candidate = os.path.join(folder or ".", "python3")
+        if os.access(candidate, os.X_OK) and not _hidden_by_home(candidate, testbed.user_home):
+            return candidate
+    raise TestbedError(f"the shared home {testbed.user_home} hides this Python ({executable}) and no python3 outside "
+                       f"it is on PATH: install one (apt-get install -y python3) or pass python=")
+
+
+def _hidden_by_home(executable: str, home: str) -> bool:
+    """Whether the file, or what its symlinks lead to (a venv's python, a pyenv shim), lies under home."""
+    home_path = Path(home).resolve()
+    for path in (Path(os.path.abspath(executable)), Path(executable).resolve()):
+        if path == home_path or home_path in path.parents:
+            return True
+    return False
+
+
+def check_interpreter(testbed: Testbed, python: str) -> None:
+    """Run the hosts' `python` on the first host, as ddops will: a testbed whose agent cannot start is refused now,
+    with the reason, rather than on every command."""
+    import subprocess
+
+    host = testbed.hosts[0]
+    probe = f"{shlex.quote(python)} -c 'import sys; print(sys.version_info >= (3, 8))'"
+    argv = ["ssh", "-F", "/dev/null", "-i", str(testbed.client_key), "-o", f"UserKnownHostsFile={testbed.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", str(host.port),
+            f"root@{host.address}", probe]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TestbedError(f"{host.name}: could not run its python ({python}): {exc}") from None
+    if done.returncode != 0 or done.stdout.strip() != "True":
+        why = (done.stderr.strip().splitlines() or [done.stdout.strip() or f"exit {done.returncode}"])[-1]
+        raise TestbedError(f"{host.name}: the hosts' python {python} does not run there (a Python >= 3.8 is "
+                           f"needed): {why}")
+
+
+def root_of_inventory(inventory: str | os.PathLike[str]) -> Path:
+    """The testbed an inventory written by `testbed up` describes (next to it, or named in its header)."""
+    path = Path(inventory)
+    if (path.parent / STATE_FILE).exists() and (path.parent / "inventory.yaml").resolve() == path.resolve():
+        return path.parent
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace").splitlines()[:5]
+    except OSError as exc:
+        raise UsageError(f"{inventory}: cannot read it ({exc.strerror})") from None
+    for line in head:
+        if line.startswith(TESTBED_ROOT_LINE):
+            return Path(json.loads(line[len(TESTBED_ROOT_LINE):].strip()))
+    raise UsageError(f"{inventory}: not an inventory written by `ddops testbed up` (no `{TESTBED_ROOT_LINE.strip()}` "
+                     f"line): say which testbed with --root")
 
 
 def down(root: str | os.PathLike[str] = DEFAULT_ROOT) -> list[str]:

@@ -11,11 +11,15 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ddops import settings
 from ddops.errors import TestbedError, UsageError
 
 STATE_FILE = "testbed.json"
-DEFAULT_ROOT = Path(os.environ.get("DDOPS_TESTBED_ROOT", "/tmp/ddops-testbed"))
+DEFAULT_ROOT = Path(settings.TESTBED_ROOT.value() or "/tmp/ddops-testbed")
 ENGINES = ("namespace", "podman", "docker", "auto")
+# The inventory's second line: which testbed it describes, for `ddops -i FILE testbed down` (a copy made with
+# --inventory-out lives elsewhere).
+TESTBED_ROOT_LINE = "# testbed root: "
 
 
 def alive(pid: int) -> bool:
@@ -198,6 +202,7 @@ def write_inventory(testbed: Testbed, python: str, patches: list[str]) -> None:
     lines = [
         f"# Written by `ddops testbed up`: {what}"
         + (", all with one shared home directory." if testbed.shared_home else "."),
+        f"{TESTBED_ROOT_LINE}{json.dumps(testbed.root)}",
         "defaults:",
         "  user: root",
         f"  repo: {json.dumps(testbed.repo_path)}",

@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+from ddops import settings
 from ddops.errors import TestbedError
 from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
                                   wait_for_ssh)
@@ -51,7 +52,7 @@ def containers_dir() -> Path:
 
     $DDOPS_CONTAINERS_DIR, else $XDG_CACHE_HOME/ddops/containers, else ~/.cache/ddops/containers.
     """
-    explicit = os.environ.get("DDOPS_CONTAINERS_DIR")
+    explicit = settings.CONTAINERS_DIR.value()
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "ddops" / "containers"
@@ -167,6 +168,7 @@ class ContainerEngine:
             else:
                 host.repo_dir.mkdir()
         self.run("network", "create", "--label", f"{LABEL}={root}", testbed.network, what="network create")
+        self._guard_loopback(testbed)
         for host in testbed.hosts:
             mounts = [(host_key_path(host), "/etc/ddops/ssh_host_ed25519_key", "ro"),
                       (Path(host.dir) / "sshd_config", "/etc/ddops/sshd_config", "ro"),
@@ -175,7 +177,11 @@ class ContainerEngine:
                 mounts.append((testbed.home_dir, testbed.user_home, "rw"))
             mounts.append((host.repo_dir, testbed.repo_path, "rw"))
             args = ["run", "-d", "--name", host.container, "--hostname", host.name, "--label", f"{LABEL}={root}",
-                    "--network", testbed.network, "--init", "-p", f"{host.address}:{host.port}:22"]
+                    "--network", testbed.network, "--init", "-p", f"{host.address}:{host.port}:22",
+                    # No raw sockets: with them a container's root hand-crafts packets to the machine's loopback
+                    # services through the bridge (netavark turns route_localnet on there). The firewall rule of
+                    # _guard_loopback holds where a user's image or engine gives the capability back.
+                    "--cap-drop", "NET_RAW"]
             for source, target, mode in mounts:
                 if ":" in f"{source}{target}":  # -v splits at colons
                     raise TestbedError(f"{host.name}: a container engine cannot mount a path with ':' ({source})")
@@ -192,6 +198,7 @@ class ContainerEngine:
         if present:
             grace = ["-t", "0"] if self.name == "podman" else []  # sshd holds nothing worth a grace period
             self.try_run("rm", "-f", *grace, *present)
+        self._unguard_loopback(testbed)
         if testbed.network:
             self.try_run("network", "rm", testbed.network)
         self._restore_machine_state()
@@ -301,6 +308,37 @@ class ContainerEngine:
                 paths = [testbed.repo_path] + ([testbed.user_home] if testbed.shared_home else [])
                 self.try_run("exec", host.container, "chown", "-R", owner, *paths)
 
+    def bridge(self, testbed: Testbed) -> str | None:
+        """The machine-side interface of the testbed's network (podman1, br-0123456789ab), or None."""
+        if not testbed.network:
+            return None
+        field = "{{.NetworkInterface}}" if self.name == "podman" else "{{.Id}}"
+        proc = self.try_run("network", "inspect", "--format", field, testbed.network)
+        if proc is None or proc.returncode != 0 or not proc.stdout.strip():
+            return None
+        name = proc.stdout.strip()
+        return name if self.name == "podman" else f"br-{name[:12]}"
+
+    def _guard_loopback(self, testbed: Testbed) -> None:
+        """Drop what comes in from the testbed's bridge addressed to 127.0.0.0/8: the machine's loopback-only
+        services (a namespace testbed's sshd, a database) stay out of the containers' reach. Removed by stop."""
+        if os.geteuid() != 0 or shutil.which("iptables") is None:
+            return  # rootless: the engine changes no firewall, and route_localnet stays off
+        bridge = self.bridge(testbed)
+        if bridge is None:
+            raise TestbedError(f"{self.name} network {testbed.network}: no bridge interface to guard")
+        run_tool(["iptables", "-I", "INPUT", *_loopback_rule(bridge, testbed)],
+                 f"iptables (drop {bridge} -> 127.0.0.0/8)")
+
+    def _unguard_loopback(self, testbed: Testbed) -> None:
+        if os.geteuid() != 0 or shutil.which("iptables") is None:
+            return
+        bridge = self.bridge(testbed)
+        for _ in range(8):  # each -D removes one copy (a crashed `up` retried could have left two)
+            if bridge is None or subprocess.run(["iptables", "-D", "INPUT", *_loopback_rule(bridge, testbed)],
+                                                capture_output=True).returncode != 0:
+                break
+
     def _ours_left(self) -> bool:
         proc = self.try_run("ps", "-a", "-q", "--filter", f"label={LABEL}")
         return proc is None or proc.returncode != 0 or bool(proc.stdout.strip())
@@ -332,6 +370,17 @@ class ContainerEngine:
         if forward in ("0", "1") and _read_ip_forward() != forward:
             Path("/proc/sys/net/ipv4/ip_forward").write_text(forward + "\n")
         record.unlink(missing_ok=True)
+
+
+def _loopback_rule(bridge: str, testbed: Testbed) -> list[str]:
+    """The INPUT rule that keeps the bridge's packets off 127.0.0.0/8, named for its testbed (so down removes ours).
+
+    Only what opens a connection is dropped: the answers of a container's sshd to the machine's own connections to
+    its published port come back from the bridge addressed to a loopback address too (conntrack has them as
+    ESTABLISHED)."""
+    return ["-i", bridge, "-d", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "ESTABLISHED,RELATED",
+            "-m", "comment", "--comment",
+            f"ddops-testbed-{_testbed_id(Path(testbed.root))}", "-j", "DROP"]
 
 
 def _testbed_id(root: Path) -> str:

@@ -17,7 +17,8 @@ import paramiko
 
 from ddops.errors import AgentError, CommandTimeout
 from ddops.inventory import Host
-from ddops.transport.channel import READ_CHUNK, ChannelReader, CommandResult, send_all
+from ddops.transport.channel import (MAX_AGENT_ANSWER, READ_CHUNK, ChannelReader, CommandResult, output_too_large,
+                                    send_all)
 from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
 
@@ -54,7 +55,8 @@ class AgentChannel:
             self.pending_source = json.dumps(hello).encode("ascii") + b"\n"
             self._expected_greeting = resident_proof(resident.secret, "resident", nonce)
         self.answered = False
-        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR)
+        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR, max_out=MAX_AGENT_ANSWER,
+                                    too_much=lambda: output_too_large(host_name, "agent", MAX_AGENT_ANSWER))
 
     def _proves_greeting(self, line: str) -> bool:
         """Whether a resident's first line is the greeting our hello asked for."""
@@ -120,7 +122,7 @@ def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBoo
     from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
 
     linger, refused = 0.0, False
-    key = resident_key(host.user, host.address, host.port, host.python, agent_digest())
+    key = resident_key(host.user, host.address, host.port, host.python, agent_digest(), via=host.proxy_jump)
     if residents is not None and host.agent_linger > 0:
         resident = residents.resident_for(key)
         if resident is not None:

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import select
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import paramiko
 
-from ddops.errors import CommandTimeout
+from ddops.errors import Cancelled, CommandTimeout, TransportError
 
 READ_CHUNK = 1 << 16
+# What the controller holds of one answer: an agent's answer line (a snapshot of many files is megabytes) and a
+# command's kept output. More is refused, never gathered: a host cannot make the controller run out of memory.
+MAX_AGENT_ANSWER = 256 << 20
+MAX_COMMAND_OUTPUT = 64 << 20
+
+
+def output_too_large(host_name: str, what: str, limit: int) -> TransportError:
+    return TransportError(f"{host_name}: the {what} sent more than {limit >> 20} MiB of output: refused (cut off)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +58,11 @@ class ChannelReader:
     """
 
     def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None,
-                 on_output: Callable[[str, bytes], None] | None = None) -> None:
+                 on_output: Callable[[str, bytes], None] | None = None,
+                 max_out: int | None = None, too_much: Callable[[], Exception] | None = None) -> None:
         self.channel = channel
+        self._max_out = max_out  # stdout (and stderr, unless max_err keeps its end) beyond this: too_much()
+        self._too_much = too_much
         self._on_output = on_output  # streamed: each chunk goes there as it arrives and is not kept
         self.out = bytearray()
         self.err = bytearray()
@@ -67,6 +79,7 @@ class ChannelReader:
                 self._on_output("stdout", chunk)
             else:
                 self.out += chunk
+                self._check_size()
             progressed = True
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(READ_CHUNK)
@@ -77,12 +90,19 @@ class ChannelReader:
             self.err += chunk
             if self._max_err is not None:
                 del self.err[:-self._max_err]
+            else:
+                self._check_size()
         return progressed
 
-    def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception]) -> bool:
+    def _check_size(self) -> None:
+        if self._max_out is not None and len(self.out) + len(self.err) > self._max_out:
+            raise self._too_much() if self._too_much else TransportError(f"more than {self._max_out} bytes")
+
+    def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception],
+                   cancel: threading.Event | None = None) -> bool:
         """Read until `done()` (checked once nothing more is ready): True; or until the channel closed: False.
 
-        Past the deadline raises `timed_out()`.
+        Past the deadline raises `timed_out()`; once `cancel` is set, Cancelled (within one wait of 0.2 s).
         """
         channel = self.channel
         while True:
@@ -92,15 +112,17 @@ class ChannelReader:
                 return True
             if channel.closed:
                 return False
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("interrupted")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timed_out()
             select.select([channel], [], [], min(remaining, 0.2))
 
-    def drain(self, deadline: float, timed_out: Callable[[], Exception]) -> None:
+    def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
         channel = self.channel
-        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out)
+        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out, cancel)
 
     def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
         """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""

@@ -15,7 +15,9 @@ import paramiko
 from ddops.errors import HostKeyError, TransportError
 from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
-from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, known_hosts_name, revoked_message,
+from ddops.transport.auth import KeyRing, OpenSshOrder, PassphrasePrompt
+from ddops.transport.local import LocalSession
+from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, host_key_name, known_hosts_name, revoked_message,
                                       system_known_hosts)
 from ddops.transport.resident import ResidentBook
 from ddops.transport.session import Session
@@ -28,7 +30,8 @@ class Connector:
     def __init__(self, known_hosts: str | os.PathLike[str], *, accept_new: bool = False,
                  jump_hosts: Iterable[Host] = (), connect_timeout: float | None = None,
                  residents: ResidentBook | None = None,
-                 system_known_hosts_file: str | os.PathLike[str] | None = None) -> None:
+                 system_known_hosts_file: str | os.PathLike[str] | None = None,
+                 ask_passphrase: PassphrasePrompt | None = None) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
         # Read after the user's file, as OpenSSH does; never written to. Tests pass their own.
         system = Path(system_known_hosts_file) if system_known_hosts_file is not None else system_known_hosts()
@@ -37,7 +40,7 @@ class Connector:
         self.connect_timeout = connect_timeout
         self.residents = residents if residents is not None else ResidentBook()
         self._known: dict[Path, KnownHosts] = {self.known_hosts: KnownHosts(self.known_hosts)}
-        self._keys: dict[str, paramiko.PKey | None] = {}
+        self.keys = KeyRing(ask_passphrase=ask_passphrase)
         self._keys_lock = threading.Lock()
         self._jump_hosts = {h.name: h for h in jump_hosts}
         # "a" is the session to hop a, "a,b" the one to b reached through a: every host of the run that jumps
@@ -45,35 +48,50 @@ class Connector:
         self._jumps: dict[str, Session] = {}
         self._jump_lock = threading.RLock()  # held while a hop connects, which may connect the hops before it
 
-    def connect(self, host: Host) -> Session:
+    def connect(self, host: Host) -> Session | LocalSession:
+        if host.local:  # `connection: local`: this machine, the same agent as a local process
+            return LocalSession(host)
         return self._connect(host, ())
+
+    def prepare(self, hosts: Iterable[Host]) -> None:
+        """Read the identity files of these hosts and of the hops they jump through, before any connection: a missing
+        one is an InventoryError, an encrypted one is unlocked now (one prompt per file) or refused in one line."""
+        hosts = [h for h in hosts if not h.local]
+        hops = [self._hop_host(hop, h) for h in hosts for hop in jump_hops(h.proxy_jump)]
+        self.keys.prepare([*hosts, *hops])
 
     def _connect(self, host: Host, via: tuple[str, ...]) -> Session:
         """A session to `host`; `via` names the hosts whose connection is waiting on this one (loop guard)."""
         started = time.monotonic()
         timeout = self.connect_timeout or host.connect_timeout
+        # Keys first: a missing or locked identity file is said before anything connects.
+        auth = self.keys.strategy(host)
+        try:
+            unusable = [f for f in auth.files if f.problem]
+            if host.identity_file and unusable and not auth.offers():
+                raise TransportError(f"{host.name}: identity_file {host.identity_file} is not a usable private "
+                                     f"key: {unusable[0].problem}")
+            return self._connect_with(host, via, auth, started, timeout)
+        finally:
+            auth.close()
+
+    def _connect_with(self, host: Host, via: tuple[str, ...], auth: OpenSshOrder, started: float,
+                      timeout: float) -> Session:
         sock = self._open_socket(host, timeout, via)
         client = paramiko.SSHClient()
-        name = known_hosts_name(host.address, host.port)
+        name = host_key_name(host)
         known = self._known_hosts(host)
         try:
             entries = known.entries_for(host, name) + self.system_known_hosts.entries_for(host, name)
         except HostKeyError:
             sock.close()
             raise
-        for key_type, key in entries.usable():
-            client.get_host_keys().add(name, key_type, key)
+        for key_type, key in entries.usable():  # under the name paramiko looks up, whatever known_hosts calls it
+            client.get_host_keys().add(known_hosts_name(host.address, host.port), key_type, key)
         client.set_missing_host_key_policy(HostKeyPolicy(host, known.path, self.accept_new, entries))
-        key_file = os.path.expanduser(host.identity_file) if host.identity_file else None
-        if key_file and not os.path.exists(key_file):
-            sock.close()
-            raise TransportError(f"{host.name}: identity_file {host.identity_file} does not exist")
-        key = self._private_key(key_file) if key_file else None
         try:
             client.connect(
-                host.address, port=host.port, username=host.user, pkey=key,
-                key_filename=key_file if key is None else None,
-                look_for_keys=key_file is None, allow_agent=True, sock=sock, timeout=timeout,
+                host.address, port=host.port, username=host.user, auth_strategy=auth, sock=sock, timeout=timeout,
                 banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
             )
         except paramiko.BadHostKeyException as exc:
@@ -84,17 +102,17 @@ class Connector:
             raise HostKeyError(
                 f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
                 f"If the host was reinstalled, remove the old key with: ssh-keygen -f {known.path} "
-                f"-R '{known_hosts_name(host.address, host.port)}'"
+                f"-R '{name}'"
             ) from None
         except HostKeyError:
             sock.close()
             raise
         except paramiko.AuthenticationException as exc:
             sock.close()
-            raise TransportError(f"{host.name}: authentication failed for {host.user}@{host.address}: {exc}") from None
+            raise TransportError(auth.failure(exc)) from None
         except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
             sock.close()
-            raise TransportError(_handshake_failure(host, key_file, timeout, exc)) from None
+            raise TransportError(_handshake_failure(host, timeout, exc)) from None
         transport = client.get_transport()
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started, self.residents)
@@ -106,17 +124,6 @@ class Connector:
             if path not in self._known:
                 self._known[path] = KnownHosts(path)
             return self._known[path]
-
-    def _private_key(self, path: str) -> paramiko.PKey | None:
-        """The identity file's key, read once per run (paramiko reads it per connection, trying each key type);
-        None when it cannot be read without help (a passphrase), which paramiko then handles as before."""
-        with self._keys_lock:
-            if path not in self._keys:
-                try:
-                    self._keys[path] = paramiko.PKey.from_path(path)
-                except (paramiko.SSHException, OSError, ValueError):
-                    self._keys[path] = None
-            return self._keys[path]
 
     def _open_socket(self, host: Host, timeout: float, via: tuple[str, ...]) -> Any:
         hops = jump_hops(host.proxy_jump)
@@ -157,7 +164,8 @@ class Connector:
         if known is not None:
             return replace(known, name=spec, user=user or known.user, port=port or known.port)
         return Host(name=spec, address=name, port=port or 22, user=user or for_host.user,
-                    identity_file=for_host.identity_file, connect_timeout=for_host.connect_timeout)
+                    identity_file=for_host.identity_file, identity_origin=for_host.identity_origin,
+                    connect_timeout=for_host.connect_timeout)
 
     def close(self) -> None:
         with self._jump_lock:
@@ -165,16 +173,15 @@ class Connector:
             for key in sorted(self._jumps, key=lambda k: -k.count(",")):
                 self._jumps[key].close()
             self._jumps.clear()
+        self.keys.close()
         self.residents.save()
 
 
-def _handshake_failure(host: Host, key_file: str | None, timeout: float, exc: BaseException) -> str:
+def _handshake_failure(host: Host, timeout: float, exc: BaseException) -> str:
     """One line saying what went wrong while opening the SSH session, in the user's terms."""
     text = str(exc) or type(exc).__name__
     where = f"{host.address}:{host.port}"
     # A listener that never sends the SSH banner makes paramiko give up with one of these.
     if "banner" in text.lower() or text == "No existing session" or isinstance(exc, (EOFError, socket.timeout)):
         return f"{host.name}: {where} accepted the connection but did not speak SSH within {timeout:g}s"
-    if key_file and ("key" in text.lower() or isinstance(exc, ValueError)):
-        return f"{host.name}: identity_file {host.identity_file} is not a usable private key: {text}"
     return f"{host.name}: SSH handshake with {where} failed: {text}"

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from ddops.errors import HostKeyError, UsageError
 from ddops.inventory import Host, Inventory
-from ddops.transport.hostkeys import (HostKeyEntries, KnownHosts, known_hosts_name, revoked_message,
+from ddops.transport.hostkeys import (HostKeyEntries, KnownHosts, host_key_name, known_hosts_name, revoked_message,
                                       system_known_hosts)
 
 try:
@@ -57,12 +57,12 @@ def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:
         connect_kwargs={"key_filename": [identity] if identity else None, "look_for_keys": identity is None},
     )
     # ddops' reading of known_hosts (paramiko's skips @revoked lines, so a revoked key listed plainly was trusted).
-    name = known_hosts_name(host.address, host.port)
+    name = host_key_name(host)
     entries = (KnownHosts(Path(known_hosts)).entries_for(host, name)
                + KnownHosts(system_known_hosts(), optional=True).entries_for(host, name))
     keys = conn.client.get_host_keys()
-    for key_type, key in entries.usable():
-        keys.add(name, key_type, key)
+    for key_type, key in entries.usable():  # under the name paramiko looks up, whatever known_hosts calls it
+        keys.add(known_hosts_name(host.address, host.port), key_type, key)
     conn.client.set_missing_host_key_policy(RefuseUnknownHostKey(host, known_hosts, entries))
     return conn
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paramiko
 
+from ddops import settings
 from ddops.errors import HostKeyError
 from ddops.inventory import Host
 
@@ -24,12 +25,17 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+def host_key_name(host: Host) -> str:
+    """The host's name in known_hosts: its host_key_alias (as OpenSSH's HostKeyAlias, no port), else [address]:port."""
+    return host.host_key_alias or known_hosts_name(host.address, host.port)
+
+
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 
 def system_known_hosts() -> Path:
     """The system-wide known_hosts OpenSSH reads after the user's (`DDOPS_SYSTEM_KNOWN_HOSTS` names another)."""
-    return Path(os.environ.get("DDOPS_SYSTEM_KNOWN_HOSTS") or SYSTEM_KNOWN_HOSTS)
+    return Path(settings.SYSTEM_KNOWN_HOSTS.value() or SYSTEM_KNOWN_HOSTS)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         self.host, self.known_hosts, self.accept_new, self.entries = host, known_hosts, accept_new, entries
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client_name, hostname = hostname, host_key_name(self.host)  # a host_key_alias names it in known_hosts
         fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:16]
         revoked = self.entries.revocation(key)
         if revoked is not None:
@@ -80,7 +87,7 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 f"(not in {self.known_hosts}); check it, then re-run with --accept-new to record it"
             )
         append_known_host(self.known_hosts, hostname, key)
-        client.get_host_keys().add(hostname, key.get_name(), key)
+        client.get_host_keys().add(client_name, key.get_name(), key)
 
 
 def revoked_message(host: Host, hostname: str, key: paramiko.PKey, where: str) -> str:

@@ -1,7 +1,8 @@
 """A session with this machine: the same agent (remote/) and line protocol as over SSH, run as a local subprocess.
 
-No sshd, no root, no network: tasks run against a repo in a temporary folder, which is what their unit tests do.
-It is an AgentSession (ddops/tasks/base.py), as the SSH Session is.
+No sshd, no root, no network. It is what the Connector opens for a `connection: local` host (a checkout on the
+controller itself: patch, verify, rollback, status, sync and bench work there as on a remote host, through the same
+agent and journal), and what task unit tests use. It is an AgentSession (ddops/tasks/base.py), as the SSH Session is.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from ddops.errors import AgentError, CommandTimeout, TransportError
+from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
-from ddops.transport import CommandResult
+from ddops.transport.channel import MAX_AGENT_ANSWER, MAX_COMMAND_OUTPUT, CommandResult, output_too_large
 from ddops.transport.agent import agent_request
 from ddops.transport.session import copy_limited
 
@@ -47,16 +50,72 @@ class LocalSession:
 
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
-        timeout = self.host.command_timeout if timeout is None else timeout
-        self.round_trips += 1
+        """A shell command in the login shell's stead (/bin/sh); its output kept up to MAX_COMMAND_OUTPUT."""
         started = time.monotonic()
+        kept = {"stdout": bytearray(), "stderr": bytearray()}
+
+        def keep(stream: str, chunk: bytes) -> None:
+            kept[stream] += chunk
+            if len(kept["stdout"]) + len(kept["stderr"]) > MAX_COMMAND_OUTPUT:
+                raise output_too_large(self.host.name, "command", MAX_COMMAND_OUTPUT)
+
+        code = self._exec(command, keep, stdin=stdin, timeout=timeout)
+        return CommandResult(code, kept["stdout"].decode("utf-8", "replace"),
+                             kept["stderr"].decode("utf-8", "replace"), time.monotonic() - started)
+
+    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None,
+               cancel: threading.Event | None = None, cancel_input: bytes = b"") -> int:
+        """Run a command like `run`, handing each chunk of output to on_output("stdout" | "stderr", bytes); once
+        `cancel` is set its process group is ended and Cancelled raised (cancel_input is for remote watchdogs)."""
+        return self._exec(command, on_output, timeout=timeout, cancel=cancel)
+
+    def _exec(self, command: str, on_output: Callable[[str, bytes], None], *, stdin: bytes | None = None,
+              timeout: float | None = None, cancel: threading.Event | None = None) -> int:
+        timeout = self.host.command_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.round_trips += 1
+        # Its own process group: a timeout ends what the command started too, as sshd's session end does; and in
+        # the home directory, where sshd starts a command.
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=self.env, start_new_session=True,
+                                cwd=os.path.expanduser("~"))
         try:
-            done = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True,
-                                  timeout=timeout, env=self.env)
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            try:
+                proc.stdin.write(stdin or b"")
+                proc.stdin.close()
+            except OSError:
+                pass  # it did not read its input: its exit status says the rest
+            names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+            with selectors.DefaultSelector() as selector:
+                for fd in names:
+                    selector.register(fd, selectors.EVENT_READ)
+                while names:
+                    if cancel is not None and cancel.is_set():  # the group is ended below
+                        raise Cancelled(f"{self.host.name}: interrupted: the command was ended on the host")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off")
+                    for key, _ in selector.select(min(remaining, 0.5)):
+                        chunk = os.read(key.fd, 1 << 16)
+                        if not chunk:
+                            selector.unregister(key.fd)
+                            del names[key.fd]
+                        else:
+                            on_output(names[key.fd], chunk)
+            return proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off") from None
-        return CommandResult(done.returncode, done.stdout.decode("utf-8", "replace"),
-                             done.stderr.decode("utf-8", "replace"), time.monotonic() - started)
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     # -- files ------------------------------------------------------------------------------------------------
     def put_file(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
@@ -134,6 +193,9 @@ class LocalSession:
                 if not chunk:
                     return None
                 self._out += chunk
+                if len(self._out) > MAX_AGENT_ANSWER:
+                    self.close()
+                    raise output_too_large(self.host.name, "agent", MAX_AGENT_ANSWER)
         end = self._out.index(b"\n")
         line = bytes(self._out[:end])
         del self._out[:end + 1]

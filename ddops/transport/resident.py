@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddops.cache import cache_root
+from ddops.cache import cache_root, private_dirs
 
 # A host whose sshd refuses unix-socket channels (AllowStreamLocalForwarding no, DisableForwarding yes) gets no
 # resident, and is asked again after this long in case its configuration changed.
@@ -35,9 +35,9 @@ class Resident:
     secret: bytes
 
 
-def resident_key(user: str, address: str, port: int, python: str, digest: str) -> str:
-    """One agent version, run by one Python, for one user on one host."""
-    return f"{user}@{address}:{port} {python} {digest[:16]}"
+def resident_key(user: str, address: str, port: int, python: str, digest: str, via: str | None = None) -> str:
+    """One agent version, run by one Python, for one user on one host (an address:port as the jump `via` sees it)."""
+    return f"{user}@{address}:{port}{f' via {via}' if via else ''} {python} {digest[:16]}"
 
 
 class ResidentBook:
@@ -112,7 +112,7 @@ class ResidentBook:
             newest = sorted(entries.items(), key=lambda item: _stamp(item[1]))
             entries = self._entries = dict(newest[-MAX_ENTRIES:])
             try:
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_dirs(self.path.parent)
                 temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
                 os.fchmod(fd, 0o600)  # a temp file left behind keeps its mode through O_TRUNC

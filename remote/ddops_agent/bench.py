@@ -111,14 +111,72 @@ def utc_seconds(iso):
 # -- processes --------------------------------------------------------------------------------------------------
 
 
-def proc_start_time(pid):
-    """The process's start time in clock ticks since boot (Linux), to tell it from a recycled pid; else None."""
+def proc_stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (the 3rd field on), or None when it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
         return None
+
+
+def proc_start_time(pid):
+    """The process's start time in clock ticks since boot (field 22), to tell it from a recycled pid; else None."""
+    fields = proc_stat_fields(pid)
+    try:
+        return int(fields[19])
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+def proc_pgid(pid):
+    """The process's group (field 5), or None when it is gone."""
+    fields = proc_stat_fields(pid)
+    try:
+        return int(fields[2])
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+def process_record(pid):
+    """What stop checks later to know `pid` is still this process: pid, start time and process group."""
+    return {"pid": pid, "start_time": proc_start_time(pid), "pgid": proc_pgid(pid)}
+
+
+def carries_run_tags(pid, run_id, run_dir):
+    """Whether the process's environment (as it was exec'd) names this run: an unrelated process never does."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            entries = handle.read().split(b"\0")
+    except (OSError, TypeError):
+        return False
+    return (("%s=%s" % (RUN_TAG_ID, run_id)).encode() in entries
+            and ("%s=%s" % (RUN_TAG_DIR, run_dir)).encode() in entries)
+
+
+def is_run_process(record, run_id, run_dir):
+    """Whether a recorded process still runs and is still the run's: same start time and group, the run's tags.
+
+    A pid recorded before a reboot or an OOM kill may belong to anyone now (root's, on a GPU host): nothing is
+    signalled on the strength of a pid alone.
+    """
+    if not isinstance(record, dict):
+        return False
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    fields = proc_stat_fields(pid)
+    if fields is None or fields[0] == b"Z":
+        return False
+    try:
+        start_time, pgid = int(fields[19]), int(fields[2])
+    except (IndexError, ValueError):
+        return False
+    if record.get("start_time") is None or start_time != record.get("start_time"):
+        return False
+    if record.get("pgid") is not None and pgid != record.get("pgid"):
+        return False
+    return carries_run_tags(pid, run_id, run_dir)
 
 
 def proc_state(pid):
@@ -130,29 +188,25 @@ def proc_state(pid):
         return None
 
 
-def pid_alive(pid, start_time=None):
-    """Whether `pid` still runs (not a zombie) and, when start_time is given, is the same process."""
-    if not isinstance(pid, int) or pid <= 0:
+def same_process(record):
+    """Whether the process recorded (by process_record) still runs, not a zombie, with the start time recorded."""
+    fields = proc_stat_fields(record.get("pid"))
+    if fields is None or fields[0] == b"Z" or record.get("start_time") is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return int(fields[19]) == record["start_time"]
+    except (IndexError, ValueError):
         return False
-    except PermissionError:
-        pass
-    if proc_state(pid) == "Z":
-        return False
-    if start_time is not None:
-        found = proc_start_time(pid)
-        if found is not None and found != start_time:
-            return False
-    return True
+
+
+def signal_process(record, sig):
+    """Send `sig` to a recorded process if it is still that process (checked right before, not at the last scan)."""
+    if same_process(record):
+        signal_quietly(record["pid"], sig)
 
 
 def tagged_pids(run_id, run_dir):
     """Every live process whose environment carries this run's tags (survives setsid, e.g. torchrun workers)."""
-    wanted_id = ("%s=%s" % (RUN_TAG_ID, run_id)).encode()
-    wanted_dir = ("%s=%s" % (RUN_TAG_DIR, run_dir)).encode()
     found = []
     try:
         names = os.listdir("/proc")
@@ -162,14 +216,32 @@ def tagged_pids(run_id, run_dir):
     for name in names:
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as handle:
-                entries = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if wanted_id in entries and wanted_dir in entries and proc_state(int(name)) not in (None, "Z"):
+        if carries_run_tags(int(name), run_id, run_dir) and proc_state(int(name)) not in (None, "Z"):
             found.append(int(name))
     return found
+
+
+def group_members(pgid):
+    """Every live process in process group `pgid`."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in names:
+        if name.isdigit():
+            fields = proc_stat_fields(int(name))
+            if fields is not None and fields[0] != b"Z" and fields[2] == str(pgid).encode():
+                members.append(int(name))
+    return members
+
+
+def group_is_the_runs(pgid, run_id, run_dir):
+    """Whether process group `pgid` has members and every one of them carries the run's tags (safe to killpg)."""
+    if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1:
+        return False
+    members = [pid for pid in group_members(pgid) if pid != os.getpid()]
+    return bool(members) and all(carries_run_tags(pid, run_id, run_dir) for pid in members)
 
 
 def children_map():
@@ -392,8 +464,9 @@ class Runner:
 
     def run(self):
         pid = os.getpid()
-        write_json_file(os.path.join(self.run_dir, "pid"),
-                        {"pid": pid, "start_time": proc_start_time(pid), "pgid": os.getpgid(0), "since": now_iso()})
+        record = process_record(pid)
+        record["since"] = now_iso()
+        write_json_file(os.path.join(self.run_dir, "pid"), record)
         self.state.update({"status": "running", "started": now_iso(), "runner_pid": pid})
         self.save()
         runs = self.spec["runs"]
@@ -420,7 +493,8 @@ class Runner:
             child = subprocess.Popen(["/bin/sh", "-c", run["command"]], cwd=self.workdir, env=env,
                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      close_fds=True, start_new_session=True)
-        self.state.update({"current": index, "child_pid": child.pid})
+        # Its start time and group, so that a stop after a reboot never signals whoever has this pid by then.
+        self.state.update({"current": index, "child_pid": child.pid, "child": process_record(child.pid)})
         self.save()
         timed_out = False
         try:
@@ -447,7 +521,7 @@ class Runner:
         atomic_write(os.path.join(self.run_dir, "exit-%d" % index), ("%d\n" % exit_code).encode(), 0o600)
         record.update({"status": status, "exit_code": exit_code, "signal": signal_number, "ended": now_iso(),
                        "seconds": seconds, "log_end": size})
-        self.state.update({"done": self.state.get("done", 0) + 1, "child_pid": None})
+        self.state.update({"done": self.state.get("done", 0) + 1, "child_pid": None, "child": None})
         self.save()
 
     def log_tail_needs_newline(self):
@@ -512,11 +586,10 @@ def bench_runner(payload):
 
 
 def runner_alive(run_dir):
-    """Whether the runner recorded in `pid` still runs."""
+    """Whether the runner recorded in `pid` still runs (the same process: start time, group and tags)."""
     info = read_json_file(os.path.join(run_dir, "pid"))
-    if info is None:
-        return False
-    return pid_alive(info.get("pid"), info.get("start_time"))
+    run_id = os.path.basename(run_dir)
+    return is_run_process(info, run_id, run_dir)
 
 
 def current_state(run_dir):
@@ -633,19 +706,32 @@ def list_runs(repo):
 
 
 def run_processes(run_id, run_dir, state):
-    """Every process that belongs to the run: runner, current command's group, their descendants, tagged ones."""
-    pids = set(tagged_pids(run_id, run_dir))
+    """{pid: record} of every process of the run: runner and command (while still the run's), their descendants, and
+    every process carrying the run's tags. A recorded pid that now belongs to another process is left out."""
     roots = []
-    info = read_json_file(os.path.join(run_dir, "pid")) or {}
-    if pid_alive(info.get("pid"), info.get("start_time")):
-        roots.append(info["pid"])
-    child = (state or {}).get("child_pid")
-    if isinstance(child, int) and pid_alive(child):
-        roots.append(child)
-    pids.update(roots)
-    pids.update(descendants(roots))
+    for record in (read_json_file(os.path.join(run_dir, "pid")), (state or {}).get("child")):
+        if is_run_process(record, run_id, run_dir):
+            roots.append(record["pid"])
+    pids = set(tagged_pids(run_id, run_dir)) | set(roots) | set(descendants(roots))
     pids.discard(os.getpid())
-    return sorted(pids), roots
+    records = {}
+    for pid in sorted(pids):
+        record = process_record(pid)
+        if record["start_time"] is not None:
+            records[pid] = record
+    return records
+
+
+def command_group(state):
+    """The current command's process group, as recorded at its start (None for runs recorded without it)."""
+    child = (state or {}).get("child")
+    return child.get("pgid") if isinstance(child, dict) else None
+
+
+def signal_command_group(pgid, run_id, run_dir, sig):
+    """killpg the command's group, only while every process in it is the run's (a recycled group id is not)."""
+    if group_is_the_runs(pgid, run_id, run_dir):
+        signal_quietly(pgid, sig, group=True)
 
 
 @verb("bench_stop", interrupt=False)
@@ -654,34 +740,35 @@ def bench_stop(payload):
     repo, run_id, run_dir = open_run(payload)
     grace = optional_number(payload, "grace", DEFAULT_STOP_GRACE)
     state = current_state(run_dir) or {}
-    pids, roots = run_processes(run_id, run_dir, state)
-    if state.get("status") in ("completed", "failed", "stopped", "error") and not pids:
+    found = run_processes(run_id, run_dir, state)
+    if state.get("status") in ("completed", "failed", "stopped", "error") and not found:
         return {"run_id": run_id, "status": state.get("status"), "killed": [], "remaining": [], "already_ended": True}
     # The runner looks for this file before every run and after each: it starts nothing more.
     atomic_write(os.path.join(run_dir, "stop"), now_iso().encode("utf-8"), 0o600)
-    child = state.get("child_pid")
-    for pid in pids:
-        signal_quietly(pid, signal.SIGTERM)
-    if isinstance(child, int):
-        signal_quietly(child, signal.SIGTERM, group=True)
+    group = command_group(state)
+    for record in found.values():
+        signal_process(record, signal.SIGTERM)
+    signal_command_group(group, run_id, run_dir, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(same_process(record) for record in found.values()):
         time.sleep(0.05)
-    killed = list(pids)
+    killed = sorted(found)
     # Several rounds: a process may have forked between our scan and its signal.
     for _ in range(5):
-        left, _roots = run_processes(run_id, run_dir, state)
-        left = [pid for pid in left if pid_alive(pid)] + [pid for pid in pids if pid_alive(pid)]
-        if isinstance(child, int):
-            signal_quietly(child, signal.SIGKILL, group=True)
+        left = run_processes(run_id, run_dir, state)
+        for pid, record in found.items():
+            if same_process(record):
+                left.setdefault(pid, record)
+        signal_command_group(group, run_id, run_dir, signal.SIGKILL)
         if not left:
             break
-        for pid in left:
-            signal_quietly(pid, signal.SIGKILL)
+        for pid, record in left.items():
+            signal_process(record, signal.SIGKILL)
+            found.setdefault(pid, record)
             if pid not in killed:
                 killed.append(pid)
         time.sleep(0.05)
-    remaining = [pid for pid in run_processes(run_id, run_dir, state)[0] if pid_alive(pid)]
+    remaining = sorted(run_processes(run_id, run_dir, state))
     state = read_json_file(os.path.join(run_dir, "state.json")) or state
     state.pop("runner_alive", None)
     now = now_iso()
@@ -690,8 +777,8 @@ def bench_stop(payload):
             run.update({"status": "stopped", "ended": now, "log_end": log_size(run_dir)})
             if run.get("exit_code") is None:
                 run["exit_code"] = 128 + signal.SIGTERM
-    state.update({"status": "stopped", "ended": now, "current": None, "child_pid": None, "updated": now,
-                  "message": "stopped by %s" % optional_str(payload, "actor", "ddops")})
+    state.update({"status": "stopped", "ended": now, "current": None, "child_pid": None, "child": None,
+                  "updated": now, "message": "stopped by %s" % optional_str(payload, "actor", "ddops")})
     write_json_file(os.path.join(run_dir, "state.json"), state)
     fd = os.open(os.path.join(run_dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -705,14 +792,28 @@ def bench_stop(payload):
 # -- files and provenance ---------------------------------------------------------------------------------------
 
 
+def file_kind(mode):
+    """What a non-regular file is, in words (a FIFO, a socket ...)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def hash_file(path):
-    """(sha256, size) of a regular file opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """(sha256, size) of a regular file opened without following a symlink.
+
+    O_NONBLOCK: opening a FIFO for reading waits for a writer, for ever (a FIFO swapped in after the listing's
+    lstat); opened so, it is refused by the fstat below instead.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     digest = hashlib.sha256()
     size = 0
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise AgentFault("not_file", "%s is not a regular file" % path)
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise AgentFault("not_file", "%s is %s, not a regular file" % (path, file_kind(mode)))
         while True:
             block = handle.read(1 << 20)
             if not block:
@@ -789,29 +890,38 @@ def walk_results(result_dir, segments):
 
 
 def result_files(result_dir, pattern):
-    """(files, refused): regular files under result_dir matching `pattern`; symlinks and escapes refused."""
-    files, refused = [], []
+    """(files, refused, skipped): regular files under result_dir matching `pattern`; a symlink the pattern matches,
+    anything not a regular file and escapes refused; links the walk only passes by (it never follows one, so
+    nothing below them could be collected) skipped, which fails nothing."""
+    files, refused, skipped = [], [], []
     real_root = os.path.realpath(result_dir)
     segments = [segment for segment in pattern.split("/") if segment not in ("", ".")]
     for parts, is_link in walk_results(result_dir, segments):
         rel = os.sep.join(parts)
         path = os.path.join(result_dir, rel)
         if is_link:
-            refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % rel})
+            if path_matches(parts, segments):
+                refused.append({"path": rel, "reason": "symlink (%s); ddops never follows links out of a run" % rel})
+            else:
+                skipped.append({"path": rel, "reason": "symlink, not followed"})
             continue
         if not is_inside(os.path.realpath(path), real_root):
             refused.append({"path": rel, "reason": "resolves outside the run's result dir"})
             continue
         try:
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISREG(mode):
+                refused.append({"path": rel, "reason": "%s is %s, not a regular file" % (rel, file_kind(mode))})
+                continue
             sha, size = hash_file(path)
         except AgentFault as fault:
-            refused.append({"path": rel, "reason": fault.message})
+            refused.append({"path": rel, "reason": fault.message.replace(path, rel)})
             continue
         except OSError as error:
             refused.append({"path": rel, "reason": describe_error(error)})
             continue
         files.append({"path": rel, "real_path": os.path.realpath(path), "sha256": sha, "size": size})
-    return files, refused
+    return files, refused, skipped
 
 
 @verb("bench_files")
@@ -823,9 +933,15 @@ def bench_files(payload):
     if pattern.startswith("/") or ".." in pattern.split("/"):
         raise bad_request("results pattern %r must stay inside the run's result dir" % pattern)
     result_dir = os.path.join(run_dir, "results")
-    files, refused = result_files(result_dir, pattern) if os.path.isdir(result_dir) else ([], [])
+    files, refused, skipped = [], [], []
+    if os.path.islink(result_dir):
+        # Its target is not the run's: listing it would collect whatever it names (/etc, say).
+        refused.append({"path": "results", "reason": "the run's results/ is a symlink (to %s); ddops never follows "
+                                                     "links out of a run" % os.readlink(result_dir)})
+    elif os.path.isdir(result_dir):
+        files, refused, skipped = result_files(result_dir, pattern)
     state = current_state(run_dir) or {}
-    return {"run_id": run_id, "spec": spec, "state": state, "files": files, "refused": refused,
+    return {"run_id": run_id, "spec": spec, "state": state, "files": files, "refused": refused, "skipped": skipped,
             "result_dir": result_dir, "failures": failure_tails(run_dir, state)}
 
 

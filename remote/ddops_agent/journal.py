@@ -158,20 +158,78 @@ def append_journal(state, entries):
         os.close(fd)
 
 
+# The events this agent writes (ddops/patching/journal.py reads the same four); others are a newer ddops's.
+KNOWN_EVENTS = ("apply", "rollback", "revert", "save-foreign")
+JOURNAL_NAME = STATE_DIR + "/journal.jsonl"
+UNKNOWN_EVENT = "unknown event"
+
+
+def entry_problem(entry):
+    """What is wrong with a journal object, None when nothing is, or UNKNOWN_EVENT for an event of a newer ddops."""
+    event = entry.get("event")
+    if not isinstance(event, str) or not event:
+        return "`event` must be a non-empty string"
+    if event not in KNOWN_EVENTS:
+        return UNKNOWN_EVENT
+    if not isinstance(entry.get("file"), str) or not entry["file"]:
+        return "a %s entry needs `file`, a non-empty string" % event
+    for key in ("patch", "before", "after", "id", "time"):
+        value = entry.get(key)
+        if value is not None and not isinstance(value, str):
+            return "`%s` must be a string or null, not %s" % (key, type(value).__name__)
+    if event == "apply" and not (entry.get("patch") and entry.get("before") and entry.get("after")):
+        return "an apply entry needs `patch`, `before` and `after`"
+    return None
+
+
 def read_journal(state):
-    """(entries, corrupt): parsed journal objects, and {line, error} for lines that do not parse.
+    """(entries, corrupt): the journal's entries, and {line, error} for lines that do not parse.
 
     The entries of a write whose agent was cut off after the rename but before its journal line are included, as
-    that write's pending note describes them (see journalled_write), so readers see the file as it is.
+    that write's pending note describes them (see journalled_write), so readers see the file as it is. Entries of
+    events a newer ddops may write are skipped; a malformed entry of a known event is refused (fault `bad_journal`,
+    naming its line), never half read.
     """
     landed = [entry for _, entries in pending_notes(state) for entry in entries]  # before the journal: no gap
     entries, corrupt = read_journal_lines(state)
-    known = set(entry.get("id") for entry in entries)
-    return entries + [entry for entry in landed if entry.get("id") not in known], corrupt
+    known = set(entry.get("id") for entry in entries if isinstance(entry.get("id"), str))
+    entries = entries + [entry for entry in landed if isinstance(entry.get("id"), str) and entry["id"] not in known]
+    return [entry for entry in entries if entry_problem(entry) is None], corrupt
+
+
+def salvage_torn_line(text):
+    """The complete `"key": value` pairs at the start of a cut-off JSON object line, as a dict ({} if none).
+
+    Our lines are written by json.dumps(sort_keys=True): a line cut short (a power cut after a partial append)
+    still holds every pair before the cut, and an apply's file, patch and hashes say which backup undoes it.
+    """
+    decoder = json.JSONDecoder()
+    pairs = {}
+    position = text.find("{") + 1
+    if position == 0:
+        return pairs
+    while True:
+        while position < len(text) and text[position] in " ,":
+            position += 1
+        try:
+            key, position = decoder.raw_decode(text, position)
+            while position < len(text) and text[position] in " :":
+                position += 1
+            value, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return pairs
+        # A number cut short would still decode, as another number: only strings and null are ever taken.
+        if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+            return pairs
+        pairs[key] = value
 
 
 def read_journal_lines(state):
-    """(entries, corrupt): the journal file's objects, and {line, error} for lines that do not parse."""
+    """(entries, corrupt): the journal file's objects, and {line, error} for lines that do not parse.
+
+    A torn line whose pairs still make a whole entry (see salvage_torn_line) is read as that entry, marked `torn`,
+    and listed among the corrupt lines all the same (`salvaged`), so that status says so.
+    """
     entries, corrupt = [], []
     try:
         handle = open(journal_path(state), "rb")
@@ -185,12 +243,21 @@ def read_journal_lines(state):
             try:
                 entry = json.loads(text.decode("utf-8"))
             except (ValueError, UnicodeDecodeError) as error:
-                corrupt.append({"line": number, "error": str(error)})
+                salvaged = salvage_torn_line(text.decode("utf-8", "replace"))
+                whole = bool(salvaged) and entry_problem(salvaged) is None
+                corrupt.append({"line": number, "error": str(error), "salvaged": whole})
+                if whole:
+                    salvaged["torn"] = True
+                    entries.append(salvaged)
                 continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-            else:
-                corrupt.append({"line": number, "error": "not a JSON object"})
+            if not isinstance(entry, dict):
+                corrupt.append({"line": number, "error": "not a JSON object", "salvaged": False})
+                continue
+            problem = entry_problem(entry)
+            if problem not in (None, UNKNOWN_EVENT):
+                raise AgentFault("bad_journal", "%s line %d: %s: nothing was read or written; fix or remove that "
+                                                "line" % (JOURNAL_NAME, number, problem))
+            entries.append(entry)
     return entries, corrupt
 
 
@@ -209,7 +276,8 @@ def pending_notes(state):
                 note = json.loads(handle.read().decode("utf-8"))
             target = resolve_target(repo, note["file"])
             landed = current_sha(read_regular(target, note["file"])) == note["after"]
-            entries = [entry for entry in note["entries"] if isinstance(entry, dict)] if landed else []
+            entries = [entry for entry in note["entries"]
+                       if isinstance(entry, dict) and entry_problem(entry) is None] if landed else []
         except (OSError, ValueError, KeyError, TypeError, AgentFault):
             entries = []
         notes.append((path, entries))
@@ -221,7 +289,7 @@ def settle_pending(state):
     notes = pending_notes(state)
     landed = [entry for _, entries in notes for entry in entries]
     if landed:  # the journal is read only when there is something to add to it: it grows with every command
-        known = set(entry.get("id") for entry in read_journal_lines(state)[0])
+        known = set(entry.get("id") for entry in read_journal_lines(state)[0] if isinstance(entry.get("id"), str))
         append_journal(state, [entry for entry in landed if entry.get("id") not in known])
     for path, _ in notes:
         os.unlink(path)

@@ -1,9 +1,11 @@
 """ddops agent extension: the repo at a pinned commit (inspect, save local edits, fetch, checkout detached)."""
 
+import functools
 import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import subprocess
@@ -43,6 +45,30 @@ def git_operand(value, what):
         raise bad_request("%s %r: must not be empty, start with '-' (git would read it as an option) or contain "
                           "newlines or NUL bytes" % (what, value))
     return value
+
+
+def check_operands(payload):
+    """(repo, commit): every operand of a sync request checked before anything runs, used by this call or not.
+
+    A check made only where an operand is used depends on the repo's state (a commit already there skips the
+    fetch, and with it the URL): a bad value must be refused the same way every time.
+    """
+    repo = repo_path(payload)
+    commit = require_commit(payload)
+    for key in ("repo_url", "probe_url"):
+        value = optional_str(payload, key)
+        if value:
+            git_operand(value, key)
+    source = optional_str(payload, "source")
+    if source is not None and source not in ("remote", "bundle"):
+        raise bad_request("payload.source must be 'remote' or 'bundle'")
+    if payload.get("bundle") is not None:
+        bundle = require_object(payload["bundle"], "payload.bundle")
+        require_sha(bundle, "sha256", "bundle")
+        path = require_str(bundle, "path", "bundle")
+        if os.path.dirname(path) != staging_dir(False) or not is_bundle_name(os.path.basename(path)):
+            raise unsafe_path(path, "bundles are only read from ddops' staging directory")
+    return repo, commit
 
 
 def repo_path(payload):
@@ -289,8 +315,7 @@ def check_bundle(path, expected_sha):
 @verb("sync_inspect")
 def inspect_verb(payload):
     """Where the repo stands against a commit, in one call: head, whether it has the commit, dirty files."""
-    repo = repo_path(payload)
-    commit = require_commit(payload)
+    repo, commit = check_operands(payload)
     result = {"repo": repo, "exists": os.path.isdir(repo), "is_git": False, "empty": False, "head": None,
               "has_commit": False, "origin_url": None, "dirty": [], "probe": None, "staging_dir": None}
     if os.path.exists(repo) and not os.path.isdir(repo):
@@ -305,7 +330,6 @@ def inspect_verb(payload):
     if not result["has_commit"]:
         url = optional_str(payload, "probe_url")
         if url:
-            git_operand(url, "probe_url")
             timeout = optional_number(payload, "probe_timeout", DEFAULT_PROBE_TIMEOUT)
             result["probe"] = probe_url(repo, url, timeout)
         if payload.get("staging"):
@@ -342,21 +366,40 @@ def save_verb(payload):
 
 
 def prepare_repo(repo, url):
-    """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url)."""
+    """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url).
+
+    None when it already was one; else what to call (undo_prepare) if the sync then fails, so that an unusable
+    URL does not leave an empty `git init` where the repo should be.
+    """
     if os.path.exists(repo) and not os.path.isdir(repo):
         raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
     if os.path.isdir(repo) and is_checkout(repo):
-        return False
+        return None
     if not is_empty_dir(repo):
         raise AgentFault("not_git", "%s is not a git checkout and is not empty: ddops will not clone over it "
                                     "(move it away, or point `repo:` elsewhere)" % repo)
-    if url:
-        git_operand(url, "repo_url")
+    missing = not os.path.exists(repo)
     os.makedirs(repo, exist_ok=True)
-    git_ok(repo, ["init", "--quiet"], kind="init_failed")
-    if url:
-        git_ok(repo, ["remote", "add", "--", "origin", url], kind="init_failed")
-    return True
+    undo = functools.partial(undo_prepare, repo, missing)
+    try:
+        git_ok(repo, ["init", "--quiet"], kind="init_failed")
+        if url:
+            git_ok(repo, ["remote", "add", "--", "origin", url], kind="init_failed")
+    except BaseException:
+        undo()
+        raise
+    return undo
+
+
+def undo_prepare(repo, was_missing):
+    """Take back what prepare_repo made: the directory it created, or what it put into the empty one it found."""
+    if was_missing:
+        shutil.rmtree(repo, ignore_errors=True)
+        return
+    for name in (".git", STATE_DIR):
+        path = os.path.join(repo, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def fetch_commit(repo, commit, payload):
@@ -409,23 +452,36 @@ def append_log(repo, record):
 @verb("sync_fetch", interrupt=False)
 def fetch_verb(payload):
     """Only bring the commit in (the checkout does not move): used before rolling patches back."""
-    repo = repo_path(payload)
-    commit = require_commit(payload)
-    created = prepare_repo(repo, optional_str(payload, "repo_url"))
-    if has_commit(repo, commit):
-        discard_bundle(payload)
-        return {"created": created, "fetched": False, "source": None, "fetched_bytes": 0}
-    fetched = fetch_commit(repo, commit, payload)
-    return dict(fetched, created=created, fetched=True)
+    repo, commit = check_operands(payload)
+    undo = prepare_repo(repo, optional_str(payload, "repo_url"))
+    try:
+        if has_commit(repo, commit):
+            discard_bundle(payload)
+            return {"created": undo is not None, "fetched": False, "source": None, "fetched_bytes": 0}
+        fetched = fetch_commit(repo, commit, payload)
+    except BaseException:
+        if undo is not None:
+            undo()
+        raise
+    return dict(fetched, created=undo is not None, fetched=True)
 
 
 @verb("sync_checkout", interrupt=False)
 def checkout_verb(payload):
     """Fetch the commit when missing, then check it out detached; refuses if tracked files are changed."""
-    repo = repo_path(payload)
-    commit = require_commit(payload)
+    repo, commit = check_operands(payload)
     who = identity(payload)
-    created = prepare_repo(repo, optional_str(payload, "repo_url"))
+    undo = prepare_repo(repo, optional_str(payload, "repo_url"))
+    try:
+        return checkout_prepared(repo, commit, who, payload, created=undo is not None)
+    except BaseException:
+        if undo is not None:
+            undo()
+        raise
+
+
+def checkout_prepared(repo, commit, who, payload, created):
+    """sync_checkout once the repo is a checkout: under the repo lock, fetch if needed and move HEAD."""
     state = ensure_state_dir(repo)
     with RepoLock(state, lock_timeout(payload), who, "sync"):
         before = head_commit(repo)

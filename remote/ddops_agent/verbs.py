@@ -281,6 +281,20 @@ def rollback_one(state, restore, who, result):
     result["restored"].append(restore.path)
 
 
+def refuse_if_journal_moved(state, seen_last):
+    """Fault `journal_moved` unless the journal's last entry is still the one the plan was made from.
+
+    The file hashes alone do not tell: another controller's patch or rollback may have left a file as the plan
+    expects while the applications behind it changed, and a rollback planned from the old journal would then leave
+    files and journal disagreeing. The controller plans again.
+    """
+    entries, _ = read_journal(state)
+    last = entries[-1].get("id") if entries else None
+    if last != seen_last:
+        raise AgentFault("journal_moved", "the journal changed since this rollback was planned (another ddops wrote "
+                                          "to it meanwhile): nothing written; plan again")
+
+
 @verb("rollback", interrupt=False)
 def rollback_verb(payload):
     """Restore files from backups; edited files are refused unless forced (then the edit is saved first)."""
@@ -294,6 +308,8 @@ def rollback_verb(payload):
     with RepoLock(state, timeout, who, "rollback"):
         fault_point("locked")
         settle_pending(state)
+        if "journal_last" in payload:
+            refuse_if_journal_moved(state, payload["journal_last"])
         for restore in restores:
             try:
                 rollback_one(state, restore, who, result)

@@ -217,16 +217,35 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
     assert (results_dir / "report.png").stat().st_size > 0
 
 
+def hold_benchmark(host) -> Path:
+    """Make the host's benchmark.py wait at its start while a gate file exists: its run cannot end (and the
+    controller following it cannot finish) before the test has done what it waits for, however loaded the machine."""
+    gate = host.repo_dir / ".hold-benchmark"
+    gate.write_text("")
+    script = host.repo_dir / "benchmark.py"
+    text = script.read_text()
+    hold = ("import os as _hold_os, time as _hold_time\n"
+            "while _hold_os.path.exists(_hold_os.path.join(_hold_os.path.dirname(_hold_os.path.abspath(__file__)), "
+            "'.hold-benchmark')):\n    _hold_time.sleep(0.05)\n")
+    script.write_text(hold + text)
+    return gate
+
+
 def test_ctrl_c_detaches_and_bench_stop_ends_every_process_including_torchrun_workers(mini_bed, results_dir):
     bed = mini_bed(1)
+    hold_benchmark(bed.hosts[0])  # never released: `bench stop` must end the held worker
     run_id = "20261130-0000-stop"
     controller = subprocess.Popen(
         [sys.executable, "-m", "ddops", "-i", str(bed.inventory_path), "bench", MINI_PLAN, "--all", "--follow",
          "--run-id", run_id], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "DDOPS_RESULTS_DIR": str(results_dir)})
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and "=== ddops run 1/2" not in controller.stdout.readline():
         pass
+    # The state Ctrl-C must meet: the controller following a run whose worker is up (and held there).
+    wait_until(lambda: any("benchmark.py" in cmdline(p) and "torch.distributed.run" not in cmdline(p)
+                           for p in tagged(run_id)), timeout=120, interval=0.2)
+    assert controller.poll() is None, "the controller ended while its run was held"
     controller.send_signal(signal.SIGINT)  # Ctrl-C: stop following, leave the run alone
     out, err = controller.communicate(timeout=30)
     assert controller.returncode == 130, err

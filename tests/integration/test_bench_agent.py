@@ -233,7 +233,8 @@ def test_result_listing_hashes_files_and_refuses_symlinks_out_of_the_run(bed, ho
     assert files["a.pt"]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert files["a.pt"]["size"] == 3
     refused = {r["path"] for r in listing["refused"]}
-    assert "passwd.pt" in refused and "linkdir" in refused  # the link itself: never followed
+    assert refused == {"passwd.pt"}  # a link the pattern matches: refused, never followed
+    assert [r["path"] for r in listing["skipped"]] == ["linkdir"]  # a link it only passes by: not followed either
     assert listing["spec"]["results"] == "*.pt" and listing["state"]["status"] == "completed"
 
 
@@ -292,7 +293,7 @@ def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_w
                                     "command: echo {gpus}\n")
     (refused,) = run_fleet([replace(host, commit="0" * 40)], launch_task(gpu_plan, "r-refused"), connect)
     assert refused.status == "failed"
-    assert f"pinned commit {'0' * 40} is not in the repo" in refused.message
+    assert f"pinned commit {'0' * 7} is not in the repo" in refused.message
     assert "needs 2 GPU(s), host has 0" in refused.message and "GB free disk" in refused.message
     assert not run_dir(bed, "r-refused").exists()
 
@@ -358,3 +359,79 @@ def test_follow_rides_out_the_host_going_away_and_the_run_keeps_going(bed, host,
             assert event.run is not None and event.run.status == "completed", event
     assert errors and "before" in text and "after" in text and "completed" in text
     assert follower.final["host1"].run.done == 1
+
+
+def test_stop_of_a_lost_run_never_signals_a_process_that_now_holds_one_of_its_recorded_pids(bed, host, connect):
+    session = connect()
+    launch(session, host, "r-reused", "sleep 300")
+    recorded = wait_until(lambda: state_of(session, host, "r-reused")["state"].get("child_pid"), timeout=10)
+    assert recorded
+    for pid in tagged("r-reused"):  # the runner and its command die, as in an OOM kill or a reboot
+        os.kill(pid, signal.SIGKILL)
+    wait_for_status(connect, host, "r-reused", statuses=("lost",), timeout=10)
+    # Pid reuse: an unrelated process (root's) now has the recorded pids. The runner's record keeps its own start
+    # time; the command's record is given the newcomer's real start time and group, so only the run's tag tells.
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        victim_start = int(Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        pid_file = run_dir(bed, "r-reused") / "pid"
+        runner = json.loads(pid_file.read_text())
+        pid_file.write_text(json.dumps(dict(runner, pid=victim.pid, pgid=victim.pid)))
+        state_file = run_dir(bed, "r-reused") / "state.json"
+        state = json.loads(state_file.read_text())
+        state.update(child_pid=victim.pid, child={"pid": victim.pid, "start_time": victim_start, "pgid": victim.pid})
+        state_file.write_text(json.dumps(state))
+
+        result = session.call_agent("bench_stop", {"repo": host.repo, "run_id": "r-reused", "grace": 0.5})
+
+        assert victim.poll() is None, "bench stop signalled a process that is not the run's"
+        assert result["status"] == "stopped" and result["killed"] == [] and result["remaining"] == []
+        assert state_of(session, host, "r-reused")["state"]["status"] == "stopped"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_teams_own_benchmark_runs_as_a_smoke_run_and_is_collected_and_reported(bed, tmp_path):
+    """--only cuts the matrix, --var sets a placeholder, and summarizer: metrics reads the JSON it wrote."""
+    from tests.conftest import run_ddops
+
+    plan = tmp_path / "team-bench.yaml"
+    plan.write_text("""\
+name: team-bench
+summarizer: metrics
+results: "*.json"
+metrics: {method: method, tokens_per_s: speed.tok_s, output: text, dataset: dataset}
+command: >-
+  printf '{{"method": "%s", "dataset": "%s", "speed": {{"tok_s": %s}}, "text": "%s"}}\\n'
+  {method} {dataset} {speed} {text} > {result_dir}/{method}-{dataset}.json
+vars: {text: default}
+matrix:
+  method:
+    - {method: baseline, speed: 40}
+    - {method: fast, speed: 80}
+  dataset: [mine, big-one]
+""")
+    results = tmp_path / "results"
+    env = {"DDOPS_RESULTS_DIR": str(results)}
+    inventory = bed.inventory_path
+    proc = run_ddops("bench", "run", str(plan), "--all", "--only", "dataset=mine", "--var", "text=same answer",
+                     "--run-id", "20261201-0000-team", "--no-follow", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def finished() -> bool:
+        doc = json.loads(run_ddops("--json", "bench", "status", "20261201-0000-team", inventory=inventory,
+                                   env=env).stdout)
+        return doc["hosts"][0]["data"]["run"]["status"] == "completed"
+
+    wait_until(finished, timeout=60)
+    proc = run_ddops("bench", "collect", "20261201-0000-team", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in (results / "20261201-0000-team" / "host1").rglob("*.json")) == [
+        "baseline-mine.json", "fast-mine.json"]
+    proc = run_ddops("bench", "report", "20261201-0000-team", "--format", "json", inventory=inventory, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["method"]: r for r in json.loads(proc.stdout)["rows"]}
+    assert set(rows) == {"metrics:baseline", "metrics:fast"}
+    assert rows["metrics:fast"]["speedup"] == pytest.approx(2.0) and rows["metrics:fast"]["fidelity"] == 1.0
+    assert rows["metrics:fast"]["dataset"] == "mine"

@@ -224,3 +224,42 @@ def test_moving_the_pin_rolls_patches_back_moves_and_reapplies_them(make_testbed
     assert "WITHOUT" in result["message"]
     assert head(bed.hosts[0]) == upstream["drift"]
     assert git(repo, "status", "--porcelain") == ""  # rolled back cleanly; nothing half-patched
+
+
+def test_a_branch_pin_means_the_commit_the_controller_resolved_for_sync_status_and_bench(make_testbed, upstream,
+                                                                                         tmp_path):
+    bed = make_testbed(1)
+    host = bed.hosts[0]
+    inventory = pin(bed, upstream["url"], "main")
+    assert sync_json(inventory, "--all", "--mode", "remote")[0] == 0
+    # The remote's main moves on; the host's own refs (whatever its clone made of main) stay where they were.
+    git(Path(upstream["url"].removeprefix("file://")), "update-ref", "refs/heads/main", upstream["b"])
+    code, hosts = sync_json(inventory, "--all", "--mode", "remote")
+    assert code == 0 and head(host) == upstream["b"], hosts
+    assert hosts[host.name]["data"]["pin_shown"] == f"main@{upstream['b'][:7]}"
+    assert hosts[host.name]["data"]["resolved_in"] == f"the remote {upstream['url']}"
+
+    proc = run_ddops("--json", "status", "--all", inventory=inventory)
+    (status,) = json.loads(proc.stdout)["hosts"]
+    assert status["data"]["pin"] == "at-pin", status
+    assert status["data"]["pin_detail"]["pin"] == f"main@{upstream['b'][:7]}"
+
+    plan = tmp_path / "echo-bench.yaml"
+    plan.write_text('summarizer: ddtree\nresults: "*.pt"\ncommand: echo {run_index} > {result_dir}/r.txt\n')
+    proc = run_ddops("bench", "run", str(plan), "--check", "--all", inventory=inventory)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"at main@{upstream['b'][:7]} (resolved in the remote {upstream['url']})" in proc.stdout
+
+
+def test_sync_from_a_clone_moves_hosts_to_the_clones_head_not_the_remotes(make_testbed, upstream):
+    bed = make_testbed(1)
+    host = bed.hosts[0]
+    inventory = pin(bed, upstream["url"], "main")
+    work = Path(upstream["work"])
+    (work / "LOCAL.md").write_text("only in the clone\n")
+    local = commit_all(work, "c: not pushed")
+    code, hosts = sync_json(inventory, "--all", "--from", str(work), "--commit", "HEAD")
+    assert code == 0, hosts
+    assert head(host) == local
+    data = hosts[host.name]["data"]
+    assert data["pin_shown"] == f"HEAD@{local[:7]}" and data["resolved_in"] == f"the clone {work.resolve()}"

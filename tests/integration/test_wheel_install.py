@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, REPO_ROOT, git_seed, requires_sshd
+from tests.conftest import MINI_DDTREE, REPO_ROOT, _fresh_prefix, git_seed, requires_sshd
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
 PATCHES = ("cpu-timing", "hybrid-cache", "crop-relative")
 # What the wheel is built from: the package, the agent and the playbooks, and the project metadata.
-SOURCES = ("pyproject.toml", "README.md", "ddops", "remote", "playbooks")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "ddops", "remote", "playbooks", "examples")
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +90,37 @@ def test_the_installed_ddops_checks_and_patches_testbed_hosts(installed, make_te
     for host in bed.hosts:
         assert hashlib.sha256((host.repo_dir / "ddtree.py").read_bytes()).hexdigest() != before[host.name]
         assert (host.repo_dir / ".ddops" / "journal.jsonl").exists()
+
+
+def test_the_installed_package_carries_mini_ddtree_and_its_metadata_names_license_and_urls(installed, tmp_path):
+    probe = run_installed(installed, "python", "-c", "import json, importlib.metadata as m, ddops.testbed as t; "
+                          "meta = m.metadata('ddops'); print(t.resolve_seed('mini-ddtree')); "
+                          "print(json.dumps([meta.get('License-Expression'), meta.get_all('Project-URL')]))",
+                          cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    seed_line, meta_line = probe.stdout.splitlines()
+    seed = Path(seed_line)
+    assert installed.parent in seed.parents and REPO_ROOT not in seed.parents
+    for name in ("benchmark.py", "ddtree.py", "dflash.py", "make_models.py", "run_benchmark.sh", "data/mini.jsonl",
+                 "model/__init__.py"):
+        assert (seed / name).is_file(), name
+    assert (seed.parent / "ci" / "github-actions.yml").is_file()
+    license_, urls = json.loads(meta_line)
+    assert license_ == "MIT" and any(u.startswith("Documentation, https://") for u in urls)
+
+
+def test_a_pipx_user_seeds_a_testbed_with_mini_ddtree_and_takes_it_down_with_i(installed, tmp_path):
+    root, inventory = tmp_path / "bed", tmp_path / "elsewhere" / "inventory.yaml"
+    inventory.parent.mkdir()
+    up = run_installed(installed, "ddops", "testbed", "up", "-n", "1", "--seed", "mini-ddtree", "--root", str(root),
+                       "--address-prefix", _fresh_prefix(), "--inventory-out", str(inventory), cwd=tmp_path)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        repo = root / "hosts" / "host1" / "repo"
+        assert (repo / "ddtree.py").read_bytes() == (MINI_DDTREE / "ddtree.py").read_bytes()
+        ping = run_installed(installed, "ddops", "-i", str(inventory), "ping", "--all", cwd=tmp_path)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+    finally:
+        down = run_installed(installed, "ddops", "-i", str(inventory), "testbed", "down", cwd=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped 1 sshd process" in down.stdout and not root.exists()

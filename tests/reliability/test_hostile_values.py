@@ -73,12 +73,16 @@ def test_hostile_addresses_users_pythons_and_key_paths_fail_their_host_alone_and
     text = hostile.bed.inventory_path.read_text()
     hosts_at = text.index("hosts:\n")
     inventory = tmp_path / "inventory.yaml"
+    # A key file that exists (a missing one stops the whole run before anything connects), named like a command.
+    evil_key = Path(f"{tmp_path}/k$(touch {MARKER})")
+    evil_key.parent.mkdir(parents=True)
+    evil_key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nbm90IGEga2V5\n-----END OPENSSH PRIVATE KEY-----\n")
     inventory.write_text(text[:hosts_at] + "hosts:\n" + "\n".join([
         f"  host1: {{address: {hostile.bed.hosts[0].address}, port: 2222}}",
         f"  evil-user: {{address: {h2.address}, port: 2222, user: {json.dumps('root' + EVIL)}}}",
         f"  evil-python: {{address: {h3.address}, port: 2222, python: {json.dumps('python3' + EVIL)}}}",
         f"  evil-address: {{address: \"127.0.0.1;touch${{IFS}}{MARKER}\", port: 2222}}",
-        f"  evil-key: {{address: {h4.address}, port: 2222, identity_file: \"/tmp/$(touch {MARKER})\"}}",
+        f"  evil-key: {{address: {h4.address}, port: 2222, identity_file: {json.dumps(str(evil_key))}}}",
     ]) + "\n")
     proc = hostile.cli("--json", "patch", "--all", inventory=inventory)
     assert proc.returncode == 1
@@ -87,7 +91,7 @@ def test_hostile_addresses_users_pythons_and_key_paths_fail_their_host_alone_and
     assert hosts["evil-user"]["status"] == "unreachable" and "authentication failed" in hosts["evil-user"]["message"]
     assert hosts["evil-python"]["status"] == "failed" and "agent could not start" in hosts["evil-python"]["message"]
     assert hosts["evil-address"]["status"] == "unreachable" and "cannot connect" in hosts["evil-address"]["message"]
-    assert hosts["evil-key"]["status"] == "unreachable" and "does not exist" in hosts["evil-key"]["message"]
+    assert hosts["evil-key"]["status"] == "unreachable" and "not a usable private key" in hosts["evil-key"]["message"]
     for name, h in hosts.items():
         assert "\n" not in h["message"] and (name == "host1" or h["message"].startswith(f"{name}: "))
     for name in ("host2", "host3", "host4"):  # the hosts behind the hostile entries were not touched

@@ -51,7 +51,8 @@ command: >-
 @pytest.fixture(scope="module")
 def cluster_bed(slurm_cluster, tmp_path_factory):
     """(inventory path, shared repo, results dir): a login node (testbed sshd) whose `slurm:` names the cluster."""
-    shared = tmp_path_factory.mktemp("shared-fs")
+    # A `%` in the path: Slurm expands %-patterns in --output, so ddops must write it as `%%` there.
+    shared = tmp_path_factory.mktemp("shared-fs-100%j")
     repo = git_seed(MINI_DDTREE, shared / "ddtree")
     # Untrained models (seconds to build): this test is about Slurm's plumbing, not the numbers.
     subprocess.run([sys.executable, "make_models.py", "--out", str(repo / "models"), "--target-steps", "0",

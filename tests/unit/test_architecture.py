@@ -13,8 +13,9 @@ PACKAGE = Path(ddops.__file__).resolve().parent
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("values", frozenset({"ddops", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
-                          "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.resources"})),
+    ("values", frozenset({"ddops", "ddops.settings", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
+                          "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
+                          "ddops.resources", "ddops.pins"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
     ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
     ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),
@@ -146,3 +147,50 @@ def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
     found = imports_in(source, "ddops.bench.x")
     assert {"ddops.tasks", "ddops.tasks.patch", "ddops.fleet", "os"} <= found
     assert layer_of("ddops.tasks.patch") > layer_of("ddops.bench.x")
+
+
+def test_ddops_environment_settings_are_named_and_read_only_in_ddops_settings():
+    """One home per fact: a DDOPS_* variable is a Setting in ddops/settings.py, and the README lists each one."""
+    import re
+
+    from ddops.settings import SETTINGS
+
+    named = re.compile(r"DDOPS_[A-Z0-9_]+\Z")
+    strays = []
+    for name, path in all_modules().items():
+        if name == "ddops.settings":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value):
+                strays.append(f"{name}:{node.lineno}: {node.value}")
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"environ(\.get)?[\[(]\s*f?[\"']DDOPS_", line):
+                strays.append(f"{name}:{line_no}: reads the environment itself")
+    assert not strays, "DDOPS_* settings outside ddops/settings.py:\n" + "\n".join(strays)
+    readme = (PACKAGE.parent / "README.md").read_text()
+    assert [s.name for s in SETTINGS if f"`{s.name}`" not in readme] == []
+
+
+def cli_sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in all_modules().items() if name.startswith("ddops.cli")}
+
+
+def test_the_cli_builds_no_per_host_task_and_reads_no_run_document():
+    # Tasks (what a command does on one host) and the values they return live below the CLI: a command parses,
+    # calls, renders.
+    for name, source in cli_sources().items():
+        built = {node.func.id for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert not built & {"TaskOutcome", "RunRecord", "HostRun"}, name
+
+
+def test_the_host_selection_and_global_options_are_declared_once():
+    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.common); every command
+    # gets them from there, with the selection as one `Selection` value.
+    for name, source in cli_sources().items():
+        if name == "ddops.cli.common":
+            continue
+        for option in ('"--host"', '"--group"', '"--limit"', '"--json"', '"--forks"', '"--inventory"',
+                       '"--accept-new"', '"--verbose"'):
+            assert option not in source, f"{name} declares {option}"
+        assert "Selection(" not in source, name

@@ -197,7 +197,6 @@ HOSTILE = [
     "`touch PWNED`",
     "x' ; touch PWNED ; echo '",
     'x" ; touch PWNED ; echo "',
-    "a\ntouch PWNED",
     "a && touch PWNED || touch PWNED",
     "> PWNED",
     "$HOME ${HOME} \\ * ?",
@@ -329,3 +328,104 @@ def test_empty_and_malformed_files_are_playbook_errors(tmp_path):
 def test_name_defaults_to_the_file_stem(tmp_path):
     text = MINIMAL.replace("name: t\n", "")
     assert load(tmp_path, text).name == "plan"
+
+
+@pytest.mark.parametrize("command", ["run {x} # {x}", "run {x}; #{x}", "run {x} #note {x}", "run {x}\n# {x}\n"])
+def test_a_placeholder_inside_a_shell_comment_is_refused(tmp_path, command):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:4: command: ") and "{x} is inside a shell comment" in msg
+
+
+@pytest.mark.parametrize("command", ["run {x} '#' {x}", "run {x}#{x}", "run ${{#}} {x}", "run {x} # note\nrun {x}"])
+def test_a_hash_that_does_not_start_a_comment_leaves_placeholders_alone(tmp_path, command):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    assert load(tmp_path, text).command == command.strip()
+
+
+@pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
+@pytest.mark.parametrize("value", ["gsm8k\ntouch PWNED", "a\rb", ["ok", "x\ntouch PWNED"]])
+def test_a_value_with_a_newline_is_refused_wherever_it_comes_from(tmp_path, where, value):
+    lines = ["summarizer: ddtree", 'results: "*.pt"', "command: run {v} --out {result_dir}/r.pt"]
+    if where == "matrix":
+        lines += ["matrix:", f"  v: [{json.dumps(value)}]"]
+    elif where == "plan_var":
+        lines += ["vars:", f"  v: {json.dumps(value)}"]
+    else:
+        lines += ["vars:", "  v: null"]
+    text = "\n".join(lines) + "\n"
+    if where != "host_var":
+        msg = error_of(tmp_path, text)
+        assert msg.startswith(f"{tmp_path / 'plan.yaml'}:5: ") and "must be one line" in msg, msg
+        return
+    with pytest.raises(PlaybookError, match=r"\{v\}: the value for h1 must be one line"):
+        expand_runs(load(tmp_path, text), {"host": "h1", "v": value})
+
+
+# --- a smoke run: --var and --only -------------------------------------------------------------------------------
+
+SMOKE = """\
+name: smoke
+summarizer: ddtree
+results: "*.pt"
+command: run --dataset {dataset} --t {temperature} --n {max_samples} --out {result_dir}/{dataset}.pt
+vars:
+  max_samples: 128
+matrix:
+  dataset: [gsm8k, math500, humaneval]
+  temperature: [0.0, 1.0]
+"""
+
+
+def test_only_keeps_the_matrix_entries_with_the_given_values_and_var_sets_a_placeholder(tmp_path):
+    from ddops.bench.plan import narrow_plan, parse_assignments
+
+    plan = load(tmp_path, SMOKE)
+    smoke = narrow_plan(plan, {"max_samples": "2"}, parse_assignments(["dataset=gsm8k", "temperature=0.0"], "--only"))
+    (run,) = expand_runs(smoke, {"max_samples": 64})  # --var beats the host's vars too
+    assert run.command == f"run --dataset gsm8k --t 0.0 --n 2 --out results/gsm8k.pt"
+    two = narrow_plan(plan, only=parse_assignments(["dataset=gsm8k,humaneval"], "--only"))
+    assert [r.label for r in expand_runs(two, {})] == [
+        "dataset=gsm8k temperature=0.0", "dataset=gsm8k temperature=1.0", "dataset=humaneval temperature=0.0",
+        "dataset=humaneval temperature=1.0"]
+
+
+@pytest.mark.parametrize("variables, only, says", [
+    ({"dataset": "x"}, {}, "--var dataset: dataset is a matrix value of smoke; pick values with --only dataset=..."),
+    ({"max_sample": "2"}, {}, "--var max_sample: smoke has no placeholder {max_sample} (did you mean 'max_samples'?)"),
+    ({"result_dir": "/tmp"}, {}, "--var result_dir: 'result_dir' is filled in by ddops"),
+    ({}, {"dataset": ("gsm9k",)}, "--only dataset=gsm9k: no such value in smoke (it has gsm8k, math500, humaneval)"),
+    ({}, {"datset": ("gsm8k",)}, "--only datset: smoke's matrix has no datset (did you mean 'dataset'?)"),
+])
+def test_var_and_only_refuse_what_the_plan_does_not_have_in_one_line(tmp_path, variables, only, says):
+    from ddops.bench.plan import narrow_plan
+    from ddops.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        narrow_plan(load(tmp_path, SMOKE), variables, only)
+    assert str(info.value) == says
+
+
+@pytest.mark.parametrize("item, option, says", [
+    ("max_samples", "--var", "--var 'max_samples': write NAME=VALUE"),
+    ("=2", "--var", "--var '=2': write NAME=VALUE"),
+    ("x=a\nb", "--var", "--var x: the value must be one line"),
+])
+def test_malformed_assignments_are_usage_errors(item, option, says):
+    from ddops.bench.plan import parse_assignments
+    from ddops.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        parse_assignments([item], option)
+    assert str(info.value).startswith(says)
+
+
+def test_a_metrics_plan_names_its_key_paths_and_bad_ones_are_file_line_errors(tmp_path):
+    text = ('summarizer: metrics\nresults: "*.json"\ncommand: run {result_dir}\nmetrics:\n'
+            '  tokens_per_s: stats.tok_s\n  method: name\n')
+    assert load(tmp_path, text).metrics == {"tokens_per_s": "stats.tok_s", "method": "name"}
+    msg = error_of(tmp_path, text.replace("  method: name\n", "  methd: name\n"))
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:6: metrics.methd: unknown key (did you mean 'method'?)")
+    msg = error_of(tmp_path, text.replace("  tokens_per_s: stats.tok_s\n", ""))
+    assert "metrics: needs tokens_per_s or tpot_s" in msg
+    assert "needs a `metrics:` mapping" in error_of(tmp_path, text.split("metrics:\n")[0])

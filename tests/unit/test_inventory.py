@@ -245,3 +245,65 @@ def test_git_values_starting_with_a_dash_are_refused_with_file_and_line(tmp_path
 def test_a_host_named_dot_or_dot_dot_is_refused(tmp_path, name):
     message = error_of(tmp_path, f"hosts:\n  '{name}': {{address: 10.0.0.1}}\n")
     assert message.startswith(f"{tmp_path / 'inventory.yaml'}:3: hosts.{name}: '{name}' is not a host name")
+
+
+def test_the_host_schema_is_one_table_that_host_fields_and_defaults_follow():
+    import dataclasses
+
+    from ddops.inventory import BUILTIN_DEFAULTS, HOST_KEYS, HOST_SCHEMA, Host
+
+    fields = {f.name: f for f in dataclasses.fields(Host)}
+    for key, spec in HOST_SCHEMA.items():
+        assert key in fields, f"HOST_SCHEMA key {key} is no Host field"
+        f = fields[key]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if key != "address":
+            assert default == (spec.default if spec.default is not None else None), key
+    assert set(HOST_KEYS) == set(HOST_SCHEMA)
+    assert BUILTIN_DEFAULTS["port"] == 22 and "identity_file" not in BUILTIN_DEFAULTS
+    # Every other Host field is derived, not an inventory key.
+    assert set(fields) - set(HOST_SCHEMA) == {"name", "known_hosts", "identity_origin"}
+
+
+def test_a_choice_key_refuses_other_values_with_did_you_mean_and_line(tmp_path):
+    message = error_of(tmp_path, """\
+        hosts:
+          a: {address: 10.0.0.1}
+          b: {address: 10.0.0.2, connection: locl}
+        """)
+    assert message.endswith("inventory.yaml:4: hosts.b.connection: must be one of ssh, local (did you mean 'local'?)")
+    assert "groups.g.address: unknown key" in error_of(tmp_path, """\
+        groups: {g: {address: 10.0.0.9}}
+        hosts: {a: {address: 10.0.0.1}}
+        """)
+
+
+def test_where_each_identity_file_was_set_is_kept_for_its_error(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        defaults: {identity_file: /keys/default}
+        groups: {g: {identity_file: /keys/group}}
+        hosts:
+          a: {address: 10.0.0.1}
+          b: {address: 10.0.0.2, groups: [g]}
+          c: {address: 10.0.0.3, identity_file: /keys/own}
+        """))
+    path = tmp_path / "inventory.yaml"
+    assert [h.identity_origin for h in inv.hosts] == [f"{path}:2: defaults.identity_file",
+                                                      f"{path}:3: groups.g.identity_file",
+                                                      f"{path}:7: hosts.c.identity_file"]
+
+
+def test_one_address_behind_two_jumps_is_two_hosts_each_with_a_host_key_alias(tmp_path):
+    hosts = """\
+        hosts:
+          gw-a: {address: 10.9.0.1}
+          gw-b: {address: 10.9.0.2}
+          gpu-a: {address: 10.0.0.5, proxy_jump: gw-a, host_key_alias: gpu-a}
+          gpu-b: {address: 10.0.0.5, proxy_jump: gw-b%s}
+        """
+    inv = load_inventory(write(tmp_path, hosts % ", host_key_alias: gpu-b"))
+    assert [h.host_key_alias for h in inv.hosts][2:] == ["gpu-a", "gpu-b"]
+    assert "hosts.gpu-b: same address 10.0.0.5:22 as host 'gpu-a' behind another jump: give each a " \
+           "`host_key_alias`" in error_of(tmp_path, hosts % ", host_key_alias: gpu-a")
+    assert "hosts.gpu-b: same address 10.0.0.5:22 behind gw-a as host 'gpu-a'" in error_of(
+        tmp_path, hosts.replace("proxy_jump: gw-b", "proxy_jump: gw-a") % ", host_key_alias: gpu-b")

@@ -140,3 +140,17 @@ def test_a_malformed_entry_is_an_error_and_unknown_events_are_skipped():
     with pytest.raises(DdopsError, match="journal entry 1"):
         active_applications([{"event": "apply", "file": "x"}])
     assert active_applications([{"event": "lock", "file": "x"}] + JOURNAL[:1])[0].patch == "hybrid-cache"
+
+
+def test_an_entry_of_a_newer_ddops_without_a_file_is_skipped_and_a_malformed_one_names_its_number():
+    newer = [{"event": "x-from-a-newer-ddops", "id": "x"}, {"event": "x-other", "patch": ["a"], "file": 3}]
+    assert [a.patch for a in active_applications(newer + JOURNAL[:1])] == ["hybrid-cache"]
+    for bad, says in ((dict(JOURNAL[0], patch=["hybrid-cache"]), "`patch` must be a string or null, not list"),
+                      (dict(JOURNAL[0], before={"sha": 1}), "`before` must be a string or null, not dict"),
+                      ({"event": "rollback", "patch": "p"}, "a rollback entry needs `file`"),
+                      ({"event": None, "file": "x"}, "`event` must be a non-empty string"),
+                      (["apply"], "not an object")):
+        with pytest.raises(DdopsError, match="^journal entry 2: " + says.replace("(", r"\(").replace(")", r"\)")):
+            active_applications([JOURNAL[1], bad])
+        with pytest.raises(DdopsError, match="^journal entry 2"):
+            plan_rollback([JOURNAL[1], bad], AS_LEFT)

@@ -12,5 +12,41 @@ def test_every_package_of_ddops_and_the_shipped_folders_are_in_the_wheel_s_packa
     config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     inits = (REPO_ROOT / "ddops").rglob("__init__.py")
     on_disk = {".".join(init.parent.relative_to(REPO_ROOT).parts) for init in inits}
-    assert set(config["packages"]) == on_disk | {"ddops._remote", "ddops._playbooks"}
-    assert config["package-dir"] == {"ddops._remote": "remote", "ddops._playbooks": "playbooks"}
+    assert set(config["packages"]) == on_disk | {"ddops._remote", "ddops._playbooks", "ddops._examples"}
+    assert config["package-dir"] == {"ddops._remote": "remote", "ddops._playbooks": "playbooks",
+                                     "ddops._examples": "examples"}
+
+
+def test_the_bench_extra_installs_exactly_the_result_readers_ddops_imports():
+    # `pip install ddops[bench]` is for reading results on the controller: what ddops itself imports beyond its
+    # dependencies (torch for .pt files, matplotlib for --plot), and nothing that only runs models (transformers).
+    import ast
+    import re
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+    core = names(project["dependencies"]) | {"yaml", "pyyaml", "fabric", "invoke"}
+    imported: set[str] = set()
+    for path in (REPO_ROOT / "ddops").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    import sys
+
+    third_party = {n for n in imported if n not in sys.stdlib_module_names and n != "ddops"} - core
+    assert names(extras["bench"]) == third_party == {"torch", "matplotlib"}
+    assert "transformers" in names(extras["mini"])  # mini-DDTree's models, installed by scripts/setup
+    assert "[bench,mini,test,fabric]" in (REPO_ROOT / "scripts" / "setup").read_text()
+
+
+def test_the_wheel_metadata_names_its_license_and_urls():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and (REPO_ROOT / "LICENSE").read_text().startswith("MIT License")
+    assert {"Homepage", "Documentation", "Issues"} <= set(project["urls"])
+    assert all(url.startswith("https://") for url in project["urls"].values())

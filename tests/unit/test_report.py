@@ -63,7 +63,8 @@ def test_the_fastest_tree_budget_is_marked_per_host_and_dataset():
                        Labeled("h1", "r2", summary("ddtree_tb32", 0.009, dataset="math500")),
                        Labeled("h1", "r2", summary("ddtree_tb64", 0.011, dataset="math500"))]
     best = {(r.host, r.dataset, r.method) for r in build_report(items).rows if r.best_budget}
-    assert best == {("h1", "gsm8k", "ddtree_tb64"), ("h2", "gsm8k", "ddtree_tb64"), ("h1", "math500", "ddtree_tb32")}
+    # h2's tb64 is faster than its tb32 but NOT LOSSLESS: best goes to the fastest budget whose output is the baseline's
+    assert best == {("h1", "gsm8k", "ddtree_tb64"), ("h2", "gsm8k", "ddtree_tb32"), ("h1", "math500", "ddtree_tb32")}
 
 
 def test_a_faster_method_whose_greedy_output_differs_is_flagged_not_lossless():
@@ -71,7 +72,7 @@ def test_a_faster_method_whose_greedy_output_differs_is_flagged_not_lossless():
     (lossy,) = report.lossy_rows
     assert (lossy.host, lossy.method, lossy.fidelity) == ("h2", "ddtree_tb64", 0.75)
     assert report.faster_but_lossy == (lossy,)
-    assert lossy.flags == ("best", "NOT LOSSLESS")
+    assert lossy.flags == ("NOT LOSSLESS",)
     assert lossy.note == "NOT LOSSLESS: 2.50x faster than baseline but only 75.0% of outputs match at T=0"
 
 
@@ -119,7 +120,7 @@ def test_json_holds_every_row_with_flags_and_parses_back():
     doc = json.loads(to_json(build_report(fleet())))
     assert doc["faster_but_lossy"] == 1 and len(doc["rows"]) == 7
     lossy = [r for r in doc["rows"] if r["lossy"]]
-    assert lossy[0]["flags"] == ["best", "NOT LOSSLESS"] and lossy[0]["speedup"] == pytest.approx(2.5)
+    assert lossy[0]["flags"] == ["NOT LOSSLESS"] and lossy[0]["speedup"] == pytest.approx(2.5)
     assert doc["rows"][0]["acceptance_length"] is None
 
 
@@ -128,14 +129,14 @@ def test_csv_has_a_header_and_one_line_per_row_with_empty_unknowns():
     assert len(rows) == 7
     assert rows[0]["method"] == "baseline" and rows[0]["acceptance_length"] == ""
     assert float(rows[3]["speedup"]) == pytest.approx(3.0) and rows[3]["flags"] == "best"
-    assert rows[6]["flags"] == "best;NOT LOSSLESS"
+    assert rows[6]["flags"] == "NOT LOSSLESS" and rows[5]["flags"] == "best"
 
 
 def test_table_columns_are_strings_and_omit_columns_that_do_not_vary():
     headers, cells = report_columns(build_report(fleet()))
     assert headers == ["Host", "Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "Flags"]
     assert cells[3] == ["h1", "gsm8k", "0", "ddtree_tb64", "100.0", "3.00x", "6.00", "100.0 ms", "4", "100%", "best"]
-    assert cells[6][-2:] == ["75.0%", "best, NOT LOSSLESS"]
+    assert cells[6][-2:] == ["75.0%", "NOT LOSSLESS"]
     assert cells[0][6] == "—"  # no tau for the baseline
     assert all(isinstance(c, str) for row in cells for c in row)
 
@@ -204,7 +205,7 @@ def test_pt_files_from_two_hosts_become_the_report_computed_by_hand(tmp_path):
     # h2: baseline 0.01; tb16 (0.004 + 0.006) / 2 = 0.005 -> 2x, but the second prompt's output differs.
     h2_tree = rows["h2", "gsm8k", 0.0, "ddtree_tb16"]
     assert h2_tree.speedup == pytest.approx(2.0) and h2_tree.tokens_per_s == pytest.approx(200.0)
-    assert h2_tree.fidelity == 0.5 and h2_tree.lossy and h2_tree.best_budget
+    assert h2_tree.fidelity == 0.5 and h2_tree.lossy and not h2_tree.best_budget  # never best when NOT LOSSLESS
     assert h2_tree.acceptance_length == pytest.approx(3.0) and h2_tree.n_responses == 2
     assert "NOT LOSSLESS" in to_markdown(build_report(items))
 
@@ -229,3 +230,106 @@ def test_sampled_runs_show_no_output_match_rate_in_the_table():
     sampled = ReportRow(**{**fields, "method": "ddtree_tb4", "temperature": 1.0, "fidelity": 0.0, "lossy": False})
     assert _fidelity_cell(greedy) == "50.0%"
     assert _fidelity_cell(sampled) == "— (sampled)"
+
+
+# --- different code is never pooled ------------------------------------------------------------------------------------
+
+from ddops.bench.report import CodeId, aggregate, group_columns, pooling_note  # noqa: E402
+
+PLAIN = CodeId("73068c9d16b7" + "0" * 28, (), (("torch", "2.13.0"), ("transformers", "5.23.0"), ("python", "3.11")))
+VERIFIED = CodeId(PLAIN.commit, (("hybrid-tree-verify", "ab" * 32),), PLAIN.versions)
+
+
+def two_runs(second=VERIFIED, incomplete=False):
+    """The same host and methods, run once without hybrid-tree-verify and once with it."""
+    items = []
+    for run_id, code, fidelity in (("r1", PLAIN, 0.5), ("r2", second, 1.0)):
+        for method, tpot in (("baseline", 0.03), ("ddtree_tb32", 0.01)):
+            items.append(Labeled("h1", f"{run_id}:gsm8k", summary(method, tpot, fidelity=fidelity), code=code,
+                                 run_id=run_id, incomplete=incomplete and run_id == "r2"))
+    return items
+
+
+@pytest.mark.parametrize("by", ["host", "method", "patchset"])
+def test_runs_of_different_patch_sets_are_reported_side_by_side_never_pooled(by):
+    report = build_report(two_runs())
+    groups = [g for g in aggregate(report, by) if g.method == "ddtree_tb32"]
+    assert [(g.code, g.runs, g.fidelity) for g in groups] == [(PLAIN, 1, 0.5), (VERIFIED, 1, 1.0)]
+    headers, cells = group_columns(aggregate(report, by))
+    labels = {row[headers.index("Code")] for row in cells}
+    assert labels == {"73068c9 no patches", "73068c9 +hybrid-tree-verify"}
+    assert pooling_note(report) == ("not pooled: these runs differ in patch set (73068c9 no patches; 73068c9 "
+                                    "+hybrid-tree-verify): each code's rows are reported side by side")
+
+
+def test_runs_that_differ_only_in_library_versions_are_not_pooled_and_the_versions_tell_them_apart():
+    newer = CodeId(PLAIN.commit, (), (("torch", "2.14.0"), ("transformers", "5.23.0"), ("python", "3.11")))
+    report = build_report(two_runs(second=newer))
+    assert len([g for g in aggregate(report, "method") if g.method == "baseline"]) == 2
+    assert "differ in library versions" in pooling_note(report)
+    assert "73068c9 no patches (torch 2.14.0, transformers 5.23.0, python 3.11)" in pooling_note(report)
+
+
+def test_repeats_of_the_same_code_are_pooled_and_no_note_is_given():
+    report = build_report(two_runs(second=PLAIN))
+    (tree,) = [g for g in aggregate(report, "method") if g.method == "ddtree_tb32"]
+    assert tree.runs == 2 and pooling_note(report) is None
+    assert "Code" not in group_columns(aggregate(report, "method"))[0]
+
+
+def test_by_run_gives_each_run_its_own_rows():
+    report = build_report(two_runs(second=PLAIN))
+    groups = aggregate(report, "run")
+    assert [(g.run_id, g.method, g.runs) for g in groups] == [
+        ("r1", "baseline", 1), ("r1", "ddtree_tb32", 1), ("r2", "baseline", 1), ("r2", "ddtree_tb32", 1)]
+    assert group_columns(groups)[0][:2] == ["Run", "Host"]
+
+
+def test_a_run_collected_while_still_going_is_marked_incomplete():
+    report = build_report(two_runs(second=PLAIN, incomplete=True))
+    assert {r.run_id: "incomplete" in r.flags for r in report.rows} == {"r1": False, "r2": True}
+    (tree,) = [g for g in aggregate(report, "method") if g.method == "ddtree_tb32"]
+    assert "incomplete" in tree.flags
+
+
+def test_the_best_budget_skips_a_faster_budget_that_is_not_lossless():
+    items = [Labeled("h1", "r", summary("baseline", 0.03)), Labeled("h1", "r", summary("ddtree_tb32", 0.012)),
+             Labeled("h1", "r", summary("ddtree_tb64", 0.010, fidelity=0.75))]
+    report = build_report(items)
+    assert {r.method: r.flags for r in report.rows if r.tree_budget} == {
+        "ddtree_tb32": ("best",), "ddtree_tb64": ("NOT LOSSLESS",)}
+    assert {g.method: g.flags for g in aggregate(report, "method") if g.tree_budget} == {
+        "ddtree_tb32": ("best",), "ddtree_tb64": ("NOT LOSSLESS",)}
+
+
+def _collected_run(root, run_id, *, patches, status="completed"):
+    run = root / run_id
+    (run / "h1").mkdir(parents=True)
+    doc = {"responses": [{"baseline": {"time_per_output_token": 0.03, "output_ids": [1, 2]},
+                          "ddtree_tb32": {"time_per_output_token": 0.01, "output_ids": [1, 2],
+                                          "acceptance_lengths": [2]}}], "args": {"dataset": "gsm8k",
+                                                                                  "temperature": 0.0}}
+    import torch
+
+    torch.save(doc, run / "h1" / "gsm8k.pt")
+    entry = {"files": [{"path": "gsm8k.pt"}], "status": status, "repo_commit": PLAIN.commit, "torch": "2.13.0",
+             "transformers": "5.23.0", "python": "3.11",
+             "patches": [{"id": p, "sha256": "ab" * 32, "in_place": True} for p in patches]}
+    (run / "manifest.json").write_text(json.dumps({"run_id": run_id, "summarizer": "ddtree", "hosts": {"h1": entry}}))
+
+
+@pytest.mark.torch
+def test_bench_report_of_two_runs_with_different_patches_says_so_and_shows_them_side_by_side(tmp_path):
+    from tests.conftest import run_ddops
+
+    pytest.importorskip("torch")
+    _collected_run(tmp_path, "r1", patches=[])
+    _collected_run(tmp_path, "r2", patches=["hybrid-tree-verify"], status="running")
+    proc = run_ddops("bench", "report", "r1", "r2", "--by", "patchset", "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "not pooled: these runs differ in patch set" in proc.stderr
+    assert "73068c9 no patches" in proc.stdout and "73068c9 +hybrid-tree-verify" in proc.stdout
+    assert "incomplete" in proc.stdout
+    doc = json.loads(run_ddops("bench", "report", "r1", "r2", "--format", "json", "--results-dir",
+                               str(tmp_path)).stdout)
+    assert doc["pooling"].startswith("not pooled") and len(doc["by_method"]) == 4

@@ -221,3 +221,26 @@ def test_submit_without_sbatch_fails_naming_the_login_node_and_records_the_error
     assert (repo / ".ddops" / "runs" / "r1" / "job.sh").read_text() == payload["script"]
     # what each array task will load: the agent exactly as shipped
     assert (repo / ".ddops" / "runs" / "r1" / "agent.bundle").read_bytes() == program.bundle
+
+
+@pytest.mark.parametrize("option, means", [
+    ("--arr=0-99", "--array"), ("--outp=/tmp/x", "--output"), ("--wra=id", "--wrap"), ("--parsabl", "--parsable"),
+    ("--job=x", "--job-name"), ("--ch=/tmp", "--chdir"), ("--open=truncate", "--open-mode"), ("--expo=NONE", "--export"),
+    ("-Qo/x", "-o"), ("-Ha0-9", "-a"), ("-vvJname", "-J"), ("--", "the end of sbatch's options"),
+])
+def test_sbatch_abbreviations_and_clustered_short_options_of_ddops_own_options_are_refused(tmp_path, option, means):
+    message = error_of(tmp_path, f"hosts:\n  login:\n    address: 10.0.0.1\n    slurm: {{extra: ['{option}']}}\n")
+    assert ": hosts.login.slurm.extra[0]: " in message and means in message and "set by ddops" in message, message
+
+
+@pytest.mark.parametrize("option", ["--mem=64G", "--export-file=env", "--partition=gpu", "-c4", "-Qc2", "-po/x",
+                                    "--gpus-per-task=1"])
+def test_sbatch_options_ddops_does_not_set_pass_the_guard(tmp_path, option):
+    body = f"hosts:\n  login: {{address: 10.0.0.1, executor: slurm, slurm: {{extra: ['{option}']}}}}\n"
+    assert inventory(tmp_path, body).host("login").slurm.extra == (option,)
+
+
+def test_a_percent_in_the_repo_path_is_literal_in_slurms_output_pattern():
+    args = sbatch_args(SlurmOptions(), run_id="r1", total=2, run_dir="/data/100%j/.ddops/runs/r1", plan_minutes=5)
+    assert "--output=/data/100%%j/.ddops/runs/r1/task-%a.out" in args
+    assert "--chdir=/data/100%j/.ddops/runs/r1" in args  # --chdir is a path, not a pattern

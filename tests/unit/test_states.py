@@ -10,7 +10,7 @@ from ddops.bench.runs import HostRun, RunStatus
 from ddops.fleet import HostStatus, TaskOutcome
 from ddops.patching.journal import JournalState, effective_state
 from ddops.patching.kinds import PatchState
-from ddops.tasks.sync import PinState
+from ddops.pins import PinState
 
 
 @pytest.mark.parametrize("member", [HostStatus.UNREACHABLE, PatchState.MODIFIED, JournalState.NOT_APPLIED,

@@ -233,3 +233,60 @@ def test_tokens_per_second_is_one_over_mean_time_per_output_token_not_mean_of_ra
     s = by_method(summarize_ddtree(data, "x"))["baseline"]
     assert s.tokens_per_s == pytest.approx(1 / 0.030)
     assert not math.isclose(s.tokens_per_s, (1 / 0.020 + 1 / 0.040) / 2)
+
+
+# --- a team's own metrics file (summarizer: metrics) --------------------------------------------------------------
+
+
+METRICS = {"records": "results", "method": "method", "tokens_per_s": "speed.tok_s", "ttft_s": "latency.ttft",
+           "output": "text", "dataset": "dataset"}
+
+
+def test_a_json_metrics_file_is_read_by_the_plans_key_paths_into_the_report(tmp_path):
+    import json
+
+    from ddops.bench.report import Labeled, build_report
+    from ddops.bench.results import summarize_file
+
+    doc = {"results": [
+        {"method": "baseline", "dataset": "mine", "speed": {"tok_s": 50.0}, "latency": {"ttft": 0.2}, "text": "a b"},
+        {"method": "baseline", "dataset": "mine", "speed": {"tok_s": 30.0}, "latency": {"ttft": 0.4}, "text": "c"},
+        {"method": "fast", "dataset": "mine", "speed": {"tok_s": 100.0}, "latency": {"ttft": 0.1}, "text": "a b"},
+        {"method": "fast", "dataset": "mine", "speed": {"tok_s": 60.0}, "latency": {"ttft": 0.1}, "text": "x"}]}
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps(doc))
+    summaries = {s.method: s for s in summarize_file(path, "metrics", metrics=METRICS)}
+    assert summaries["baseline"].tokens_per_s == pytest.approx(40.0)
+    assert summaries["baseline"].mean_ttft_s == pytest.approx(0.3) and summaries["fast"].n_responses == 2
+    rows = {r.method: r for r in build_report(Labeled("h1", "r", s) for s in summaries.values()).rows}
+    assert rows["metrics:fast"].speedup == pytest.approx(2.0)  # 1/40 s per token over 1/80
+    assert rows["metrics:fast"].fidelity == 0.5 and rows["metrics:fast"].dataset == "mine"
+
+
+def test_a_csv_metrics_file_reads_its_columns_by_name(tmp_path):
+    from ddops.bench.results import summarize_file
+
+    path = tmp_path / "m.csv"
+    path.write_text("name,tpot (s),answer\nbaseline,0.02,yes\nbaseline,0.04,no\nspec,0.01,yes\n")
+    got = {s.method: s for s in summarize_file(path, "metrics", metrics={"method": "name", "tpot_s": "tpot (s)",
+                                                                          "output": "answer"})}
+    assert got["baseline"].mean_tpot_s == pytest.approx(0.03) and got["spec"].tokens_per_s == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"results": [{"method": "b", "speed": {"tok_s": "fast"}}]}', "record 1: speed.tok_s (metrics.tokens_per_s) "
+                                                                    "is not a plausible non-negative number"),
+    ('{"results": [{"method": "b", "speed": {"tok_s": 1e308}}]}', "is not a plausible non-negative number"),
+    ('{"other": []}', "document 1 has no list at 'results' (metrics.records)"),
+    ('{"results": [{"speed": {"tok_s": 1}}]}', "record 1 has no 'method' (metrics.method)"),
+    ("not json", "not JSON"),
+])
+def test_a_bad_metrics_file_is_a_one_line_refusal_naming_the_file(tmp_path, content, says):
+    from ddops.bench.results import summarize_file
+    from ddops.bench.summary import ResultFileError
+
+    path = tmp_path / "m.json"
+    path.write_text(content)
+    with pytest.raises(ResultFileError) as info:
+        summarize_file(path, "metrics", metrics=METRICS)
+    assert str(info.value).startswith(f"{path}: ") and says in str(info.value) and "\n" not in str(info.value)

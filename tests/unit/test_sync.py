@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import Host
-from ddops.tasks.sync import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, Bundles, SyncError,
-                              classify_dirty, make_bundle, pick_ref, pin_state, resolve_pin)
+from ddops.pins import PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, SyncError, pick_ref, pin_state, resolve_pin
+from ddops.tasks.sync import Bundles, classify_dirty, make_bundle
 from ddops.transport.agent import agent_program
 from tests.conftest import GIT_ENV, git
 
@@ -273,20 +273,107 @@ def test_bad_sync_options_are_usage_errors(tmp_path):
         prepare_sync(inventory, inventory.hosts, SyncOptions(reapply=True))
 
 
+def absent_commit(commit: str) -> str:
+    """A full commit id that is certainly not `commit` (its last digit changed), so not in the repo either."""
+    return commit[:-1] + ("1" if commit[-1] == "0" else "0")
+
+
+@pytest.mark.parametrize("commit", ["absent", "present"])
 @pytest.mark.parametrize("verb", ["sync_inspect", "sync_fetch", "sync_checkout"])
-def test_agent_refuses_a_repo_url_that_git_would_read_as_an_option(upstream, tmp_path, verb):
+def test_agent_refuses_a_repo_url_that_git_would_read_as_an_option(upstream, tmp_path, verb, commit):
     repo, cache, marker = tmp_path / "repo", tmp_path / "cache", tmp_path / "pwned"
     git(tmp_path, "clone", "-q", upstream["url"], str(repo))
     git(repo, "remote", "set-url", "origin", str(upstream["origin"]))  # not the URL asked for: a fetch by URL
     # The upload-pack command runs where a local "repository" is named: the repo itself, by its path.
     evil = f"--upload-pack=touch {marker}; git-upload-pack"
-    payload = {"repo": str(repo), "commit": upstream["second"][:39] + "0", "source": "remote", "actor": "t"}
+    # "absent": the URL would be used; "present": the commit is there and the URL is not needed, and is refused
+    # all the same (every operand is checked before anything runs).
+    pin = absent_commit(upstream["second"]) if commit == "absent" else upstream["second"]
+    payload = {"repo": str(repo), "commit": pin, "source": "remote", "actor": "t"}
     payload.update({"probe_url": evil} if verb == "sync_inspect" else {"repo_url": evil})
     error = fails(verb, payload, cache)
     assert error["kind"] == "bad_request" and "must not be empty, start with '-'" in error["message"]
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("existed", [False, True])
+@pytest.mark.parametrize("verb", ["sync_fetch", "sync_checkout"])
+def test_a_sync_with_an_unusable_repo_url_leaves_no_empty_git_init_behind(upstream, tmp_path, verb, existed):
+    repo, cache = tmp_path / "host" / "repo", tmp_path / "cache"
+    if existed:
+        repo.mkdir(parents=True)  # an empty directory waiting for its checkout
+    payload = {"repo": str(repo), "commit": upstream["first"], "source": "remote", "actor": "t",
+               "repo_url": str(tmp_path / "no-such-upstream")}
+    error = fails(verb, payload, cache)
+    assert error["kind"] == "fetch_failed", error
+    if existed:
+        assert repo.is_dir() and list(repo.iterdir()) == []
+    else:
+        assert not repo.exists()
+    # A usable URL afterwards clones as into a fresh directory.
+    done = ok(verb, dict(payload, repo_url=upstream["url"]), cache)
+    assert done["created"] is True
+
+
 def test_a_pin_starting_with_a_dash_is_refused_before_git():
     pin = resolve_pin(None, "--output=/tmp/x", from_clone="/nonexistent")
     assert pin.commit is None and "starts with '-'" in pin.error
+
+
+def test_with_a_local_clone_a_pin_means_what_the_clone_says_not_the_remote(upstream):
+    work = upstream["work"]
+    (work / "LOCAL").write_text("not pushed\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "three")
+    local = git(work, "rev-parse", "HEAD")
+    pin = resolve_pin(upstream["url"], "HEAD", from_clone=str(work))
+    assert (pin.commit, pin.via) == (local, "clone")
+    assert pin.shown == f"HEAD@{local[:7]}" and pin.described == f"HEAD@{local[:7]} (resolved in the clone {work})"
+    remote = resolve_pin(upstream["url"], "main")
+    assert remote.commit == upstream["second"]
+    assert remote.described == f"main@{upstream['second'][:7]} (resolved in the remote {upstream['url']})"
+
+
+def test_every_distinct_pin_of_a_run_is_resolved_once_however_many_hosts_ask(upstream):
+    from ddops.pins import Pins, local_git
+
+    calls = []
+
+    def counting_git(args, **kwargs):
+        calls.append(args[0])
+        return local_git(args, **kwargs)
+
+    pins = Pins(git=counting_git)
+    hosts = [Host(name=f"h{i}", address=f"h{i}", repo_url=upstream["url"], commit="main") for i in range(5)]
+    hosts.append(Host(name="t", address="t", repo_url=upstream["url"], commit="v1"))
+    commits = {h.name: pins.for_host(h).commit for h in hosts}
+    assert calls == ["ls-remote", "ls-remote"]
+    assert set(commits.values()) == {upstream["second"], upstream["first"]}
+
+
+def test_status_shows_a_branch_pin_resolved_on_the_controller_not_unresolved(upstream):
+    from ddops.pins import host_pins
+
+    at = Host(name="at", address="a", repo_url=upstream["url"], commit="main")
+    off = Host(name="off", address="o", repo_url=upstream["url"], commit="main")
+    none = Host(name="none", address="n")
+    shown = host_pins([at, off, none], [upstream["second"], upstream["first"], upstream["first"]])
+    assert shown["at"]["state"] == PIN_AT and shown["at"]["pin"] == f"main@{upstream['second'][:7]}"
+    assert shown["at"]["resolved_in"] == f"the remote {upstream['url']}"
+    assert shown["off"]["state"] == PIN_OFF and shown["none"]["state"] == PIN_NONE
+
+
+def test_bench_preflight_compares_the_head_with_the_controllers_commit_not_the_hosts_branch(upstream):
+    from ddops.bench.plan import BenchPlan
+    from ddops.bench.preflight import preflight_problems
+
+    plan = BenchPlan(name="p", command="true", results="*.pt", summarizer="ddtree")
+    host = Host(name="h", address="h", repo_url=upstream["url"], commit="main")
+    pin = resolve_pin(upstream["url"], "main")
+    # The host's stale local main names the first commit; its HEAD is the second, which the remote's main names.
+    facts = {"repo_exists": True, "git_commit": upstream["second"], "commit_resolved": upstream["second"]}
+    assert preflight_problems(plan, host, facts, {}, pin) == []
+    stale = {**facts, "git_commit": upstream["first"], "commit_resolved": upstream["second"]}
+    (problem,) = preflight_problems(plan, host, stale, {}, pin)
+    assert problem == (f"repo is at {upstream['first'][:12]}, not at the pinned commit main@{upstream['second'][:7]} "
+                       f"(resolved in the remote {upstream['url']}); run `ddops sync`")

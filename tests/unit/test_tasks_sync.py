@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from ddops.fleet import CHANGED, FAILED, OK
 from ddops.inventory import Host, Inventory
-from ddops.tasks.sync import PinState, SyncOptions, deploy_host, pin_state, prepare_sync, sync_host
+from ddops.pins import PinState, pin_state
+from ddops.tasks.sync import SyncOptions, deploy_host, prepare_sync, sync_host
 from ddops.transport.local import LocalSession
 from tests.conftest import git
 

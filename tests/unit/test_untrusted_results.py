@@ -225,3 +225,69 @@ def test_running_out_of_memory_while_summarizing_is_the_files_result_file_error(
     with pytest.raises(ResultFileError) as info:
         summarize_file(path, "vllm")
     assert str(info.value) == f"{path}: refused: reading it ran out of memory"
+
+
+def _deflated_storage_bomb(torch, path: Path, inflated: int) -> None:
+    """A genuine torch.save archive whose one storage entry is replaced by `inflated` deflated zero bytes."""
+    import zipfile
+
+    genuine = path.with_suffix(".genuine")
+    torch.save(_response_with(output_ids=torch.zeros(1, dtype=torch.int64)), genuine)
+    chunk = bytes(1 << 24)
+    with zipfile.ZipFile(genuine) as src, zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED,
+                                                           compresslevel=1) as dst:
+        for info in src.infolist():
+            if "/data/" in info.filename:
+                with dst.open(info.filename, "w", force_zip64=True) as out:
+                    for _ in range(inflated // len(chunk)):
+                        out.write(chunk)
+            else:
+                dst.writestr(info.filename, src.read(info))
+
+
+@pytest.mark.torch
+def test_a_deflated_storage_that_would_inflate_past_the_budget_is_refused_from_the_archive_directory(
+        tmp_path, monkeypatch):
+    import resource
+
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "inflate.pt"
+    _deflated_storage_bomb(torch, path, 1 << 30)
+    assert path.stat().st_size < 8 * 1024**2
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or {})
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    with pytest.raises(ResultFileError) as info:
+        summarize_file(path, "ddtree")
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: refused: its archive declares 1 GiB inflated") and "\n" not in msg
+    assert loads == []  # refused before torch (which allocates what each entry declares) saw the file
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 256 * 1024
+
+
+@pytest.mark.torch
+def test_a_genuine_torch_save_archive_passes_the_archive_check(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "ok.pt"
+    torch.save(_response_with(output_ids=torch.arange(4096, dtype=torch.int64)), path)
+    assert summarize_file(path, "ddtree")[0].n_responses == 1
+
+
+@pytest.mark.torch
+def test_numbers_too_large_to_average_refuse_that_hosts_file_and_the_other_hosts_rows_stay(tmp_path):
+    import json
+
+    from ddops.bench.collect import load_collected
+
+    torch = pytest.importorskip("torch")
+    run = tmp_path / "r1"
+    tpots = {"h1": [1e308, 1e308], "h2": [0.01, 0.02]}
+    for host, values in tpots.items():
+        (run / host).mkdir(parents=True)
+        torch.save({"responses": [{"baseline": SimpleNamespace(time_per_output_token=v)} for v in values],
+                    "args": {"dataset": "gsm8k"}}, run / host / "gsm8k.pt")
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "summarizer": "ddtree", "hosts": {
+        host: {"files": [{"path": "gsm8k.pt"}]} for host in tpots}}))
+    items, problems = load_collected(tmp_path, ["r1"])
+    assert [i.host for i in items] == ["h2"]
+    assert problems == [f"h1: {run / 'h1' / 'gsm8k.pt'}: refused: its numbers are too large to average"]

@@ -1,0 +1,257 @@
+"""Which keys a connection offers, in OpenSSH's order: the ssh-agent's (its copy of the named key first), then the
+identity file, whose passphrase is asked once per run where a terminal can answer."""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import paramiko
+from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
+
+from ddops.errors import InventoryError, UsageError
+from ddops.inventory import Host
+
+# What ssh offers when no IdentityFile is set (those that exist), after the agent's keys.
+DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
+PASSPHRASE_TRIES = 3  # as ssh asks
+
+# Asked with a prompt, answers the passphrase; None (or an empty answer) gives up.
+PassphrasePrompt = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFile:
+    """An identity file as this run uses it: its public key, and the private key where it could be read."""
+
+    path: str  # as the inventory or ssh_config names it
+    public_blob: bytes | None  # None: unknown (an encrypted PEM key without its .pub beside it)
+    key: paramiko.PKey | None  # None: encrypted and not unlocked (the agent's copy signs instead)
+    encrypted: bool = False
+    problem: str | None = None  # why paramiko cannot read it (not a key, an unknown format)
+
+
+def public_blob_of(path: str) -> bytes | None:
+    """The public key of a private key file without decrypting it: from `path.pub`, or the OpenSSH format's header."""
+    try:
+        with open(path + ".pub", encoding="ascii", errors="replace") as fh:
+            return base64.b64decode(fh.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return _openssh_header(_read(path))[1]
+    except (OSError, ValueError):
+        return None
+
+
+def is_encrypted(text: bytes) -> bool:
+    """Whether a private key file needs a passphrase (OpenSSH format: its cipher; PEM: its headers)."""
+    if b"BEGIN OPENSSH PRIVATE KEY" in text:
+        try:
+            return _openssh_header(text)[0] != b"none"
+        except ValueError:
+            return False
+    return b"ENCRYPTED" in text.split(b"-----END", 1)[0]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(1 << 20)
+
+
+def _openssh_header(text: bytes) -> tuple[bytes, bytes]:
+    """(cipher name, public key blob) of an `openssh-key-v1` file, both stored unencrypted."""
+    begin = b"-----BEGIN OPENSSH PRIVATE KEY-----"
+    if begin not in text:
+        raise ValueError("not an OpenSSH private key")
+    body = text.split(begin, 1)[1].split(b"-----END", 1)[0]
+    try:
+        data = base64.b64decode(b"".join(body.split()))
+    except (ValueError, TypeError):
+        raise ValueError("not base64") from None
+    magic = b"openssh-key-v1\0"
+    if not data.startswith(magic):
+        raise ValueError("not an openssh-key-v1 file")
+    offset, fields = len(magic), []
+    for _ in range(3):  # cipher, kdf name, kdf options
+        value, offset = _string(data, offset)
+        fields.append(value)
+    if struct.unpack(">I", data[offset:offset + 4])[0] < 1:
+        raise ValueError("no key in the file")
+    blob, _ = _string(data, offset + 4)
+    return fields[0], blob
+
+
+def _string(data: bytes, offset: int) -> tuple[bytes, int]:
+    if offset + 4 > len(data):
+        raise ValueError("truncated")
+    (size,) = struct.unpack(">I", data[offset:offset + 4])
+    end = offset + 4 + size
+    if end > len(data):
+        raise ValueError("truncated")
+    return data[offset + 4:end], end
+
+
+class KeyRing:
+    """The run's keys: the ssh-agent's (asked once), and each identity file read (and unlocked) once."""
+
+    def __init__(self, *, ask_passphrase: PassphrasePrompt | None = None) -> None:
+        self.ask_passphrase = ask_passphrase
+        self._agent: paramiko.Agent | None = None
+        self._agent_keys: tuple[paramiko.AgentKey, ...] | None = None
+        self._files: dict[str, KeyFile | None] = {}
+        self._lock = threading.RLock()  # one prompt at a time; every other thread waits for its answer
+
+    def agent_keys(self) -> tuple[paramiko.AgentKey, ...]:
+        """The keys $SSH_AUTH_SOCK's agent holds (none without an agent)."""
+        with self._lock:
+            if self._agent_keys is None:
+                self._agent_keys = ()
+                self._agent = _open_agent()
+                if self._agent is not None:
+                    self._agent_keys = tuple(self._agent.get_keys())
+            return self._agent_keys
+
+    def prepare(self, hosts: Iterable[Host]) -> None:
+        """Read every identity file these hosts name, before any connection: a missing file is an inventory error,
+        an encrypted one the agent lacks is unlocked now (one prompt per file), or refused in one line."""
+        for host in hosts:
+            self.identity_files(host)
+
+    def identity_files(self, host: Host) -> list[KeyFile]:
+        """The host's identity files as this run reads them (the defaults that exist, where it names none)."""
+        if host.identity_file:
+            return [self._named(host)]
+        found = []
+        for path in DEFAULT_IDENTITIES:
+            if os.path.exists(os.path.expanduser(path)):
+                key = self._key_file(path, optional=True)
+                if key is not None:
+                    found.append(key)
+        return found
+
+    def _named(self, host: Host) -> KeyFile:
+        path = host.identity_file or ""
+        if not os.path.exists(os.path.expanduser(path)):
+            if host.identity_origin:
+                raise InventoryError(f"{host.identity_origin}: {path} does not exist")
+            raise InventoryError(f"{host.name}: identity_file {path} does not exist")
+        key = self._key_file(path, optional=False)
+        assert key is not None
+        return key
+
+    def _key_file(self, path: str, *, optional: bool) -> KeyFile | None:
+        with self._lock:
+            if path not in self._files:
+                self._files[path] = self._read_key_file(path, optional=optional)
+            return self._files[path]
+
+    def _read_key_file(self, path: str, *, optional: bool) -> KeyFile | None:
+        expanded = os.path.expanduser(path)
+        try:
+            text = _read(expanded)
+        except OSError as exc:
+            if optional:
+                return None
+            raise UsageError(f"identity_file {path} cannot be read: {exc.strerror or exc}") from None
+        blob = public_blob_of(expanded)
+        if not is_encrypted(text):
+            try:
+                return KeyFile(path, blob, paramiko.PKey.from_path(expanded))
+            except (paramiko.SSHException, ValueError, TypeError, OSError) as exc:
+                # Not a key paramiko reads: that host fails alone (the run's other hosts go on).
+                return KeyFile(path, blob, None, problem=str(exc) or type(exc).__name__)
+        if blob is not None and any(k.asbytes() == blob for k in self.agent_keys()):
+            return KeyFile(path, blob, None, encrypted=True)  # the agent's copy signs: no passphrase needed
+        if self.ask_passphrase is None:
+            if optional:
+                return KeyFile(path, blob, None, encrypted=True)
+            raise UsageError(f"identity_file {path} is encrypted and ssh-agent holds no copy of it: load it with "
+                             f"`ssh-add {path}` (or run on a terminal, or with --ask-key-passphrase, to be asked "
+                             "its passphrase)")
+        for _ in range(PASSPHRASE_TRIES):
+            answer = self.ask_passphrase(f"Enter passphrase for key '{path}': ")
+            if not answer:
+                break
+            try:
+                key = paramiko.PKey.from_path(expanded, answer.encode())
+            except (paramiko.SSHException, ValueError, TypeError):
+                continue
+            return KeyFile(path, key.asbytes(), key, encrypted=True)
+        raise UsageError(f"identity_file {path}: no correct passphrase given (or load it with `ssh-add {path}`)")
+
+    def strategy(self, host: Host) -> "OpenSshOrder":
+        """The keys to offer `host`, with an agent connection of its own (one agent socket carries one request
+        at a time: connections authenticating at once must not share it). Close it after connecting."""
+        files = self.identity_files(host)
+        agent = _open_agent() if self.agent_keys() else None
+        return OpenSshOrder(host, tuple(agent.get_keys()) if agent is not None else (), files, agent)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._agent is not None:
+                self._agent.close()
+            self._agent, self._agent_keys = None, None
+
+
+def _open_agent() -> paramiko.Agent | None:
+    """A connection to $SSH_AUTH_SOCK's agent; None without one (or one that does not answer)."""
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return None
+    try:
+        return paramiko.Agent()
+    except (paramiko.SSHException, OSError):
+        return None
+
+
+class OpenSshOrder(AuthStrategy):
+    """The agent's copy of each identity file first, then the agent's other keys, then the files it lacks."""
+
+    def __init__(self, host: Host, agent_keys: tuple[paramiko.AgentKey, ...], files: list[KeyFile],
+                 agent: paramiko.Agent | None = None) -> None:
+        super().__init__(ssh_config=None)
+        self.host, self.agent_keys, self.files, self._agent = host, agent_keys, files, agent
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+
+    def offers(self) -> list[tuple[str, paramiko.PKey]]:
+        """(what it is, in the user's terms; the key) in the order they are offered."""
+        named = {f.public_blob: f for f in self.files if f.public_blob is not None}
+        first = [k for k in self.agent_keys if k.asbytes() in named]
+        rest = [k for k in self.agent_keys if k.asbytes() not in named]
+        offered = [(f"ssh-agent's copy of {named[k.asbytes()].path}", k) for k in first]
+        offered += [(f"ssh-agent key {k.get_name()} {k.fingerprint}", k) for k in rest]
+        in_agent = {k.asbytes() for k in self.agent_keys}
+        offered += [(f"identity_file {f.path}", f.key) for f in self.files
+                    if f.key is not None and f.key.asbytes() not in in_agent]
+        return offered
+
+    def get_sources(self) -> Iterator[InMemoryPrivateKey]:
+        for _, key in self.offers():
+            yield InMemoryPrivateKey(self.host.user, key)
+
+    def failure(self, exc: BaseException) -> str:
+        """One line: what was tried for this host, and what to set."""
+        host = self.host
+        who = f"{host.user}@{host.address}"
+        tried = [what for what, _ in self.offers()]
+        skipped = [f"identity_file {f.path} (encrypted, not in ssh-agent)" for f in self.files
+                   if f.key is None and f.encrypted and f.public_blob not in {k.asbytes() for k in self.agent_keys}]
+        unusable = [f"identity_file {f.path} (not a usable private key)" for f in self.files if f.problem]
+        if not tried:
+            agent = "ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent ($SSH_AUTH_SOCK unset)"
+            files = ", ".join(skipped + unusable) or (
+                "no identity_file set" if not host.identity_file else f"identity_file {host.identity_file}")
+            return (f"{host.name}: no authentication method for {who}: {agent}, {files}; set `identity_file:` in "
+                    "the inventory (or IdentityFile in ~/.ssh/config), or load a key with `ssh-add`")
+        detail = "; not tried: " + ", ".join(skipped + unusable) if skipped or unusable else ""
+        reason = "" if isinstance(exc, AuthFailure) else f" ({exc})"
+        return (f"{host.name}: authentication failed for {who}: the host accepted none of {', '.join(tried)}"
+                f"{detail}{reason}")

@@ -1,0 +1,75 @@
+"""The agent's journal reader: entries of a newer ddops skipped, malformed ones refused by line, torn lines read as
+far as they go, and a rollback refused when the journal moved since it was planned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.unit.test_agent import (ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, fails, journal, ok,
+                                   repo, rollback_payload, sha)
+
+__all__ = ["repo"]  # the fixture, shared with test_agent.py
+
+
+def journal_file(repo: Path) -> Path:
+    return repo / ".ddops" / "journal.jsonl"
+
+
+def append_line(repo: Path, line: str) -> None:
+    with open(journal_file(repo), "a") as handle:
+        handle.write(line + "\n")
+
+
+def test_an_entry_of_a_newer_ddops_without_a_file_is_skipped_by_every_reader(repo):
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    append_line(repo, json.dumps({"event": "x-from-a-newer-ddops", "id": "x"}))
+    append_line(repo, json.dumps({"event": "x-other", "file": ["odd"], "patch": {"a": 1}, "id": ["unhashable"]}))
+    assert [e["event"] for e in journal(repo)] == ["apply"]
+    snap = ok("snapshot", {"repo": str(repo), "files": ["ddtree.py"]})
+    assert [e["event"] for e in snap["journal"]] == ["apply"] and snap["journal_corrupt"] == []
+    # A later write still works, and is read after the unknown entries.
+    ok("commit", commit_payload(repo, change("ddtree.py", PATCHED, PATCHED_AGAIN)))
+    assert [e["after"] for e in journal(repo)] == [sha(PATCHED), sha(PATCHED_AGAIN)]
+
+
+def test_a_malformed_entry_of_a_known_event_is_refused_naming_its_line(repo):
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    entry = json.loads(journal_file(repo).read_text().splitlines()[0])
+    append_line(repo, json.dumps(dict(entry, patch=["hybrid-cache"], id="second")))
+    for verb, payload in (("journal", {"repo": str(repo)}),
+                          ("snapshot", {"repo": str(repo), "files": ["ddtree.py"]}),
+                          ("rollback", rollback_payload(repo, "ddtree.py", PATCHED, ORIGINAL) | {"journal_last": "x"})):
+        error = fails(verb, payload)
+        assert error["kind"] == "bad_journal", (verb, error)
+        assert ".ddops/journal.jsonl line 2: `patch` must be a string or null, not list" in error["message"]
+    assert (repo / "ddtree.py").read_bytes() == PATCHED  # the rollback wrote nothing
+
+
+def test_a_torn_last_line_is_read_as_far_as_it_goes_and_listed_as_torn(repo):
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    text = journal_file(repo).read_text()
+    journal_file(repo).write_text(text[:text.index(', "time"')])  # cut after the patch id: a power cut mid-append
+    result = ok("journal", {"repo": str(repo)})
+    assert result["corrupt"] == [{"line": 1, "error": result["corrupt"][0]["error"], "salvaged": True}]
+    [entry] = result["entries"]
+    assert (entry["event"], entry["file"], entry["patch"], entry["before"], entry["after"], entry["torn"]) == \
+        ("apply", "ddtree.py", "hybrid-cache", sha(ORIGINAL), sha(PATCHED), True)
+    # Cut inside a hash: not a whole entry, so nothing of it is believed.
+    journal_file(repo).write_text(text[:text.index('"before": "') + 20])
+    result = ok("journal", {"repo": str(repo)})
+    assert result["entries"] == [] and result["corrupt"][0]["salvaged"] is False
+
+
+def test_a_rollback_planned_from_an_older_journal_is_refused_and_writes_nothing(repo):
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    seen = journal(repo)[-1]["id"]
+    ok("commit", commit_payload(repo, change("ddtree.py", PATCHED, PATCHED_AGAIN)))  # another controller's patch
+    before = journal_file(repo).read_bytes()
+    error = fails("rollback", rollback_payload(repo, "ddtree.py", PATCHED_AGAIN, ORIGINAL, force=True)
+                  | {"journal_last": seen})
+    assert error["kind"] == "journal_moved"
+    assert (repo / "ddtree.py").read_bytes() == PATCHED_AGAIN and journal_file(repo).read_bytes() == before
+    now = journal(repo)[-1]["id"]
+    done = ok("rollback", rollback_payload(repo, "ddtree.py", PATCHED_AGAIN, ORIGINAL) | {"journal_last": now})
+    assert done["restored"] == ["ddtree.py"]

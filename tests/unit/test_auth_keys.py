@@ -1,0 +1,58 @@
+"""Reading identity files without their passphrase: which are encrypted, and their public key (the agent's copy)."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddops.errors import InventoryError, UsageError
+from ddops.inventory import Host
+from ddops.transport.auth import KeyRing, is_encrypted, public_blob_of
+
+
+def keygen(path: Path, passphrase: str, *args: str) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path), *args], check=True)
+    return path
+
+
+def test_an_encrypted_openssh_key_gives_its_public_key_without_a_passphrase(tmp_path):
+    key = keygen(tmp_path / "k", "secret")
+    expected = base64.b64decode(Path(f"{key}.pub").read_text().split()[1])
+    Path(f"{key}.pub").unlink()  # read from the private file's own header
+    assert is_encrypted(key.read_bytes())
+    assert public_blob_of(str(key)) == expected
+
+
+@pytest.mark.parametrize("text", [b"this is not a key\n", b"-----BEGIN OPENSSH PRIVATE KEY-----\n!!\n-----END"])
+def test_a_file_that_is_not_a_key_is_neither_encrypted_nor_has_a_public_key(tmp_path, text):
+    path = tmp_path / "junk"
+    path.write_bytes(text)
+    assert not is_encrypted(text)
+    assert public_blob_of(str(path)) is None
+
+
+def test_an_encrypted_key_without_agent_or_terminal_is_refused_saying_ssh_add(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = keygen(tmp_path / "k", "secret")
+    with pytest.raises(UsageError, match=f"ssh-add {key}"):
+        KeyRing().prepare([Host("h", "10.0.0.1", identity_file=str(key))])
+
+
+def test_a_passphrase_is_asked_once_per_file_for_every_host(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = keygen(tmp_path / "k", "secret")
+    asked = []
+    ring = KeyRing(ask_passphrase=lambda prompt: asked.append(prompt) or "secret")
+    ring.prepare([Host(f"h{i}", f"10.0.0.{i}", identity_file=str(key)) for i in range(5)])
+    assert len(asked) == 1
+    assert ring.identity_files(Host("h9", "10.0.0.9", identity_file=str(key)))[0].key is not None
+
+
+def test_a_missing_key_file_names_the_inventory_line_it_came_from(tmp_path):
+    host = Host("h", "10.0.0.1", identity_file=str(tmp_path / "nope"),
+                identity_origin="inv.yaml:4: hosts.h.identity_file")
+    with pytest.raises(InventoryError, match=r"^inv.yaml:4: hosts.h.identity_file: .*nope does not exist$"):
+        KeyRing().prepare([host])
