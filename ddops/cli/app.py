@@ -11,7 +11,7 @@ from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
 from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
-                              VerboseOpt, err_console, escape)
+                              VerboseOpt, current_state, err_console, escape, write_document)
 from ddops.errors import EXIT_USAGE, DdopsError
 
 app = typer.Typer(
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     except DdopsError as exc:
         # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
         err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
+        current = current_state()
+        if current is not None and current.json:  # --json: still one document on stdout, saying what went wrong
+            write_document(current.command, exc.exit_code, {"error": str(exc)})
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
         show = getattr(exc, "show", None)

@@ -11,7 +11,8 @@ import typer
 from typer.core import TyperGroup
 
 from ddops.bench import DEFAULT_PLAN
-from ddops.cli.common import CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, finish, recap, state
+from ddops.cli.common import (CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, finish, recap, state,
+                              write_document)
 
 if TYPE_CHECKING:
     from ddops.bench.runs import HostRun
@@ -384,6 +385,9 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
+    if on.json:
+        on.finish(results, {"run_id": rid}, failed=not any("log" in r.data for r in results))
+        return
     view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
     view.tty = False
     for r in results:
@@ -517,8 +521,12 @@ def report(ctx: typer.Context,
     note = pooling_note(rep)
     if note and fmt != "json":
         err_console.print(escape(note))
+    code = 1 if problems or not rep.rows else 0
     if fmt == "json":
-        sys.stdout.write(to_json(rep) + "\n")
+        import json
+
+        write_document("bench report", code, {"run_ids": ids, **json.loads(to_json(rep)), "problems": problems,
+                                              **({"note": note} if note else {})})
     elif fmt == "csv":
         sys.stdout.write(to_csv(rep))
     elif fmt == "md":
@@ -533,7 +541,7 @@ def report(ctx: typer.Context,
         err_console.print(f"plot: {escape(str(written))}")
     for problem in problems:
         err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}")
-    if problems or not rep.rows:
+    if code:
         if not rep.rows:
             err_console.print("no result rows")
         raise typer.Exit(1)
