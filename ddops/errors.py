@@ -5,6 +5,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_HOST_FAILED = 1
 EXIT_USAGE = 2
+EXIT_WOULD_CHANGE = 3  # --exit-code: no host failed, and at least one changed (or, with --check, would)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
 class DdopsError(Exception):
@@ -43,6 +45,12 @@ class HostKeyError(TransportError):
 
 class ConnectionLost(TransportError):
     """The connection to a host died while something ran on it; the host counts as unreachable."""
+
+
+class Cancelled(TransportError):
+    """The user interrupted (Ctrl-C) a command that was only running: it was ended on the host."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class CommandTimeout(TransportError):

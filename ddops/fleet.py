@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ddops.errors import ConnectionLost, DdopsError
+from ddops.errors import Cancelled, ConnectionLost, DdopsError
 from ddops.inventory import Host
 from ddops.strenum import StrEnum
 
@@ -56,6 +56,7 @@ class HostResult:
     connect_time: float | None = None
     round_trips: int = 0
     agent: str | None = None  # how the host's agent was reached: "resident", "started", or None (not called)
+    interrupted: str | None = None  # in a run the user interrupted: NOT_STARTED, FINISHED or CANCELLED; else None
 
     @property
     def failed(self) -> bool:
@@ -65,7 +66,8 @@ class HostResult:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
                 "elapsed_s": round(self.elapsed, 4),
                 "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
-                "round_trips": self.round_trips, "agent": self.agent, "data": self.data}
+                "round_trips": self.round_trips, "agent": self.agent, "data": self.data,
+                **({"interrupted": self.interrupted} if self.interrupted else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,19 +79,43 @@ class FleetEvent:
     result: HostResult | None = None
 
 
+# What an interrupted run did with a host that had not finished when the user interrupted it.
+NOT_STARTED = "not_started"  # never started: no connection, nothing run
+FINISHED = "finished"        # was in flight and ran to its end (a commit is never cut in half)
+CANCELLED = "cancelled"      # was only running a command, which was ended on the host
+
+
+class Interrupt:
+    """The user's Ctrl-C for one fleet run: once requested, no host starts, and cancellable tasks end their
+    commands (they wait on `event`)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def request(self) -> None:
+        self.event.set()
+
+
 Task = Callable[[Host, Any], TaskOutcome]
 Connect = Callable[[Host], Any]
 
 
 def run_fleet(hosts: Sequence[Host], task: Task, connect: Connect, *, forks: int = DEFAULT_FORKS,
-              on_event: Callable[[FleetEvent], None] | None = None) -> list[HostResult]:
-    """Run task(host, session) on every host with at most `forks` at once; results in host order."""
+              on_event: Callable[[FleetEvent], None] | None = None,
+              interrupt: Interrupt | None = None) -> list[HostResult]:
+    """Run task(host, session) on every host with at most `forks` at once; results in host order. Once `interrupt`
+    is requested, hosts not yet started are not started (their results say so) and those in flight finish."""
     if forks < 1:
         raise ValueError("forks must be at least 1")
     emit = _serialised(on_event)
+    interrupt = interrupt or Interrupt()
 
     def one(host: Host) -> HostResult:
-        return run_one(host, task, connect, emit)
+        return run_one(host, task, connect, emit, interrupt)
 
     if len(hosts) == 1:
         return [one(hosts[0])]
@@ -97,8 +123,12 @@ def run_fleet(hosts: Sequence[Host], task: Task, connect: Connect, *, forks: int
         return list(pool.map(one, hosts))
 
 
-def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent], None]) -> HostResult:
+def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent], None],
+            interrupt: Interrupt | None = None) -> HostResult:
+    interrupt = interrupt or Interrupt()
     started = time.monotonic()
+    if interrupt.requested:
+        return _not_started(host, emit)
     emit(FleetEvent(host.name, "connecting"))
     try:
         session = connect(host)
@@ -111,9 +141,16 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
                             elapsed=time.monotonic() - started)
         emit(FleetEvent(host.name, "done", result))
         return result
+    if interrupt.requested:  # connected meanwhile: the task itself never starts
+        _close(session)
+        return _not_started(host, emit)
     emit(FleetEvent(host.name, "running"))
+    cancelled = False
     try:
         outcome = task(host, session)
+    except Cancelled as exc:
+        cancelled = True
+        outcome = TaskOutcome(FAILED, str(exc))
     except ConnectionLost as exc:
         outcome = TaskOutcome(UNREACHABLE, str(exc))
     except DdopsError as exc:
@@ -121,15 +158,26 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     except Exception as exc:  # noqa: BLE001
         outcome = TaskOutcome(FAILED, f"{host.name}: internal error: {type(exc).__name__}: {exc}")
     finally:
-        try:
-            session.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands
-            pass
+        _close(session)
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
-                        round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None))
+                        round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
+                        interrupted=CANCELLED if cancelled else FINISHED if interrupt.requested else None)
     emit(FleetEvent(host.name, "done", result))
     return result
+
+
+def _not_started(host: Host, emit: Callable[[FleetEvent], None]) -> HostResult:
+    result = HostResult(host.name, host.address, SKIPPED, "not started: interrupted", interrupted=NOT_STARTED)
+    emit(FleetEvent(host.name, "done", result))
+    return result
+
+
+def _close(session: Any) -> None:
+    try:
+        session.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands
+        pass
 
 
 def _serialised(on_event: Callable[[FleetEvent], None] | None) -> Callable[[FleetEvent], None]:
@@ -154,3 +202,13 @@ def counts(results: Iterable[HostResult]) -> dict[str, int]:
     for r in results:
         out[r.status] = out.get(r.status, 0) + 1
     return {k: v for k, v in out.items() if v}
+
+
+def interrupted_summary(results: Sequence[HostResult]) -> str:
+    """`interrupted: N done, M finished their commit, K not started` (and C cancelled, when some were)."""
+    done = sum(1 for r in results if r.interrupted is None)
+    finished = sum(1 for r in results if r.interrupted == FINISHED)
+    cancelled = sum(1 for r in results if r.interrupted == CANCELLED)
+    not_started = sum(1 for r in results if r.interrupted == NOT_STARTED)
+    parts = [f"{done} done", f"{finished} finished their commit"] + ([f"{cancelled} cancelled"] if cancelled else [])
+    return "interrupted: " + ", ".join(parts + [f"{not_started} not started"])

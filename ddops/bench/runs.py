@@ -176,6 +176,16 @@ class HostRun:
             text += f" ({self.message})"
         return text
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "HostRun":
+        """The value back from to_json's document (a fleet result's data)."""
+        runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
+                                                         "ended", "seconds", "log_tail", "slurm")})
+                     for r in d.get("runs") or [])
+        return cls(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
+                   current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
+                   ended=d.get("ended"), message=d.get("message"), runs=runs)
+
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "run_id": self.run_id, "status": self.status, "total": self.total,
                 "done": self.done, "current": self.current, "plan": self.plan, "created": self.created,

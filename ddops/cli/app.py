@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops import settings
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.common import AppState, err_console, escape
+from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
+                              VerboseOpt, err_console, escape)
 from ddops.errors import EXIT_USAGE, DdopsError
 
 app = typer.Typer(
@@ -35,26 +35,23 @@ def _version(value: bool) -> None:
 @app.callback()
 def main_callback(
     ctx: typer.Context,
-    inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
-                                                     help="Inventory file (default: ./inventory.yaml).",
-                                                     show_default=False)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
-    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")] = 0,
-    forks: Annotated[int, typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.")] = 32,
-    accept_new: Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are "
-                                                                  "always refused).")] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+    forks: ForksOpt = None,
+    accept_new: AcceptNewOpt = False,
     adhoc_hosts: Annotated[Optional[str], typer.Option(
         "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
                               "(~/.ssh/config fills in the rest; before the command: after it, -H is --host).",
         show_default=False)] = None,
-    ask_key_passphrase: Annotated[bool, typer.Option(
-        "--ask-key-passphrase", help="Ask the passphrase of an encrypted identity_file the ssh-agent lacks, even "
-                                     "without a terminal (one line of stdin).")] = False,
+    ask_key_passphrase: AskKeyPassphraseOpt = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:
-    ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, forks=forks, accept_new=accept_new,
+    ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, accept_new=accept_new,
                        ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts)
+    if forks is not None:
+        ctx.obj.forks = forks
 
 
 hosts_cmds.register(app)

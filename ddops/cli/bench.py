@@ -11,14 +11,13 @@ import typer
 from typer.core import TyperGroup
 
 from ddops.bench import DEFAULT_PLAN
-from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
-                              console, emit_json, err_console, escape, finish, fleet_run, recap, selected_hosts, state)
+from ddops.cli.common import CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, finish, recap, state
 
 if TYPE_CHECKING:
     from ddops.bench.runs import HostRun
     from ddops.tasks.bench import FollowEvent
     from ddops.fleet import HostResult
-    from ddops.inventory import Host, Inventory
+    from ddops.inventory import Host, Inventory, Selection
 
 
 class _BenchGroup(TyperGroup):
@@ -53,15 +52,13 @@ def register(app: typer.Typer) -> None:
 # --- launch --------------------------------------------------------------------------------------------------------
 
 
-@bench_app.command("run")
-def run(ctx: typer.Context,
+@command(bench_app, "run")
+def run(ctx: typer.Context, selection: Selection,
         plan: Annotated[str, typer.Argument(help="Bench plan: a name from playbooks/ or a YAML path.")] = DEFAULT_PLAN,
-        host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
         follow: FollowOpt = None,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
-        check: CheckOpt = False, json_out: JsonOpt = False, forks: ForksOpt = None,
-        results_dir: ResultsDirOpt = None,
+        check: CheckOpt = False, results_dir: ResultsDirOpt = None,
         var: Annotated[Optional[list[str]], typer.Option("--var", help="NAME=VALUE for one of the plan's "
                                                          "placeholders, in every run (beats the plan's and the "
                                                          "host's vars). Repeatable.", show_default=False)] = None,
@@ -73,34 +70,27 @@ def run(ctx: typer.Context,
     With --json: one JSON document with the run id and each host's launch result; never follows."""
     from ddops.bench.preflight import load_plan
     from ddops.tasks.bench import check_task, launch_task
+    from ddops.bench.plan import narrow_plan, parse_assignments
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    from ddops.bench.plan import narrow_plan, parse_assignments
-
-    bench_plan = narrow_plan(load_plan(plan, st.load_inventory()),
+    bench_plan = narrow_plan(load_plan(plan, state(ctx).load_inventory()),
                              {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
                              parse_assignments(only or (), "--only"))
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
     if check:
-        results = fleet_run(st, inventory, chosen, check_task(bench_plan), title=f"bench {bench_plan.name} --check",
-                            forks=forks)
-        emit_json("bench --check", results) if st.json else recap(results)
-        finish(results)
+        on = OnHosts(ctx, "bench --check", selection)
+        on.finish(on.run(check_task(bench_plan), title=f"bench {bench_plan.name} --check"))
         return
+    on = OnHosts(ctx, "bench", selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
-    results = fleet_run(st, inventory, chosen, launch_task(bench_plan, rid), title=f"bench {bench_plan.name}",
-                        forks=forks)
-    launched = [h for h, r in zip(chosen, results) if r.status == "changed"]
+    results = on.run(launch_task(bench_plan, rid), title=f"bench {bench_plan.name}")
+    launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
     root = results_root(results_dir)
     if launched:
         write_launch_record(root, rid, {"run_id": rid, "plan": bench_plan.name, "plan_path": str(bench_plan.path),
-                                        "hosts": [h.name for h in launched], "inventory": inventory.path,
+                                        "hosts": [h.name for h in launched], "inventory": on.inventory.path,
                                         "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    if st.json:
-        emit_json("bench", results, {"run_id": rid if launched else None})
-        finish(results)
+    if on.json:
+        on.finish(results, {"run_id": rid if launched else None})
         return
     recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
     if not launched:
@@ -112,7 +102,7 @@ def run(ctx: typer.Context,
         _hints(rid, detached=False)
         finish(results)
         return
-    code = follow_run(st, inventory, launched, rid)
+    code = follow_run(on.state, on.inventory, launched, rid)
     from ddops.fleet import worst_exit_code
 
     raise typer.Exit(max(code, worst_exit_code(results)))
@@ -292,15 +282,13 @@ def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id:
 # --- status, logs, stop, list -----------------------------------------------------------------------------------------
 
 
-def _run_hosts(st: Any, root: Path, run_id: str, host: Any, group: Any, all_: bool,
-               limit: Optional[str]) -> tuple["Inventory", list["Host"]]:
+def _run_hosts(ctx: typer.Context, name: str, selection: Selection, root: Path, run_id: str) -> OnHosts:
     """The selection when one is given, else the hosts the run was launched on (else every inventory host)."""
     from ddops.bench.runs import run_hosts
 
-    if host or group or all_ or limit:
-        return selected_hosts(st, host, group, all_, limit)
-    inventory = st.load_inventory()
-    return inventory, run_hosts(inventory.hosts, root, run_id)
+    if not selection.empty:
+        return OnHosts(ctx, name, selection)
+    return OnHosts(ctx, name, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, run_id))
 
 
 def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
@@ -356,26 +344,22 @@ def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
     console.print(table)
 
 
-@bench_app.command("status")
-def status(ctx: typer.Context,
+@command(bench_app, "status")
+def status(ctx: typer.Context, selection: Selection,
            run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
                                                            show_default=False)] = None,
-           host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
-           json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None) -> None:
+           results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import resolve_run_id, results_root
+    from ddops.bench.runs import HostRun, resolve_run_id, results_root
     from ddops.tasks.bench import status_task
 
-    st = state(ctx)
-    st.json = st.json or json_out
     root = results_root(results_dir)
     rid = resolve_run_id(root, run_id)
-    inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
-    results = fleet_run(st, inventory, chosen, status_task(rid), title=f"bench status {rid}", forks=forks)
-    if st.json:
-        emit_json("bench status", results, {"run_id": rid})
-    else:
-        runs = [_host_run(r) for r in results if r.data.get("run")]
+    on = _run_hosts(ctx, "bench status", selection, root, rid)
+    results = on.run(status_task(rid), title=f"bench status {rid}")
+
+    def render(results: Sequence["HostResult"]) -> None:
+        runs = [HostRun.from_json(r.data["run"]) for r in results if r.data.get("run")]
         errors = {r.host: r.message for r in results if r.status == "unreachable"}
         _render_runs(runs, errors)
         skipped = [r.host for r in results if r.status == "skipped"]
@@ -383,54 +367,23 @@ def status(ctx: typer.Context,
             err_console.print(f"no run {rid} on: {', '.join(skipped)}")
         if not runs:
             raise typer.Exit(1)
-    finish(results)
+
+    on.finish(results, {"run_id": rid}, render=render)
 
 
-def _host_run(result: "HostResult") -> "HostRun":
-    from ddops.bench.runs import HostRun, RunRecord
-
-    d = result.data["run"]
-    runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
-                                                     "ended", "seconds", "log_tail", "slurm")})
-                 for r in d.get("runs") or [])
-    return HostRun(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
-                   current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
-                   ended=d.get("ended"), message=d.get("message"), runs=runs)
-
-
-@bench_app.command("logs")
-def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.")],
-         host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+@command(bench_app, "logs")
+def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.Argument(help="Run id.")],
          follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
          results_dir: ResultsDirOpt = None) -> None:
     """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
     from ddops.bench.runs import check_run_id, results_root
-    from ddops.tasks.bench import read_logs
+    from ddops.tasks.bench import logs_task
 
-    st = state(ctx)
     rid = check_run_id(run_id)
-    inventory, chosen = _run_hosts(st, results_root(results_dir), rid, host, group, all_, limit)
+    on = _run_hosts(ctx, "bench logs", selection, results_root(results_dir), rid)
     if follow:
-        raise typer.Exit(follow_run(st, inventory, chosen, rid))
-    from ddops.errors import AgentError
-    from ddops.fleet import FAILED, OK, SKIPPED, TaskOutcome
-
-    def task(h: "Host", session: Any) -> TaskOutcome:
-        try:
-            text, run = read_logs(h, session, rid)
-        except AgentError as exc:
-            if exc.kind in ("no_run", "no_repo"):
-                return TaskOutcome(SKIPPED, f"no run {rid} here")
-            raise
-        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
-
-    from ddops.fleet import run_fleet
-
-    connector = st.connector(inventory)
-    try:
-        results = run_fleet(chosen, task, connector.connect, forks=st.forks)
-    finally:
-        connector.close()
+        raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
+    results = on.run(logs_task(rid), progress=False)
     view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
     view.tty = False
     for r in results:
@@ -443,11 +396,10 @@ def logs(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
         raise typer.Exit(1)
 
 
-@bench_app.command("stop")
-def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.")],
-         host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
+@command(bench_app, "stop")
+def stop(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.Argument(help="Run id.")],
          grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
-         yes: YesOpt = False, json_out: JsonOpt = False, results_dir: ResultsDirOpt = None,
+         yes: YesOpt = False, results_dir: ResultsDirOpt = None,
          task: Annotated[Optional[list[int]], typer.Option("--task", min=0, help="Slurm runs: cancel only this array "
                                                            "task (repeatable).", show_default=False)] = None) -> None:
     """End every process of the run on each host (and all they started) and record it as stopped; a Slurm run's
@@ -457,37 +409,24 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="Run id.
     from ddops.tasks.bench import stop_task
     from ddops.tasks.slurm import check_tasks_option
 
-    st = state(ctx)
-    st.json = st.json or json_out
     rid = check_run_id(run_id)
-    inventory, chosen = _run_hosts(st, results_root(results_dir), rid, host, group, all_, limit)
-    if not yes and sys.stdin.isatty() and not st.json:
-        typer.confirm(f"stop run {rid} on {len(chosen)} host(s)?", abort=True)
-    check_tasks_option(chosen, task or [])
-    results = fleet_run(st, inventory, chosen, stop_task(rid, default_actor(), grace, task or []),
-                        title=f"bench stop {rid}")
-    emit_json("bench stop", results, {"run_id": rid}) if st.json else recap(results)
-    finish(results)
+    on = _run_hosts(ctx, "bench stop", selection, results_root(results_dir), rid)
+    if not yes and sys.stdin.isatty() and not on.json:
+        typer.confirm(f"stop run {rid} on {len(on.hosts)} host(s)?", abort=True)
+    check_tasks_option(on.hosts, task or [])
+    on.finish(on.run(stop_task(rid, default_actor(), grace, task or []), title=f"bench stop {rid}"), {"run_id": rid})
 
 
-@bench_app.command("list")
-def list_runs(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
-              limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+@command(bench_app, "list")
+def list_runs(ctx: typer.Context, selection: Selection) -> None:
     """Every bench run found on the hosts (all inventory hosts when none is selected), newest first."""
     from ddops.tasks.bench import list_task
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    if host or group or all_ or limit:
-        inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    else:
-        inventory = st.load_inventory()
-        chosen = list(inventory.hosts)
-    results = fleet_run(st, inventory, chosen, list_task, title="bench list", forks=forks)
-    if st.json:
-        emit_json("bench list", results)
-        finish(results)
-        return
+    on = OnHosts(ctx, "bench list", selection, everywhere_when_empty=True)
+    on.finish(on.run(list_task, title="bench list"), render=_runs_table)
+
+
+def _runs_table(results: Sequence["HostResult"]) -> None:
     from rich.table import Table
 
     table = Table(header_style="bold")
@@ -504,18 +443,16 @@ def list_runs(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, 
     for r in results:
         if r.failed:
             err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
-    finish(results)
 
 
 # --- collect and report -----------------------------------------------------------------------------------------------
 
 
-@bench_app.command("collect")
-def collect(ctx: typer.Context,
+@command(bench_app, "collect")
+def collect(ctx: typer.Context, selection: Selection,
             run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
                                                             show_default=False)] = None,
-            host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False, limit: LimitOpt = None,
-            json_out: JsonOpt = False, forks: ForksOpt = None, results_dir: ResultsDirOpt = None,
+            results_dir: ResultsDirOpt = None,
             max_file_size: Annotated[str, typer.Option("--max-file-size", help="Refuse (never download) a result "
                                                        "file the host lists as bigger than this: 500M, 2G, bytes.")]
             = "2G") -> None:
@@ -524,25 +461,22 @@ def collect(ctx: typer.Context,
     from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.bench.runs import resolve_run_id, results_root
 
-    st = state(ctx)
-    st.json = st.json or json_out
     max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
     rid = resolve_run_id(root, run_id)
-    inventory, chosen = _run_hosts(st, root, rid, host, group, all_, limit)
-    results = fleet_run(st, inventory, chosen, collect_task(rid, root, max_bytes), title=f"bench collect {rid}",
-                        forks=forks)
+    on = _run_hosts(ctx, "bench collect", selection, root, rid)
+    results = on.run(collect_task(rid, root, max_bytes), title=f"bench collect {rid}")
     manifest = write_manifest(root, rid, manifest_entries(results))
-    if st.json:
-        emit_json("bench collect", results, {"run_id": rid, "manifest": str(manifest)})
-    else:
+
+    def render(results: Sequence["HostResult"]) -> None:
         recap(results, columns=[("files", lambda r: str(len(r.data["manifest"]["files"])) if r.data.get("manifest")
                                  else "")])
         console.print(f"results: {escape(str(root / rid))}  (manifest: {escape(str(manifest))})")
-    finish(results)
+
+    on.finish(results, {"run_id": rid, "manifest": str(manifest)}, render=render)
 
 
-@bench_app.command("report")
+@command(bench_app, "report")
 def report(ctx: typer.Context,
            run_ids: Annotated[Optional[list[str]], typer.Argument(help="Collected run ids (default: the newest).",
                                                                   show_default=False)] = None,

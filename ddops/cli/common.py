@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import typer
+
+from ddops import settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,6 +72,19 @@ class AppState:
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
     _inventory_cache: Any = field(default=None, repr=False)
 
+    def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
+                   accept_new: bool, ask_key_passphrase: bool) -> None:
+        """Global options given after the command's name: they count as if given before it."""
+        if inventory is not None:
+            self.inventory = inventory
+            self._inventory_cache = None
+        self.json = self.json or json_out
+        self.verbose += verbose
+        if forks is not None:
+            self.forks = forks
+        self.accept_new = self.accept_new or accept_new
+        self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
+
     def load_inventory(self) -> "Inventory":
         from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
 
@@ -98,7 +115,31 @@ def read_passphrase(prompt: str) -> str | None:
             return None
 
 
-# Options shared by the host-selecting commands, declared once.
+# The global options, declared once: the top-level callback and every command take them, so that each works
+# before or after the command's name (`ddops -i inv.yaml ping --all` and `ddops ping --all -i inv.yaml`).
+InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
+                                                     help="Inventory file (default: ./inventory.yaml).",
+                                                     show_default=False)]
+# After the command's name without the envvar: DDOPS_INVENTORY must not outvote an `-i` given before it.
+_InventoryHereOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", help="Inventory file (default: "
+                                                          "./inventory.yaml).", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there "
+                                                      "(docs/json.md).")]
+VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
+ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
+                                                 show_default=False)]
+AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are always "
+                                                                 "refused).")]
+AskKeyPassphraseOpt = Annotated[bool, typer.Option(
+    "--ask-key-passphrase", help="Ask the passphrase of an encrypted identity_file the ssh-agent lacks, even without "
+                                 "a terminal (one line of stdin).")]
+GLOBAL_OPTIONS: dict[str, tuple[Any, Any]] = {  # parameter name -> (annotation, default meaning "not given here")
+    "inventory": (_InventoryHereOpt, None), "json_out": (JsonOpt, False), "verbose": (VerboseOpt, 0),
+    "forks": (ForksOpt, None), "accept_new": (AcceptNewOpt, False),
+    "ask_key_passphrase": (AskKeyPassphraseOpt, False),
+}
+
+# The four host-selecting options, declared once; a command that takes a `selection` parameter gets them.
 HostOpt = Annotated[Optional[list[str]], typer.Option("--host", "-H", help="Host name or address (repeatable).",
                                                        show_default=False)]
 GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Every host of a group (repeatable).",
@@ -106,10 +147,10 @@ GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Ev
 AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Every host in the inventory.")]
 LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
                                                  "comma-separated; !glob excludes.", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there.")]
+SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "host": (HostOpt, None), "group": (GroupOpt, None), "all_": (AllOpt, False), "limit": (LimitOpt, None),
+}
 CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change; write nothing.")]
-ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once.",
-                                                 show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
@@ -131,28 +172,156 @@ def state(ctx: typer.Context) -> AppState:
     return root.obj
 
 
-def selected_hosts(st: AppState, host: Sequence[str] | None, group: Sequence[str] | None, all_: bool,
-                   limit: str | None) -> tuple["Inventory", list["Host"]]:
-    from ddops.inventory import Selection, select
+def command(app: typer.Typer, name: str, **options: Any) -> Callable[[Callable], Callable]:
+    """Register fn as `ddops NAME`, taking the global options too, and, when fn has a `selection` parameter, the
+    four host options as one `Selection` value."""
+    def register(fn: Callable) -> Callable:
+        app.command(name, **options)(with_global_options(fn))
+        return fn
 
-    inventory = st.load_inventory()
-    selection = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_, limit=limit)
-    if st.adhoc_hosts is not None and selection.empty:
-        selection = Selection(all=True)  # `ddops -H a,b patch`: the hosts named are the ones meant
-    return inventory, select(inventory, selection)
+    return register
+
+
+def with_global_options(fn: Callable) -> Callable:
+    """fn with the global options (and, for a `selection` parameter, the host options) added to its signature."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn)
+    selects = "selection" in signature.parameters
+    # Annotations are strings here (postponed evaluation); `selection`'s names a type imported only for checking.
+    params = [p.replace(annotation=eval(p.annotation, fn.__globals__) if isinstance(p.annotation, str)  # noqa: S307
+                        else p.annotation)
+              for p in signature.parameters.values() if p.name != "selection"]
+    if "ctx" not in signature.parameters:
+        params.insert(0, inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context))
+    added = {**(SELECTION_OPTIONS if selects else {}), **GLOBAL_OPTIONS}
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
+               for n, (a, d) in added.items()]
+
+    @functools.wraps(fn)
+    def run(ctx: typer.Context, **kwargs: Any) -> Any:
+        state(ctx).given_here(**{n: kwargs.pop(n) for n in GLOBAL_OPTIONS})
+        if selects:
+            from ddops.inventory import Selection
+
+            host, group, all_, limit = (kwargs.pop(n) for n in SELECTION_OPTIONS)
+            kwargs["selection"] = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_,
+                                            limit=limit)
+        if "ctx" in signature.parameters:
+            kwargs["ctx"] = ctx
+        return fn(**kwargs)
+
+    run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    del run.__wrapped__  # typer must read the signature above, not fn's
+    return run
+
+
+def one_host(name: str) -> Any:
+    """The selection of one host named by a command's argument (`ddops backups show HOST ...`)."""
+    from ddops.inventory import Selection
+
+    return Selection(hosts=(name,))
+
+
+class OnHosts:
+    """One command over the selected hosts: the inventory and hosts chosen once, the fleet run with its progress
+    view and Ctrl-C handling, then one JSON document or the rendered recap, then the exit code."""
+
+    def __init__(self, ctx: typer.Context, name: str, selection: Any, *, everywhere_when_empty: bool = False,
+                 hosts: Sequence["Host"] | None = None) -> None:
+        from ddops.fleet import Interrupt
+        from ddops.inventory import select
+
+        self.name = name
+        self.state = state(ctx)
+        self.inventory = self.state.load_inventory()
+        self.interrupt = Interrupt()
+        if hosts is not None:
+            self.hosts = list(hosts)
+        elif selection.empty and (everywhere_when_empty or self.state.adhoc_hosts is not None):
+            self.hosts = list(self.inventory.hosts)  # `ddops -H a,b patch`: the hosts named are the ones meant
+        else:
+            self.hosts = select(self.inventory, selection)
+
+    @property
+    def json(self) -> bool:
+        return self.state.json
+
+    def run(self, task: Callable, *, title: str | None = None, progress: bool = True) -> list["HostResult"]:
+        """The task over the hosts: a progress view unless `progress` is off (or --json); the first Ctrl-C stops
+        starting hosts (tasks that can be cancelled watch `self.interrupt.event`), a second abandons."""
+        with ctrl_c(self.interrupt):
+            return fleet_run(self.state, self.inventory, self.hosts, task, title=title or self.name,
+                             progress=progress, interrupt=self.interrupt)
+
+    def finish(self, results: Sequence["HostResult"], extra: dict[str, Any] | None = None, *,
+               render: Callable[[Sequence["HostResult"]], None] | None = None, exit_code_on_change: bool = False,
+               **recap_options: Any) -> None:
+        """One JSON document (--json) or render(results) (default: the recap), then the exit code: 1 if any host
+        failed, 3 with `exit_code_on_change` when one changed (or would), 130 when the user interrupted the run."""
+        from ddops.errors import EXIT_INTERRUPTED, EXIT_WOULD_CHANGE
+        from ddops.fleet import CHANGED, interrupted_summary, worst_exit_code
+
+        interrupted = self.interrupt.requested
+        code = worst_exit_code(results)
+        if code == 0 and exit_code_on_change and any(r.status == CHANGED for r in results):
+            code = EXIT_WOULD_CHANGE
+        if interrupted:
+            code = EXIT_INTERRUPTED
+        if self.json:
+            emit_json(self.name, results, extra, exit_code=code, interrupted=interrupted)
+        else:
+            try:
+                if render is not None:
+                    render(results)
+                else:
+                    recap(results, **recap_options)
+            finally:
+                if interrupted:
+                    print(interrupted_summary(results), file=sys.stderr, flush=True)
+        if code:
+            raise typer.Exit(code)
+
+
+@contextmanager
+def ctrl_c(interrupt: Any) -> Iterator[None]:
+    """While a fleet runs: the first Ctrl-C requests `interrupt` (no new host starts, commits in flight finish,
+    running commands are ended on their hosts); a second one abandons the run at once (exit 130)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupt.requested:
+            os.write(2, b"ddops: abandoned: hosts still in flight may be left half way\n")
+            os._exit(130)
+        interrupt.request()
+        os.write(2, b"ddops: interrupted: no new host starts; waiting for the hosts in flight (Ctrl-C again to "
+                    b"abandon them)\n")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: Callable, *, title: str,
-              forks: int | None = None) -> list[HostResult]:
+              progress: bool = True, interrupt: Any = None) -> list[HostResult]:
     """Run a task over hosts with a progress view (rich on a TTY, plain lines otherwise, silent for --json)."""
     from ddops.fleet import run_fleet
 
     connector = st.connector(inventory)
-    progress = FleetProgress(title, [h.name for h in hosts], enabled=not st.json)
+    view = FleetProgress(title, [h.name for h in hosts], enabled=progress and not st.json)
     try:
         connector.prepare(hosts)  # key files read and unlocked before the progress view starts and anything connects
-        with progress:
-            return run_fleet(hosts, task, connector.connect, forks=forks or st.forks, on_event=progress.event)
+        with view:
+            return run_fleet(hosts, task, connector.connect, forks=st.forks, on_event=view.event, interrupt=interrupt)
     finally:
         connector.close()
 
@@ -201,16 +370,29 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any] | None = None) -> None:
-    fleet = _fleet()
-    doc = {"command": command, "exit_code": fleet.worst_exit_code(results), "summary": fleet.counts(results),
-           "hosts": [r.to_json() for r in results]}
-    if extra:
-        doc.update(extra)
+# The --json envelope's version (docs/json.md): raised when a key is removed or changes meaning, never for one added.
+SCHEMA_VERSION = 1
+
+
+def write_document(command: str, exit_code: int, body: dict[str, Any] | None = None, *,
+                   interrupted: bool = False) -> None:
+    """The one JSON document of a --json run: the envelope's keys, then the command's own."""
+    doc = {"schema_version": SCHEMA_VERSION, "command": command, "exit_code": exit_code, "interrupted": interrupted,
+           **(body or {})}
     # Indented for a person at a terminal; compact otherwise, which the json module writes in C (indented output
     # goes through its pure-Python encoder: a quarter of a 32-host `patch --check --json` run's CPU).
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(doc, indent=indent, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any] | None = None, *,
+              exit_code: int | None = None, interrupted: bool = False) -> None:
+    """A fleet command's document: the envelope, a count per status, and one result per host."""
+    fleet = _fleet()
+    code = fleet.worst_exit_code(results) if exit_code is None else exit_code
+    write_document(command, code, {"summary": fleet.counts(results), "hosts": [r.to_json() for r in results],
+                                   **(extra or {})}, interrupted=interrupted)
 
 
 def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
 
-from ddops.cli.common import (AllOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, console, emit_json, escape,
-                              finish, selected_hosts, state)
+from ddops.cli.common import OnHosts, command, console, escape
+
+if TYPE_CHECKING:
+    from ddops.inventory import Selection
 
 CommandArg = Annotated[Optional[list[str]], typer.Argument(
     help="The program and its arguments, after `--`; each word reaches the host as one quoted argument.",
@@ -28,38 +30,28 @@ GroupedOpt = Annotated[bool, typer.Option("--grouped", help="Show hosts with ide
 
 def register(app: typer.Typer) -> None:
     # Options end at the command's first word, so `ddops exec --all ls -la` passes -la to ls (`--` is clearer).
-    app.command("exec", context_settings={"allow_interspersed_args": False})(exec_command)
+    command(app, "exec", context_settings={"allow_interspersed_args": False})(exec_command)
 
 
-def exec_command(ctx: typer.Context, command: CommandArg = None, host: HostOpt = None, group: GroupOpt = None,
-                 all_: AllOpt = False, limit: LimitOpt = None, shell: ShellOpt = None, in_repo: InRepoOpt = False,
-                 sudo: SudoOpt = False, timeout: TimeoutOpt = None, grouped: GroupedOpt = False,
-                 json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+def exec_command(ctx: typer.Context, selection: Selection, command: CommandArg = None, shell: ShellOpt = None,
+                 in_repo: InRepoOpt = False, sudo: SudoOpt = False, timeout: TimeoutOpt = None,
+                 grouped: GroupedOpt = False) -> None:
     """Run one command on the selected hosts: output streamed per host, exit 1 when any host fails."""
     from ddops.tasks.adhoc import ExecSpec, exec_host
-    from ddops.fleet import run_fleet
 
-    st = state(ctx)
-    st.json = st.json or json_out
     spec = ExecSpec(argv=tuple(command or ()), shell=shell, in_repo=in_repo, sudo=sudo, timeout=timeout)
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    streaming = not (st.json or grouped)
-    printer = _LinePrinter([h.name for h in chosen]) if streaming else None
-    connector = st.connector(inventory)
-    try:
-        connector.prepare(chosen)
-        results = run_fleet(chosen, lambda h, s: exec_host(h, s, spec, printer.line if printer else None),
-                            connector.connect, forks=forks or st.forks)
-    finally:
-        connector.close()
-    if st.json:
-        emit_json("exec", results, {"argv": list(spec.argv), "shell": spec.shell, "in_repo": spec.in_repo,
-                                    "sudo": spec.sudo, "timeout_s": spec.timeout})
-    else:
+    run = OnHosts(ctx, "exec", selection)
+    printer = _LinePrinter([h.name for h in run.hosts]) if not (run.json or grouped) else None
+    results = run.run(lambda h, s: exec_host(h, s, spec, printer.line if printer else None,
+                                             cancel=run.interrupt.event), progress=False)
+
+    def render(results: Sequence[Any]) -> None:
         if grouped:
             _show_groups(results)
         _summary(results)
-    finish(results)
+
+    run.finish(results, {"argv": list(spec.argv), "shell": spec.shell, "in_repo": spec.in_repo, "sudo": spec.sudo,
+                         "timeout_s": spec.timeout}, render=render)
 
 
 class _LinePrinter:

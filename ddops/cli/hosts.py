@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ddops.cli.common import (AllOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, console, emit_json,
-                              escape, finish, fleet_run, recap, selected_hosts, state)
+from ddops.cli.common import OnHosts, command, console, escape, state
+
+if TYPE_CHECKING:
+    from ddops.inventory import Selection
 
 inventory_app = typer.Typer(help="Inspect and validate the inventory.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("hosts")(hosts)
-    app.command("ping")(ping)
+    command(app, "hosts")(hosts)
+    command(app, "ping")(ping)
     app.add_typer(inventory_app, name="inventory")
 
 
-def hosts(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
-          limit: LimitOpt = None, json_out: JsonOpt = False) -> None:
+def hosts(ctx: typer.Context, selection: Selection) -> None:
     """List the selected hosts (all of them when nothing is selected)."""
-    st = state(ctx)
-    inventory = st.load_inventory()
-    chosen = inventory.hosts if not (host or group or all_ or limit) else selected_hosts(st, host, group, all_, limit)[1]
-    if json_out or st.json:
+    chosen = OnHosts(ctx, "hosts", selection, everywhere_when_empty=True).hosts
+    if state(ctx).json:
         import json
 
         print(json.dumps([{"name": h.name, "address": h.address, "port": h.port, "user": h.user, "repo": h.repo,
@@ -42,7 +41,7 @@ def hosts(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_
     console.print(table)
 
 
-@inventory_app.command("check")
+@command(inventory_app, "check")
 def inventory_check(ctx: typer.Context) -> None:
     """Validate the inventory and every playbook its `patches:` names: exit 0 when all is fine, 2 with file:line
     when not."""
@@ -55,55 +54,21 @@ def inventory_check(ctx: typer.Context) -> None:
                   f"{len(inventory.groups)} groups{escape(patches)})")
 
 
-# How long the login shell takes before running a command: with the rc files vs without (bash only).
-SHELL_PROBE = (
-    's=$(date +%s%N); SHLVL=0 "$SHELL" -c true </dev/null >/dev/null 2>&1; m=$(date +%s%N); '
-    'case "$SHELL" in *bash) "$SHELL" --norc --noprofile -c true </dev/null >/dev/null 2>&1;; esac; '
-    'e=$(date +%s%N); echo "$((m-s)) $((e-m))"'
-)
-
-
-def ping_task(host: Any, session: Any) -> Any:
-    from ddops.fleet import TaskOutcome
-
-    facts = session.call_agent("facts", {"repo": host.repo})
-    # Timed on a channel opened after the first: the first one on a connection pays a one-off setup delay.
-    rtt = session.run("true", timeout=host.connect_timeout).duration
-    probe = session.run(SHELL_PROBE, timeout=host.connect_timeout)
-    overhead = None
-    try:
-        with_rc, without_rc = (int(x) / 1e9 for x in probe.stdout.split())
-        overhead = max(0.0, with_rc - without_rc) if without_rc else None
-    except ValueError:
-        pass
-    data = {"rtt_s": round(rtt, 4), "shell_rc_overhead_s": None if overhead is None else round(overhead, 4), **facts}
-    message = ""
-    if overhead is not None and overhead > 0.05:
-        message = f"the login shell's rc files add {overhead * 1000:.0f} ms to every command"
-    return TaskOutcome("ok", message, data)
-
-
-def ping(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
-         limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+def ping(ctx: typer.Context, selection: Selection) -> None:
     """Connect to the selected hosts and report hostname, OS, python, GPUs, free disk and round-trip time."""
-    st = state(ctx)
-    st.json = st.json or json_out
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    results = fleet_run(st, inventory, chosen, ping_task, title="ping", forks=forks)
-    if st.json:
-        emit_json("ping", results)
-    else:
-        recap(results, columns=[
-            ("hostname", lambda r: str(r.data.get("hostname", ""))),
-            ("os", lambda r: str(r.data.get("os", ""))),
-            ("python", lambda r: str(r.data.get("python", ""))),
-            ("gpus", lambda r: _gpus(r.data) if r.data else ""),
-            ("free disk", lambda r: _gib(r.data.get("disk_free_bytes"))),
-            ("rtt", lambda r: f"{r.data['rtt_s'] * 1000:.1f} ms" if "rtt_s" in r.data else ""),
-            ("shell rc", lambda r: f"{r.data['shell_rc_overhead_s'] * 1000:.0f} ms"
-             if r.data.get("shell_rc_overhead_s") is not None else ""),
-        ])
-    finish(results)
+    run = OnHosts(ctx, "ping", selection)
+    from ddops.tasks.ping import ping_task
+
+    run.finish(run.run(ping_task), columns=[
+        ("hostname", lambda r: str(r.data.get("hostname", ""))),
+        ("os", lambda r: str(r.data.get("os", ""))),
+        ("python", lambda r: str(r.data.get("python", ""))),
+        ("gpus", lambda r: _gpus(r.data) if r.data else ""),
+        ("free disk", lambda r: _gib(r.data.get("disk_free_bytes"))),
+        ("rtt", lambda r: f"{r.data['rtt_s'] * 1000:.1f} ms" if "rtt_s" in r.data else ""),
+        ("shell rc", lambda r: f"{r.data['shell_rc_overhead_s'] * 1000:.0f} ms"
+         if r.data.get("shell_rc_overhead_s") is not None else ""),
+    ])
 
 
 def _gpus(data: dict) -> str:

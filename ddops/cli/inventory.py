@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import console, escape, state
+from ddops.cli.common import command, console, escape, state
 
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write it (default: -i, else "
                                                    "./inventory.yaml).", show_default=False)]
@@ -18,8 +18,8 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing fil
 def register(app: typer.Typer) -> None:
     from ddops.cli.hosts import inventory_app
 
-    inventory_app.command("import")(import_inventory)
-    inventory_app.command("init")(init)
+    command(inventory_app, "import")(import_inventory)
+    command(inventory_app, "init")(init)
 
 
 def import_inventory(

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
 
 from ddops import settings
-from ddops.cli.common import (AllOpt, AppState, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, YesOpt,
-                              console, emit_json, escape, finish, fleet_run, recap, selected_hosts, state)
+from ddops.cli.common import AppState, CheckOpt, OnHosts, YesOpt, command, console, escape, recap
 from ddops.errors import UsageError
+
+if TYPE_CHECKING:
+    from ddops.inventory import Selection
 
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
     help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False)]
@@ -25,10 +27,8 @@ STATE_STYLE = {"applied": "green", "pending": "yellow", "partial": "yellow", "dr
 
 
 def register(app: typer.Typer) -> None:
-    app.command("patch")(patch)
-    app.command("verify")(verify)
-    app.command("rollback")(rollback)
-    app.command("status")(status)
+    for name, fn in (("patch", patch), ("verify", verify), ("rollback", rollback), ("status", status)):
+        command(app, name)(fn)
 
 
 def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
@@ -40,34 +40,29 @@ def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
     return load_inventory_playbooks(inventory, names)
 
 
-def patch(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
-          all_: AllOpt = False, limit: LimitOpt = None, check: CheckOpt = False, diff: DiffOpt = False,
-          json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, check: CheckOpt = False,
+          diff: DiffOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
     from ddops.patching.snapshot import make_planner
     from ddops.tasks.patch import patch_host
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    books = _playbooks(st, playbook)
+    run = OnHosts(ctx, "patch", selection)
+    books = _playbooks(run.state, playbook)
     planner = make_planner()
-    results = fleet_run(st, inventory, chosen, lambda h, s: patch_host(h, s, books, planner=planner, check=check,
-                                                                       lock_timeout=lock_timeout),
-                        title="patch --check" if check else "patch", forks=forks)
-    extra = {"check": check, "playbooks": [b.name for b in books],
-             "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses,
-                            "disk_hits": planner.disk_hits}}
-    if st.json:
-        emit_json("patch", results, extra)
-    else:
+    results = run.run(lambda h, s: patch_host(h, s, books, planner=planner, check=check, lock_timeout=lock_timeout),
+                      title="patch --check" if check else "patch")
+
+    def render(results: Sequence[Any]) -> None:
         if check or diff:
             show_diffs(results)
         recap(results, title="ddops patch --check (nothing written)" if check else "ddops patch")
-        if st.verbose:
+        if run.state.verbose:
             console.print(f"transforms: {planner.cache_misses} computed, {planner.disk_hits} from the disk cache, "
                           f"{planner.cache_hits} shared between hosts")
-    finish(results)
+
+    run.finish(results, {"check": check, "playbooks": [b.name for b in books],
+                         "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses,
+                                        "disk_hits": planner.disk_hits}}, render=render)
 
 
 def show_diffs(results: Sequence[Any]) -> None:
@@ -87,115 +82,98 @@ def show_diffs(results: Sequence[Any]) -> None:
         console.print(Syntax(group.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
 
 
-def verify(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
-           all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
     """Run the playbooks' checks and print what matched, like grep."""
     from ddops.tasks.patch import verify_host
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    books = _playbooks(st, playbook)
-    results = fleet_run(st, inventory, chosen, lambda h, s: verify_host(h, s, books), title="verify", forks=forks)
-    if st.json:
-        emit_json("verify", results)
-    else:
-        for r in results:
-            for c in (r.data or {}).get("checks", []):
-                mark = "[green]ok[/]  " if c["ok"] else "[bold red]FAIL[/]"
-                lines = c.get("grep") or []
-                if c["kind"] in ("contains", "unchanged", "count") and lines:
-                    for line in lines:
-                        console.print(f"{mark} {escape(r.host)}  {escape(line)}")
-                else:
-                    detail = c.get("message") or ""
-                    console.print(f"{mark} {escape(r.host)}  {escape(c['name'])}"
-                                  + (f": {escape(detail.splitlines()[-1])}" if detail and not c["ok"] else ""))
-        recap(results, title="ddops verify")
-    finish(results)
+    run = OnHosts(ctx, "verify", selection)
+    books = _playbooks(run.state, playbook)
+    run.finish(run.run(lambda h, s: verify_host(h, s, books)), render=_show_checks)
 
 
-def rollback(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
-             all_: AllOpt = False, limit: LimitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
-             json_out: JsonOpt = False, forks: ForksOpt = None, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+def _show_checks(results: Sequence[Any]) -> None:
+    for r in results:
+        for c in (r.data or {}).get("checks", []):
+            mark = "[green]ok[/]  " if c["ok"] else "[bold red]FAIL[/]"
+            lines = c.get("grep") or []
+            if c["kind"] in ("contains", "unchanged", "count") and lines:
+                for line in lines:
+                    console.print(f"{mark} {escape(r.host)}  {escape(line)}")
+            else:
+                detail = c.get("message") or ""
+                console.print(f"{mark} {escape(r.host)}  {escape(c['name'])}"
+                              + (f": {escape(detail.splitlines()[-1])}" if detail and not c["ok"] else ""))
+    recap(results, title="ddops verify")
+
+
+def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, force: ForceOpt = False,
+             yes: YesOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
     from ddops.tasks.patch import rollback_host
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    everywhere = not (host or group or all_ or limit)
-    inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
+    run = OnHosts(ctx, "rollback", selection, everywhere_when_empty=True)
     patch_ids = None
     if playbook:
         from ddops.patching.snapshot import all_patches
 
-        patch_ids = [p.id for p in all_patches(_playbooks(st, playbook))]
-    if everywhere and not yes and sys.stdin.isatty() and not st.json:
+        patch_ids = [p.id for p in all_patches(_playbooks(run.state, playbook))]
+    if selection.empty and not yes and sys.stdin.isatty() and not run.json:
         what = ", ".join(playbook) if playbook else "every ddops patch"
-        if not typer.confirm(f"Roll back {what} on every host that has one ({len(chosen)} in the inventory)?"):
+        if not typer.confirm(f"Roll back {what} on every host that has one ({len(run.hosts)} in the inventory)?"):
             raise typer.Exit(1)
-    results = fleet_run(st, inventory, chosen, lambda h, s: rollback_host(h, s, patch_ids, force=force,
-                                                                          lock_timeout=lock_timeout),
-                        title="rollback", forks=forks)
-    if st.json:
-        emit_json("rollback", results)
-    else:
-        recap(results, title="ddops rollback")
-    finish(results)
+    results = run.run(lambda h, s: rollback_host(h, s, patch_ids, force=force, lock_timeout=lock_timeout))
+    run.finish(results, title="ddops rollback")
 
 
-def status(ctx: typer.Context, playbook: PlaybooksArg = None, host: HostOpt = None, group: GroupOpt = None,
-           all_: AllOpt = False, limit: LimitOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
     """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
     from ddops.patching.snapshot import make_planner
     from ddops.tasks.patch import status_host
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    everywhere = not (host or group or all_ or limit)
-    inventory, chosen = selected_hosts(st, host, group, True if everywhere else all_, limit)
-    if not (playbook or inventory.patches):
+    run = OnHosts(ctx, "status", selection, everywhere_when_empty=True)
+    if not (playbook or run.inventory.patches):
         # No playbook to plan against: show what each host's journal holds, as rollback reads it.
         from ddops.tasks.journal_status import journal_status_host
 
         books, task = [], journal_status_host
     else:
-        books, planner = _playbooks(st, playbook), make_planner()
+        books, planner = _playbooks(run.state, playbook), make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
-    results = fleet_run(st, inventory, chosen, task, title="status", forks=forks)
+    results = run.run(task)
     from ddops.pins import host_pins
 
-    summaries = host_pins(chosen, [r.data.get("commit") if r.data else None for r in results])
+    summaries = host_pins(run.hosts, [r.data.get("commit") if r.data else None for r in results])
     pins = {name: _pin_cell(summary) for name, summary in summaries.items()}
-    if st.json:
+    if run.json:
         for r in results:
             if r.data is not None and r.host in summaries:
                 r.data["pin"] = summaries[r.host]["state"]
                 r.data["pin_detail"] = summaries[r.host]
-        emit_json("status", results)
-    else:
-        patch_ids = [p.id for b in books for p in b.patches] or list(
-            dict.fromkeys(pid for r in results for pid in (r.data or {}).get("patches", {})))
-        from rich.table import Table
+    run.finish(results, render=lambda results: _status_table(results, books, pins))
 
-        table = Table(title="ddops status", header_style="bold")
-        table.add_column("host", no_wrap=True)
-        table.add_column("commit")
-        table.add_column("pin")
+
+def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, str]) -> None:
+    patch_ids = [p.id for b in books for p in b.patches] or list(
+        dict.fromkeys(pid for r in results for pid in (r.data or {}).get("patches", {})))
+    from rich.table import Table
+
+    table = Table(title="ddops status", header_style="bold")
+    table.add_column("host", no_wrap=True)
+    table.add_column("commit")
+    table.add_column("pin")
+    for pid in patch_ids:
+        table.add_column(pid)
+    table.add_column("note", overflow="fold")
+    for r in results:
+        states = (r.data or {}).get("patches", {})
+        commit = (r.data or {}).get("commit") or ""
+        cells = []
         for pid in patch_ids:
-            table.add_column(pid)
-        table.add_column("note", overflow="fold")
-        for r in results:
-            states = (r.data or {}).get("patches", {})
-            commit = (r.data or {}).get("commit") or ""
-            cells = []
-            for pid in patch_ids:
-                s = states.get(pid, "-")
-                cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
-            note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
-            table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
-        console.print(table)
-    finish(results)
+            s = states.get(pid, "-")
+            cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
+        note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
+        table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
+    console.print(table)
 
 
 def _pin_cell(summary: dict) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import console, escape
+from ddops.cli.common import command, console, escape
 
 playbook_app = typer.Typer(help="Check your own playbooks and bench plans.", no_args_is_help=True)
 
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(playbook_app, name="playbook")
 
 
-@playbook_app.command("lint")
+@command(playbook_app, "lint")
 def lint(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="A patch playbook or bench plan (YAML).", show_default=False)],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ddops.cli.common import (AllOpt, CheckOpt, ForksOpt, GroupOpt, HostOpt, JsonOpt, LimitOpt, emit_json, finish,
-                              fleet_run, recap, selected_hosts, state)
+from ddops.cli.common import CheckOpt, OnHosts, command
+
+if TYPE_CHECKING:
+    from ddops.inventory import Selection
 
 CommitOpt = Annotated[Optional[str], typer.Option("--commit", "-c", help="Commit, branch or tag for every selected "
                                                   "host (overrides the inventory's `commit:`).", show_default=False)]
@@ -23,42 +25,29 @@ FromOpt = Annotated[Optional[str], typer.Option("--from", help="Local clone to r
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sync")(sync)
-    app.command("deploy")(deploy)
+    command(app, "sync")(sync)
+    command(app, "deploy")(deploy)
 
 
-def _run(ctx: typer.Context, command: str, host: Any, group: Any, all_: bool, limit: Any, json_out: bool,
-         forks: Any, **options: Any) -> None:
+def _run(ctx: typer.Context, name: str, selection: Selection, **options: Any) -> None:
     from ddops.tasks.sync import SyncOptions, prepare_sync
 
-    st = state(ctx)
-    st.json = st.json or json_out
-    inventory, chosen = selected_hosts(st, host, group, all_, limit)
-    with prepare_sync(inventory, chosen, SyncOptions(**options)) as run:
-        task = run.sync_task if command == "sync" else run.deploy_task
-        results = fleet_run(st, inventory, chosen, task, title=command, forks=forks)
-    if st.json:
-        emit_json(command, results)
-    else:
-        recap(results, columns=_COLUMNS[command])
-    finish(results)
+    run = OnHosts(ctx, name, selection)
+    with prepare_sync(run.inventory, run.hosts, SyncOptions(**options)) as prepared:
+        results = run.run(prepared.sync_task if name == "sync" else prepared.deploy_task)
+    run.finish(results, columns=_COLUMNS[name])
 
 
-def sync(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
-         limit: LimitOpt = None, commit: CommitOpt = None, check: CheckOpt = False, force: ForceOpt = False,
-         reapply: ReapplyOpt = None, mode: ModeOpt = None, from_: FromOpt = None, json_out: JsonOpt = False,
-         forks: ForksOpt = None) -> None:
+def sync(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, check: CheckOpt = False,
+         force: ForceOpt = False, reapply: ReapplyOpt = None, mode: ModeOpt = None, from_: FromOpt = None) -> None:
     """Put the repo at its pinned commit on the selected hosts, never over local edits."""
-    _run(ctx, "sync", host, group, all_, limit, json_out, forks, rev=commit, check=check, force=force,
-         reapply=reapply, mode=mode, from_clone=from_)
+    _run(ctx, "sync", selection, rev=commit, check=check, force=force, reapply=reapply, mode=mode, from_clone=from_)
 
 
-def deploy(ctx: typer.Context, host: HostOpt = None, group: GroupOpt = None, all_: AllOpt = False,
-           limit: LimitOpt = None, commit: CommitOpt = None, check: CheckOpt = False, force: ForceOpt = False,
-           mode: ModeOpt = None, from_: FromOpt = None, json_out: JsonOpt = False, forks: ForksOpt = None) -> None:
+def deploy(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, check: CheckOpt = False,
+           force: ForceOpt = False, mode: ModeOpt = None, from_: FromOpt = None) -> None:
     """Sync to the pin, apply the inventory's `patches:`, verify: bring up a new GPU host in one command."""
-    _run(ctx, "deploy", host, group, all_, limit, json_out, forks, rev=commit, check=check, force=force, mode=mode,
-         from_clone=from_)
+    _run(ctx, "deploy", selection, rev=commit, check=check, force=force, mode=mode, from_clone=from_)
 
 
 def _sync_data(r: Any) -> dict:

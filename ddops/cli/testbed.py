@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ddops import settings
-from ddops.cli.common import console, escape, state
+from ddops.cli.common import command, console, escape, state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)
@@ -39,7 +39,7 @@ def _root(ctx: typer.Context, root: Path | None) -> Path:
     return _default_root()
 
 
-@testbed_app.command("up")
+@command(testbed_app, "up")
 def up(
     ctx: typer.Context,
     count: Annotated[int, typer.Option("--hosts", "-n", min=1, max=250, help="How many hosts.")] = 3,
@@ -74,7 +74,7 @@ def up(
     console.print(f"inventory: {escape(str(inventory_out or tb.inventory_path))}")
 
 
-@testbed_app.command("down")
+@command(testbed_app, "down")
 def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
     """Stop the hosts this testbed (--root, or the one `-i FILE` describes) started and remove its files (and its
     containers, network, firewall chains)."""
@@ -87,7 +87,7 @@ def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--roo
     console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
 
-@testbed_app.command("status")
+@command(testbed_app, "status")
 def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed

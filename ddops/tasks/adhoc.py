@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import re
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -81,6 +82,21 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
     if cd_first:
         line = f"cd {shell_path(host.repo)} && {line}"
     return line
+
+
+# Ctrl-C ends the command on the host: sshd refuses the SSH "signal" request for root logins, so a watchdog started
+# before the command reads the channel's stdin and, on STOP_LINE, signals the command's whole process group (sshd
+# made the login shell a session leader: its pid is the group's id). TERM first, KILL after KILL_AFTER seconds. Any
+# other end of stdin (the command finished, a session that gives no stdin) leaves everything alone.
+STOP_LINE = b"stop\n"
+
+
+def with_watchdog(line: str) -> str:
+    """`line` preceded by the stdin watchdog; the command itself reads /dev/null, as it did before."""
+    kill_after = _seconds(KILL_AFTER).rstrip("s")
+    watchdog = ("{ trap '' TERM; read -r w <&3; [ \"$w\" = stop ] && kill -0 $$ && { kill -TERM -$$; "
+                f"sleep {kill_after}; kill -0 -$$ && kill -KILL -$$; }}; }} </dev/null >/dev/null 2>&1 &")
+    return f"exec 3<&0; {watchdog} exec 3<&- </dev/null; {line}"
 
 
 def _seconds(value: float) -> str:
@@ -182,9 +198,11 @@ class _Kept:
 LineSink = Callable[[str, str, str], None]  # (host name, "stdout" | "stderr", line without its newline)
 
 
-def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None = None) -> TaskOutcome:
+def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None = None,
+              cancel: threading.Event | None = None) -> TaskOutcome:
     """Run the command on one host; each output line goes to on_line as it arrives; the result is a TaskOutcome
-    whose data holds the exit code, the (kept) output and the command line that ran."""
+    whose data holds the exit code, the (kept) output and the command line that ran. Once `cancel` is set the
+    command is ended on the host and Cancelled raised."""
     command = remote_command(spec, host)
     timeout = spec.timeout_for(host)
     kept = {"stdout": _Kept(), "stderr": _Kept()}
@@ -197,12 +215,15 @@ def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None
                 on_line(host.name, stream, line)
 
     started = time.monotonic()
-    exit_code = session.stream(command, on_output, timeout=timeout + KILL_AFTER + CONTROLLER_GRACE)
+    try:
+        exit_code = session.stream(with_watchdog(command), on_output, timeout=timeout + KILL_AFTER + CONTROLLER_GRACE,
+                                   cancel=cancel, cancel_input=STOP_LINE)
+    finally:
+        if on_line is not None:
+            for stream, splitter in splitters.items():
+                for line in splitter.flush():
+                    on_line(host.name, stream, line)
     duration = time.monotonic() - started
-    if on_line is not None:
-        for stream, splitter in splitters.items():
-            for line in splitter.flush():
-                on_line(host.name, stream, line)
     output = ExecOutput(exit_code, kept["stdout"].text(), kept["stderr"].text(),
                         timed_out=timed_out(exit_code, duration, timeout),
                         truncated=kept["stdout"].truncated or kept["stderr"].truncated)
@@ -240,5 +261,5 @@ def outputs_of(results: Iterable[Any]) -> dict[str, ExecOutput]:
     return out
 
 
-__all__ = ["ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs", "outcome_of",
-           "outputs_of", "remote_command", "sudo_refusal", "timed_out"]
+__all__ = ["STOP_LINE", "ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs", "outcome_of",
+           "outputs_of", "remote_command", "sudo_refusal", "timed_out", "with_watchdog"]

@@ -27,6 +27,21 @@ def read_saved(host: Host, session: AgentSession, wanted: str) -> tuple[dict[str
     return edit.to_dict(host.repo), base64.b64decode(reply["content_b64"])
 
 
+def show_saved_task(wanted: str, *, with_current: bool = False):
+    """Task: one saved edit (data: "saved", its bytes as "content_b64", and with_current the file as it is now)."""
+
+    def task(host: Host, session: AgentSession) -> TaskOutcome:
+        edit, content = read_saved(host, session, wanted)
+        data: dict[str, Any] = {"saved": edit, "content_b64": base64.b64encode(content).decode("ascii")}
+        if with_current:
+            current = session.call_agent("snapshot", {"repo": host.repo, "files": [edit["file"]]})["files"][
+                edit["file"]]
+            data["current_b64"] = current.get("content_b64") or ""
+        return TaskOutcome(OK, edit["backup"], data)
+
+    return task
+
+
 def restore_backup_host(host: Host, session: AgentSession, wanted: str, *, actor: str | None = None,
                         lock_timeout: float = 10.0) -> TaskOutcome:
     """Put a saved edit back in its file, compare-and-swap: only over what ddops last wrote there, journalled."""

@@ -228,6 +228,21 @@ def read_logs(host: Host, session: AgentSession, run_id: str,
             return b"".join(chunks).decode("utf-8", "replace"), run
 
 
+def logs_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
+    """Task: the run's whole log on a host (data["log"]), failed when the run did (skipped: no such run)."""
+
+    def task(host: Host, session: AgentSession) -> TaskOutcome:
+        try:
+            text, run = read_logs(host, session, run_id)
+        except AgentError as exc:
+            if exc.kind in _NO_RUN_KINDS:
+                return TaskOutcome(SKIPPED, f"no run {run_id} here")
+            raise
+        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
+
+    return task
+
+
 # --- following -------------------------------------------------------------------------------------------------------
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import select
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import paramiko
 
-from ddops.errors import CommandTimeout, TransportError
+from ddops.errors import Cancelled, CommandTimeout, TransportError
 
 READ_CHUNK = 1 << 16
 # What the controller holds of one answer: an agent's answer line (a snapshot of many files is megabytes) and a
@@ -97,10 +98,11 @@ class ChannelReader:
         if self._max_out is not None and len(self.out) + len(self.err) > self._max_out:
             raise self._too_much() if self._too_much else TransportError(f"more than {self._max_out} bytes")
 
-    def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception]) -> bool:
+    def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception],
+                   cancel: threading.Event | None = None) -> bool:
         """Read until `done()` (checked once nothing more is ready): True; or until the channel closed: False.
 
-        Past the deadline raises `timed_out()`.
+        Past the deadline raises `timed_out()`; once `cancel` is set, Cancelled (within one wait of 0.2 s).
         """
         channel = self.channel
         while True:
@@ -110,15 +112,17 @@ class ChannelReader:
                 return True
             if channel.closed:
                 return False
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("interrupted")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timed_out()
             select.select([channel], [], [], min(remaining, 0.2))
 
-    def drain(self, deadline: float, timed_out: Callable[[], Exception]) -> None:
+    def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
         channel = self.channel
-        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out)
+        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out, cancel)
 
     def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
         """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""

@@ -15,10 +15,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
-from ddops.errors import AgentError, CommandTimeout, TransportError
+from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport.channel import MAX_AGENT_ANSWER, MAX_COMMAND_OUTPUT, CommandResult, output_too_large
 from ddops.transport.agent import agent_request
@@ -62,12 +63,14 @@ class LocalSession:
         return CommandResult(code, kept["stdout"].decode("utf-8", "replace"),
                              kept["stderr"].decode("utf-8", "replace"), time.monotonic() - started)
 
-    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None) -> int:
-        """Run a command like `run`, handing each chunk of output to on_output("stdout" | "stderr", bytes)."""
-        return self._exec(command, on_output, timeout=timeout)
+    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None,
+               cancel: threading.Event | None = None, cancel_input: bytes = b"") -> int:
+        """Run a command like `run`, handing each chunk of output to on_output("stdout" | "stderr", bytes); once
+        `cancel` is set its process group is ended and Cancelled raised (cancel_input is for remote watchdogs)."""
+        return self._exec(command, on_output, timeout=timeout, cancel=cancel)
 
     def _exec(self, command: str, on_output: Callable[[str, bytes], None], *, stdin: bytes | None = None,
-              timeout: float | None = None) -> int:
+              timeout: float | None = None, cancel: threading.Event | None = None) -> int:
         timeout = self.host.command_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.round_trips += 1
@@ -88,6 +91,8 @@ class LocalSession:
                 for fd in names:
                     selector.register(fd, selectors.EVENT_READ)
                 while names:
+                    if cancel is not None and cancel.is_set():  # the group is ended below
+                        raise Cancelled(f"{self.host.name}: interrupted: the command was ended on the host")
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off")

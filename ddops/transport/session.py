@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import paramiko
 
-from ddops.errors import CommandTimeout, ConnectionLost, DdopsError, TransportError
+from ddops.errors import Cancelled, CommandTimeout, ConnectionLost, DdopsError, TransportError
 from ddops.inventory import Host
 from ddops.transport.agent import agent_request
 from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
@@ -51,14 +51,19 @@ class Session:
         return CommandResult(code, reader.out.decode("utf-8", "replace"), reader.err.decode("utf-8", "replace"),
                              time.monotonic() - started)
 
-    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None) -> int:
+    def stream(self, command: str, on_output: Callable[[str, bytes], None], *, timeout: float | None = None,
+               cancel: threading.Event | None = None, cancel_input: bytes = b"") -> int:
         """Run a command like `run`, handing each chunk of output to on_output("stdout" | "stderr", bytes) as it
-        arrives (nothing is kept here); the exit status (-1: none was sent). Used by `ddops exec`."""
-        code, _ = self._exec(command, timeout=timeout, on_output=on_output)
+        arrives (nothing is kept here); the exit status (-1: none was sent). Used by `ddops exec`.
+
+        Once `cancel` is set, `cancel_input` goes to the command's stdin (kept open until then), the channel closes
+        and Cancelled is raised: the command line decides what its stdin means (tasks/adhoc.py ends the command)."""
+        code, _ = self._exec(command, timeout=timeout, on_output=on_output, cancel=cancel, cancel_input=cancel_input)
         return code
 
     def _exec(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
-              on_output: Callable[[str, bytes], None] | None = None) -> tuple[int, ChannelReader]:
+              on_output: Callable[[str, bytes], None] | None = None, cancel: threading.Event | None = None,
+              cancel_input: bytes = b"") -> tuple[int, ChannelReader]:
         timeout = self.host.command_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.round_trips += 1
@@ -68,17 +73,25 @@ class Session:
             channel.exec_command(command)
             if stdin:
                 send_all(channel, stdin, deadline, self.host.name)
-            channel.shutdown_write()
+            if cancel is None:
+                channel.shutdown_write()
             reader = ChannelReader(channel, on_output=on_output,
                                    max_out=None if on_output else MAX_COMMAND_OUTPUT,
                                    too_much=lambda: output_too_large(self.host.name, "command", MAX_COMMAND_OUTPUT))
             reader.drain(deadline, lambda: CommandTimeout(
-                f"{self.host.name}: command timed out after {timeout:g}s and was cut off"))
+                f"{self.host.name}: command timed out after {timeout:g}s and was cut off"), cancel)
             code = channel.recv_exit_status()
             if code == -1 and not channel.eof_received:
                 # Closed with neither EOF nor exit status: the connection died under the command, which may or
                 # may not have finished on the host.
                 raise EOFError("the connection closed while the command ran")
+        except Cancelled:
+            if cancel_input and channel is not None:
+                try:
+                    send_all(channel, cancel_input, time.monotonic() + 5, self.host.name)
+                except Exception:  # noqa: BLE001 - a dead channel ended the command already
+                    pass
+            raise Cancelled(f"{self.host.name}: interrupted: the command was ended on the host") from None
         except CommandTimeout:
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:

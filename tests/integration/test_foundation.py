@@ -105,6 +105,19 @@ def test_accept_new_records_the_key_then_plain_runs_work(make_testbed):
     assert run_ddops("ping", "--all", inventory=bed.inventory_path).returncode == 0
 
 
+def test_the_unknown_key_hint_works_where_it_is_typed_after_the_command(make_testbed):
+    # The hint says "re-run with --accept-new": appended to the command as typed, that must work.
+    bed = make_testbed(1)
+    bed.known_hosts.write_text("")
+    refused = run_ddops("ping", "--host", "host1", "-i", str(bed.inventory_path))
+    assert refused.returncode == 1 and "--accept-new" in refused.stderr + refused.stdout
+    proc = run_ddops("ping", "--host", "host1", "-i", str(bed.inventory_path), "--accept-new", "-v", "--json",
+                     "--forks", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["summary"] == {"ok": 1}
+    assert f"[{bed.hosts[0].address}]:{bed.hosts[0].port} ssh-ed25519" in bed.known_hosts.read_text()
+
+
 def test_changed_host_key_is_refused_even_with_accept_new(make_testbed, tmp_path):
     bed = make_testbed(1)
     other = make_testbed(1)

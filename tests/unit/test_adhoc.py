@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from ddops.tasks.adhoc import (ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of, remote_command,
-                         sudo_refusal, timed_out)
+from ddops.tasks.adhoc import (STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of,
+                               remote_command, sudo_refusal, timed_out, with_watchdog)
 from ddops.errors import UsageError
 from ddops.inventory import Host
 
@@ -154,3 +154,22 @@ def test_shell_path_quotes_everything_but_a_leading_tilde():
 
     assert shell_path("~/a b") == "~/'a b'" and shell_path("~") == "~" and shell_path("~bob/x") == "~bob/x"
     assert shell_path("/root/ddtree") == "/root/ddtree" and shell_path("~$(id)/x") == "'~$(id)/x'"
+
+
+def _watched(line: str) -> subprocess.Popen:
+    """The exec line with its watchdog, run as sshd runs it: in a session of its own, stdin a pipe."""
+    return subprocess.Popen(["setsid", "sh", "-c", with_watchdog(line)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_the_stop_line_ends_the_commands_whole_process_group_on_the_host():
+    proc = _watched("sh -c 'sleep 300 & sleep 301; wait'")
+    proc.stdin.write(STOP_LINE)
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == -15  # ended by TERM, with the children in its group
+
+
+def test_stdin_closing_without_the_stop_line_leaves_the_command_running():
+    proc = _watched("sh -c 'read -r x || true; echo finished'")  # the command reads /dev/null, as before
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0 and proc.stdout.read() == b"finished\n"

@@ -169,3 +169,28 @@ def test_ddops_environment_settings_are_named_and_read_only_in_ddops_settings():
     assert not strays, "DDOPS_* settings outside ddops/settings.py:\n" + "\n".join(strays)
     readme = (PACKAGE.parent / "README.md").read_text()
     assert [s.name for s in SETTINGS if f"`{s.name}`" not in readme] == []
+
+
+def cli_sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in all_modules().items() if name.startswith("ddops.cli")}
+
+
+def test_the_cli_builds_no_per_host_task_and_reads_no_run_document():
+    # Tasks (what a command does on one host) and the values they return live below the CLI: a command parses,
+    # calls, renders.
+    for name, source in cli_sources().items():
+        built = {node.func.id for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert not built & {"TaskOutcome", "RunRecord", "HostRun"}, name
+
+
+def test_the_host_selection_and_global_options_are_declared_once():
+    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.common); every command
+    # gets them from there, with the selection as one `Selection` value.
+    for name, source in cli_sources().items():
+        if name == "ddops.cli.common":
+            continue
+        for option in ('"--host"', '"--group"', '"--limit"', '"--json"', '"--forks"', '"--inventory"',
+                       '"--accept-new"', '"--verbose"'):
+            assert option not in source, f"{name} declares {option}"
+        assert "Selection(" not in source, name

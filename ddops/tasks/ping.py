@@ -1,0 +1,34 @@
+"""`ddops ping`'s per-host task: facts, round-trip time, and the login shell's own cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddops.fleet import TaskOutcome
+from ddops.inventory import Host
+
+# How long the login shell takes before running a command: with the rc files vs without (bash only).
+SHELL_PROBE = (
+    's=$(date +%s%N); SHLVL=0 "$SHELL" -c true </dev/null >/dev/null 2>&1; m=$(date +%s%N); '
+    'case "$SHELL" in *bash) "$SHELL" --norc --noprofile -c true </dev/null >/dev/null 2>&1;; esac; '
+    'e=$(date +%s%N); echo "$((m-s)) $((e-m))"'
+)
+
+
+def ping_task(host: Host, session: Any) -> TaskOutcome:
+    """Task: the host's facts, the round-trip time of a command and what its login shell's rc files cost."""
+    facts = session.call_agent("facts", {"repo": host.repo})
+    # Timed on a channel opened after the first: the first one on a connection pays a one-off setup delay.
+    rtt = session.run("true", timeout=host.connect_timeout).duration
+    probe = session.run(SHELL_PROBE, timeout=host.connect_timeout)
+    overhead = None
+    try:
+        with_rc, without_rc = (int(x) / 1e9 for x in probe.stdout.split())
+        overhead = max(0.0, with_rc - without_rc) if without_rc else None
+    except ValueError:
+        pass
+    data = {"rtt_s": round(rtt, 4), "shell_rc_overhead_s": None if overhead is None else round(overhead, 4), **facts}
+    message = ""
+    if overhead is not None and overhead > 0.05:
+        message = f"the login shell's rc files add {overhead * 1000:.0f} ms to every command"
+    return TaskOutcome("ok", message, data)

@@ -1,0 +1,67 @@
+"""Where an option goes on the command line does not matter: every global option works before or after the
+command's name, and every command that selects hosts takes the same four options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import typer
+
+from ddops.cli.app import app
+from ddops.cli.common import AppState, with_global_options
+
+GLOBAL = ("--inventory", "--json", "--verbose", "--forks", "--accept-new", "--ask-key-passphrase")
+
+
+def every_command() -> list[tuple[str, Any]]:
+    root = typer.main.get_command(app)
+    found = []
+
+    def walk(prefix: str, group: Any) -> None:
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                walk(f"{prefix} {name}", cmd)
+            else:
+                found.append((f"{prefix} {name}".strip(), cmd))
+
+    walk("", root)
+    return found
+
+
+@pytest.mark.parametrize("name,cmd", every_command(), ids=[n for n, _ in every_command()])
+def test_every_command_takes_the_global_options_after_its_name(name, cmd):
+    taken = {opt for p in cmd.params for opt in getattr(p, "opts", ())}
+    assert set(GLOBAL) <= taken, f"ddops {name} lacks {set(GLOBAL) - taken}"
+
+
+def test_global_options_given_after_the_command_count_as_if_given_before():
+    seen = {}
+
+    def probe(ctx: typer.Context) -> None:
+        seen["state"] = ctx.find_root().obj
+
+    wrapped = with_global_options(probe)
+    st = AppState(inventory="before.yaml", forks=32)
+    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st})()
+    wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True)
+    assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
+    assert st.ask_key_passphrase
+    wrapped(ctx, inventory=None, json_out=False, verbose=0, forks=None, accept_new=False, ask_key_passphrase=False)
+    assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
+
+
+def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
+    got = {}
+
+    def probe(selection) -> None:  # noqa: ANN001 - the wrapper supplies it
+        got["selection"] = selection
+
+    wrapped = with_global_options(probe)
+    names = list(__import__("inspect").signature(wrapped).parameters)
+    assert {"host", "group", "all_", "limit"} <= set(names) and "selection" not in names
+    st = AppState()
+    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st})()
+    wrapped(ctx, host=["a"], group=None, all_=False, limit="g*", inventory=None, json_out=False, verbose=0,
+            forks=None, accept_new=False, ask_key_passphrase=False)
+    assert got["selection"].hosts == ("a",) and got["selection"].limit == "g*" and not got["selection"].all
