@@ -28,7 +28,7 @@ from ddops.patching.playbook import Patch, fingerprint
 if TYPE_CHECKING:
     import libcst as cst
 
-# libcst (slow to import: benchmarks/fanout/RESULTS.md) and the transforms load only when a plan needs them: a
+# libcst (slow to import: benchmarks/fleet-speed/RESULTS.md) and the transforms load only when a plan needs them: a
 # rerun whose plans are all in the on-disk cache never pays for the parser, and neither does a plan that splice.py's
 # stdlib fast path answers (set_call_kwarg; any kind whose names are absent from the file). DDOPS_PLAN_ENGINE=libcst
 # turns that path off.
