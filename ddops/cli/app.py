@@ -19,8 +19,8 @@ app = typer.Typer(
     help="Keep a fleet of GPU hosts patched, synced and benchmarked over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # click's plain help: typer's rich help formatter loads a markdown parser and pygments, which made `ddops
-    # --help` ~0.2 s slower than its 0.3 s budget on a slow machine.
+    # click's plain help: typer's rich help formatter loads a markdown parser and pygments, which put `ddops
+    # --help` over its start-time budget on a slow machine.
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

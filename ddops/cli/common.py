@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # ddops.fleet (and the inventory and YAML it imports) loads only when a command runs on hosts: `ddops --help` and
 # the testbed commands start faster without it. Rich's console, tables and syntax highlighting load only when
-# something is drawn (`--json` draws nothing: rich.console alone is ~15 ms of every command's start).
+# something is drawn (`--json` draws nothing, and rich.console alone is a visible part of every command's start).
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold magenta",
                 "drifted": "bold red", "skipped": "dim"}

@@ -28,12 +28,14 @@ from ddops.patching.playbook import Patch, fingerprint
 if TYPE_CHECKING:
     import libcst as cst
 
-# libcst (~0.35 s to import) and the transforms load only when a plan needs them: a rerun whose plans are all in
-# the on-disk cache never pays for the parser, and neither does a plan that splice.py's stdlib fast path answers
-# (set_call_kwarg; any kind whose names are absent from the file). DDOPS_PLAN_ENGINE=libcst turns that path off.
+# libcst (slow to import: benchmarks/fleet-speed/RESULTS.md) and the transforms load only when a plan needs them: a
+# rerun whose plans are all in the on-disk cache never pays for the parser, and neither does a plan that splice.py's
+# stdlib fast path answers (set_call_kwarg; any kind whose names are absent from the file). DDOPS_PLAN_ENGINE=libcst
+# turns that path off.
 
-# libcst needs minutes for a few MB of code (~60 KB/s per transform here): bigger Python files are refused so that a
-# generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB; text_replace has no limit.
+# libcst needs minutes for a few MB of code (RESULTS.md, "Costs the code's comments refer to"): bigger Python files
+# are refused so that a generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB;
+# text_replace has no limit.
 MAX_PYTHON_TRANSFORM_BYTES = 1024 * 1024
 
 # Worst first: a file's (or a patch's) state is the worst of its parts.
@@ -465,12 +467,6 @@ def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePla
     return [DiffGroup(diff, tuple(hosts)) for diff, hosts in ordered]
 
 
-def plan_host(patches: Sequence[Patch], files: Mapping[str, bytes | None],
-              planner: Planner | None = None) -> HostPlan:
-    """Planner.plan_host with a throwaway planner unless one is given."""
-    return (planner or Planner()).plan_host(patches, files)
-
-
 __all__ = ["APPLIED", "AMBIGUOUS", "BLOCKED", "DRIFTED", "ERROR", "PARTIAL", "PENDING", "DiffGroup", "FilePlan",
-           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "plan_host", "sha256",
+           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256",
            "unified_diff", "worst"]

@@ -276,7 +276,6 @@ class ReplaceExpression(SiteTransformer):
     def __init__(self, match: str, replace: str, in_function: str | None = None,
                  not_in_function: str | None = None) -> None:
         super().__init__(in_function, not_in_function)
-        self.match_text = match
         self.pattern = parse_expression(match)
         self.replacement = parse_expression(replace)
         self.what = f"`{match.strip()}`"
