@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _shipped(installed: str, checkout: str) -> Path:
-    from importlib import resources  # ~20 ms on import: only commands that touch hosts or playbooks pay it
+    from importlib import resources  # slow to import (RESULTS.md): only commands that touch hosts or playbooks pay it
 
     folder = resources.files("ddops") / installed
     if isinstance(folder, Path) and folder.is_dir():

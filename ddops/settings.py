@@ -21,7 +21,7 @@ class Setting:
 INVENTORY = Setting("DDOPS_INVENTORY", "the inventory file when -i is not given (default ./inventory.yaml)")
 CACHE_DIR = Setting("DDOPS_CACHE_DIR", "ddops' own files on the controller (default $XDG_CACHE_HOME/ddops)")
 PLAN_CACHE = Setting("DDOPS_PLAN_CACHE", "0: plans are not kept on disk between runs")
-PLAN_ENGINE = Setting("DDOPS_PLAN_ENGINE", "libcst: every plan goes through libcst (no plain-text fast path)")
+PLAN_ENGINE = Setting("DDOPS_PLAN_ENGINE", "libcst: every plan goes through libcst (the prefilter off)")
 LOCK_TIMEOUT = Setting("DDOPS_LOCK_TIMEOUT", "seconds a command waits for another's lock on a host (--lock-timeout)")
 RESULTS_DIR = Setting("DDOPS_RESULTS_DIR", "where collected results and launch records live (default ./results)")
 PLAYBOOK_PATH = Setting("DDOPS_PLAYBOOK_PATH", "folders (':'-separated) searched for playbooks and bench plans "

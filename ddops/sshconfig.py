@@ -275,8 +275,8 @@ class OpenSshConfig:
         return dict(self._cache[name])
 
     def prefetch(self, names: Iterable[str]) -> None:
-        """Resolve these names at once, in parallel: each `ssh -G` is a process start (10-18 ms measured on a
-        loaded 2-core machine), and an inventory resolves every host when it loads."""
+        """Resolve these names at once, in parallel: each `ssh -G` is a process start, and an inventory
+        resolves every host when it loads."""
         self._load()
         todo = [n for n in dict.fromkeys(names) if n not in self._cache and self._needs_ssh(n)]
         if len(todo) < 2:

@@ -24,7 +24,7 @@ from ddops.strenum import StrEnum
 
 
 class RunStatus(StrEnum):
-    """A run's state on one host, as its state.json says (remote/agent_bench.py writes it)."""
+    """A run's state on one host, as its state.json says (remote/ddops_agent/bench.py writes it)."""
 
     STARTING = "starting"
     RUNNING = "running"

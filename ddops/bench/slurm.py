@@ -1,7 +1,7 @@
 """Slurm as a bench executor, the pure part: inventory options, the sbatch command line and batch script of a run's
 job array, and what squeue, scontrol and sacct print turned into one state per array task.
 
-No SSH and no subprocess here: the host agent (remote/agent_slurm.py) runs the Slurm commands and hands back their
+No SSH and no subprocess here: the host agent (remote/ddops_agent/slurm.py) runs the Slurm commands and hands back their
 raw output; ddops/tasks/slurm.py drives it per host. A run is one job array, one task per run of the plan's
 grid; each task is wrapped by the agent (`slurm_task`) so it records its own start, end, exit, node and GPU ids.
 """
@@ -159,9 +159,6 @@ def _indexes(spec: str, total: int) -> list[int]:
         elif part.isdigit():
             out.append(int(part))
     return [i for i in out if 0 <= i < total]
-
-
-SQUEUE_FORMAT = "%i|%F|%K|%T|%r|%N"
 
 
 def parse_squeue(text: str, job_id: str, total: int) -> dict[int, TaskState]:

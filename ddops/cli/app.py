@@ -11,7 +11,7 @@ from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
 from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
-                              VerboseOpt, err_console, escape)
+                              VerboseOpt, current_state, err_console, escape, write_document)
 from ddops.errors import EXIT_USAGE, DdopsError
 
 app = typer.Typer(
@@ -19,8 +19,8 @@ app = typer.Typer(
     help="Keep a fleet of GPU hosts patched, synced and benchmarked over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # click's plain help: typer's rich help formatter loads a markdown parser and pygments, which made `ddops
-    # --help` ~0.2 s slower than its 0.3 s budget on a slow machine.
+    # click's plain help: typer's rich help formatter loads a markdown parser and pygments, which put `ddops
+    # --help` over its start-time budget on a slow machine.
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     except DdopsError as exc:
         # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
         err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
+        current = current_state()
+        if current is not None and current.json:  # --json: still one document on stdout, saying what went wrong
+            write_document(current.command, exc.exit_code, {"error": str(exc)})
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
         show = getattr(exc, "show", None)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # ddops.fleet (and the inventory and YAML it imports) loads only when a command runs on hosts: `ddops --help` and
 # the testbed commands start faster without it. Rich's console, tables and syntax highlighting load only when
-# something is drawn (`--json` draws nothing: rich.console alone is ~15 ms of every command's start).
+# something is drawn (`--json` draws nothing, and rich.console alone is a visible part of every command's start).
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold magenta",
                 "drifted": "bold red", "skipped": "dim"}
@@ -70,6 +70,7 @@ class AppState:
     accept_new: bool = False
     ask_key_passphrase: bool = False
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
+    command: str = ""  # the running command's name (`bench status`), for the --json document of an error
     _inventory_cache: Any = field(default=None, repr=False)
 
     def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
@@ -152,6 +153,8 @@ SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change; write nothing.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ExitCodeOpt = Annotated[bool, typer.Option("--exit-code", help="Exit 3 when a host changed (with --check: would "
+                                                               "change) and none failed, as `git diff --exit-code`.")]
 
 
 def _fleet() -> Any:
@@ -162,6 +165,11 @@ def _fleet() -> Any:
 
 # The running command's global options, for renderers deep in a command (the recap's -v columns).
 _current_state: ContextVar[AppState | None] = ContextVar("ddops_app_state", default=None)
+
+
+def current_state() -> AppState | None:
+    """The running command's global options (None before a command started)."""
+    return _current_state.get()
 
 
 def state(ctx: typer.Context) -> AppState:
@@ -201,7 +209,9 @@ def with_global_options(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(ctx: typer.Context, **kwargs: Any) -> Any:
-        state(ctx).given_here(**{n: kwargs.pop(n) for n in GLOBAL_OPTIONS})
+        st = state(ctx)
+        st.given_here(**{n: kwargs.pop(n) for n in GLOBAL_OPTIONS})
+        st.command = ctx.command_path.partition(" ")[2]
         if selects:
             from ddops.inventory import Selection
 
@@ -258,14 +268,15 @@ class OnHosts:
 
     def finish(self, results: Sequence["HostResult"], extra: dict[str, Any] | None = None, *,
                render: Callable[[Sequence["HostResult"]], None] | None = None, exit_code_on_change: bool = False,
-               **recap_options: Any) -> None:
+               failed: bool = False, **recap_options: Any) -> None:
         """One JSON document (--json) or render(results) (default: the recap), then the exit code: 1 if any host
-        failed, 3 with `exit_code_on_change` when one changed (or would), 130 when the user interrupted the run."""
+        failed (or `failed` says the command did), 3 with `exit_code_on_change` when one changed (or would), 130
+        when the user interrupted the run."""
         from ddops.errors import EXIT_INTERRUPTED, EXIT_WOULD_CHANGE
         from ddops.fleet import CHANGED, interrupted_summary, worst_exit_code
 
         interrupted = self.interrupt.requested
-        code = worst_exit_code(results)
+        code = max(worst_exit_code(results), int(failed))
         if code == 0 and exit_code_on_change and any(r.status == CHANGED for r in results):
             code = EXIT_WOULD_CHANGE
         if interrupted:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ddops.cli.common import OnHosts, command, console, escape, state
+from ddops.cli.common import OnHosts, command, console, escape, state, write_document
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -24,11 +24,9 @@ def hosts(ctx: typer.Context, selection: Selection) -> None:
     """List the selected hosts (all of them when nothing is selected)."""
     chosen = OnHosts(ctx, "hosts", selection, everywhere_when_empty=True).hosts
     if state(ctx).json:
-        import json
-
-        print(json.dumps([{"name": h.name, "address": h.address, "port": h.port, "user": h.user, "repo": h.repo,
-                           "python": h.python, "groups": list(h.groups), "proxy_jump": h.proxy_jump}
-                          for h in chosen], indent=2))
+        write_document("hosts", 0, {"hosts": [
+            {"host": h.name, "address": h.address, "port": h.port, "user": h.user, "repo": h.repo, "python": h.python,
+             "groups": list(h.groups), "proxy_jump": h.proxy_jump} for h in chosen]})
         return
     from rich.table import Table
 
@@ -50,6 +48,11 @@ def inventory_check(ctx: typer.Context) -> None:
     inventory = state(ctx).load_inventory()
     books = load_inventory_playbooks(inventory) if inventory.patches else []
     patches = f"; patches: {', '.join(b.name for b in books)}" if books else ""
+    if state(ctx).json:
+        write_document("inventory check", 0, {"inventory": {
+            "path": inventory.path, "hosts": len(inventory.hosts), "groups": len(inventory.groups),
+            "patches": [b.name for b in books]}})
+        return
     console.print(f"{escape(inventory.path)}: ok ({len(inventory.hosts)} hosts, "
                   f"{len(inventory.groups)} groups{escape(patches)})")
 

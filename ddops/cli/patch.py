@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 import typer
 
 from ddops import settings
-from ddops.cli.common import AppState, CheckOpt, OnHosts, YesOpt, command, console, escape, recap
+from ddops.cli.common import AppState, CheckOpt, ExitCodeOpt, OnHosts, YesOpt, command, console, escape, recap
 from ddops.errors import UsageError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
 
 
 def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, check: CheckOpt = False,
-          diff: DiffOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+          diff: DiffOpt = False, exit_code: ExitCodeOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
     from ddops.patching.snapshot import make_planner
     from ddops.tasks.patch import patch_host
@@ -62,7 +62,8 @@ def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = Non
 
     run.finish(results, {"check": check, "playbooks": [b.name for b in books],
                          "transforms": {"cache_hits": planner.cache_hits, "cache_misses": planner.cache_misses,
-                                        "disk_hits": planner.disk_hits}}, render=render)
+                                        "disk_hits": planner.disk_hits}}, render=render,
+               exit_code_on_change=exit_code)
 
 
 def show_diffs(results: Sequence[Any]) -> None:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ddops.cli.common import CheckOpt, OnHosts, command
+from ddops.cli.common import CheckOpt, ExitCodeOpt, OnHosts, command
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -29,25 +29,28 @@ def register(app: typer.Typer) -> None:
     command(app, "deploy")(deploy)
 
 
-def _run(ctx: typer.Context, name: str, selection: Selection, **options: Any) -> None:
+def _run(ctx: typer.Context, name: str, selection: Selection, exit_code: bool, **options: Any) -> None:
     from ddops.tasks.sync import SyncOptions, prepare_sync
 
     run = OnHosts(ctx, name, selection)
     with prepare_sync(run.inventory, run.hosts, SyncOptions(**options)) as prepared:
         results = run.run(prepared.sync_task if name == "sync" else prepared.deploy_task)
-    run.finish(results, columns=_COLUMNS[name])
+    run.finish(results, columns=_COLUMNS[name], exit_code_on_change=exit_code)
 
 
 def sync(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, check: CheckOpt = False,
-         force: ForceOpt = False, reapply: ReapplyOpt = None, mode: ModeOpt = None, from_: FromOpt = None) -> None:
+         force: ForceOpt = False, reapply: ReapplyOpt = None, mode: ModeOpt = None, from_: FromOpt = None,
+         exit_code: ExitCodeOpt = False) -> None:
     """Put the repo at its pinned commit on the selected hosts, never over local edits."""
-    _run(ctx, "sync", selection, rev=commit, check=check, force=force, reapply=reapply, mode=mode, from_clone=from_)
+    _run(ctx, "sync", selection, exit_code, rev=commit, check=check, force=force, reapply=reapply, mode=mode,
+         from_clone=from_)
 
 
 def deploy(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, check: CheckOpt = False,
-           force: ForceOpt = False, mode: ModeOpt = None, from_: FromOpt = None) -> None:
+           force: ForceOpt = False, mode: ModeOpt = None, from_: FromOpt = None,
+           exit_code: ExitCodeOpt = False) -> None:
     """Sync to the pin, apply the inventory's `patches:`, verify: bring up a new GPU host in one command."""
-    _run(ctx, "deploy", selection, rev=commit, check=check, force=force, mode=mode, from_clone=from_)
+    _run(ctx, "deploy", selection, exit_code, rev=commit, check=check, force=force, mode=mode, from_clone=from_)
 
 
 def _sync_data(r: Any) -> dict:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ddops import settings
-from ddops.cli.common import command, console, escape, state
+from ddops.cli.common import command, console, escape, state, write_document
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)
@@ -68,6 +68,12 @@ def up(
                     shared_home=shared_home, image=image)
     if inventory_out is not None:
         shutil.copyfile(tb.inventory_path, inventory_out)
+    if state(ctx).json:
+        write_document("testbed up", 0, {"testbed": {"root": str(tb.root), "engine": tb.engine,
+                                                     "inventory": str(inventory_out or tb.inventory_path)},
+                                         "hosts": [{"host": h.name, "address": h.address, "port": h.port}
+                                                   for h in tb.hosts]})
+        return
     what = "namespace" if tb.engine == "namespace" else f"{tb.engine} ({escape(tb.image)})"
     console.print(f"testbed up: {len(tb.hosts)} {what} hosts ({tb.hosts[0].address} .. {tb.hosts[-1].address}, "
                   f"port {port}){', one shared home' if tb.shared_home else ''}")
@@ -83,6 +89,10 @@ def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--roo
     where = _root(ctx, root)
     engine = testbed.load_testbed(where).engine
     stopped = testbed.down(where)
+    if state(ctx).json:
+        write_document("testbed down", 0, {"testbed": {"root": str(where), "engine": engine},
+                                           "stopped": len(stopped)})
+        return
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
     console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
@@ -92,7 +102,13 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed
 
-    rows = testbed.status(_root(ctx, root))
+    where = _root(ctx, root)
+    rows = testbed.status(where)
+    code = 0 if all(r["running"] for r in rows) else 1
+    if state(ctx).json:
+        write_document("testbed status", code, {"testbed": {"root": str(where)}, "hosts": [
+            {"host": r["name"], **{k: v for k, v in r.items() if k != "name"}} for r in rows]})
+        raise typer.Exit(code)
     from rich.table import Table
 
     table = Table(header_style="bold")
@@ -104,5 +120,4 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
                       "yes" if r["running"] and r["accepting"] else "no", *(escape(str(r[c])) for c in extra),
                       escape(str(r["dir"])))
     console.print(table)
-    if not all(r["running"] for r in rows):
-        raise typer.Exit(1)
+    raise typer.Exit(code)

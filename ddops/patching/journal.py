@@ -10,7 +10,7 @@ rollback and writes nothing. A rollback or revert without `patch` ends every app
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.errors import DdopsError
 from ddops.patching.kinds import PatchState
@@ -274,19 +274,3 @@ def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_s
             restores.append(FileRestore(file, restore=mine[0].before, expected=expected[file],
                                         current=current_sha_by_file.get(file), applications=tuple(reversed(mine))))
     return RollbackPlan(tuple(restores), tuple(r for rs in refused.values() for r in rs), not_applied)
-
-
-def rollback_entries(plan: RollbackPlan, time: str, new_id: Callable[[], str]) -> list[dict[str, Any]]:
-    """The journal entries recording plan once carried out: a save-foreign if forced, then one rollback per
-    (patch, file), newest first, each from the sha it found to the sha it left."""
-    out: list[dict[str, Any]] = []
-    for r in plan.restores:
-        if r.save_foreign:
-            out.append({"event": SAVE_FOREIGN, "patch": None, "file": r.file, "before": r.expected,
-                        "after": r.current, "time": time, "id": new_id()})
-        sha_on_disk = r.current
-        for a in r.applications:
-            out.append({"event": ROLLBACK, "patch": a.patch, "file": r.file, "before": sha_on_disk,
-                        "after": a.before, "time": time, "id": new_id(), "undoes": a.id})
-            sha_on_disk = a.before
-    return out

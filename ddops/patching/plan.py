@@ -28,12 +28,13 @@ from ddops.patching.playbook import Patch, fingerprint
 if TYPE_CHECKING:
     import libcst as cst
 
-# libcst (~0.35 s to import) and the transforms load only when a plan needs them: a rerun whose plans are all in
-# the on-disk cache never pays for the parser, and neither does a plan that splice.py's stdlib fast path answers
-# (set_call_kwarg; any kind whose names are absent from the file). DDOPS_PLAN_ENGINE=libcst turns that path off.
+# libcst (slow to import: benchmarks/fleet-speed/RESULTS.md) and the transforms load only when a plan needs them: a
+# rerun whose plans are all in the on-disk cache never pays for the parser, and neither does a file that the prefilter
+# (prefilter.py) settles: one whose text lacks the names every site needs. DDOPS_PLAN_ENGINE=libcst turns it off.
 
-# libcst needs minutes for a few MB of code (~60 KB/s per transform here): bigger Python files are refused so that a
-# generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB; text_replace has no limit.
+# libcst needs minutes for a few MB of code (RESULTS.md, "Costs the code's comments refer to"): bigger Python files
+# are refused so that a generated 5 MB module cannot stall a fleet run. Real DDTree modules are tens of KB;
+# text_replace has no limit.
 MAX_PYTHON_TRANSFORM_BYTES = 1024 * 1024
 
 # Worst first: a file's (or a patch's) state is the worst of its parts.
@@ -161,7 +162,7 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
     A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
     BLOCKED and changes nothing.
     """
-    from ddops.patching import splice
+    from ddops.patching import prefilter
 
     blocked = blocked or {}
     if source is None:
@@ -169,7 +170,7 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
             PatchResult(p.id, Outcome(DRIFTED, f"{path}: no such file: the code changed upstream",
                                       expected=p.transform.expect_for(path), plain_text=p.transform.plain_text))
             for p in patches))
-    encoding_error = splice.utf8_error(path, source)
+    encoding_error = prefilter.utf8_error(path, source)
     work = _Working(source)
     results: list[PatchResult] = []
     states: dict[str, str] = {}
@@ -195,10 +196,10 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
-    from ddops.patching import splice
+    from ddops.patching import prefilter
 
-    if splice.is_text_kind(kind):
-        outcome, data = splice.text_replace(work.data(), params["old"], params["new"], expect, path)
+    if prefilter.is_text_kind(kind):
+        outcome, data = prefilter.text_replace(work.data(), params["old"], params["new"], expect, path)
         if outcome.changes:
             work.set_data(data)
         return outcome
@@ -206,14 +207,11 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
     if size > MAX_PYTHON_TRANSFORM_BYTES:
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
-    # The stdlib fast path first (splice.py): it gives libcst's answer, or None where it cannot vouch for it.
+    # The prefilter first: libcst's answer for a file that cannot hold a site, or None where it cannot vouch for it.
     if work.syntax_error is None and settings.PLAN_ENGINE.value() != "libcst":
-        fast = splice.plan_fast(kind, params, expect, path, work.data())
-        if fast is not None:
-            outcome, data = fast
-            if outcome.changes:
-                work.set_data(data)
-            return outcome
+        settled = prefilter.plan_without_libcst(kind, params, expect, path, work.data())
+        if settled is not None:
+            return settled
     return _run_libcst(kind, params, expect, path, work)
 
 
@@ -371,7 +369,7 @@ def _code_version() -> str:
     """Plans cached on disk are only valid for the code that made them: hash the planning code itself."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("plan.py", "transforms.py", "splice.py", "kinds.py", "playbook.py"):
+    for name in ("plan.py", "transforms.py", "prefilter.py", "kinds.py", "playbook.py"):
         try:
             digest.update((here / name).read_bytes())
         except OSError:
@@ -465,12 +463,6 @@ def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePla
     return [DiffGroup(diff, tuple(hosts)) for diff, hosts in ordered]
 
 
-def plan_host(patches: Sequence[Patch], files: Mapping[str, bytes | None],
-              planner: Planner | None = None) -> HostPlan:
-    """Planner.plan_host with a throwaway planner unless one is given."""
-    return (planner or Planner()).plan_host(patches, files)
-
-
 __all__ = ["APPLIED", "AMBIGUOUS", "BLOCKED", "DRIFTED", "ERROR", "PARTIAL", "PENDING", "DiffGroup", "FilePlan",
-           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "plan_host", "sha256",
+           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256",
            "unified_diff", "worst"]

@@ -261,6 +261,10 @@ class SetCallKwarg(SiteTransformer):
         new_arg = cst.Arg(keyword=cst.Name(self.keyword), value=self.value.deep_clone(),
                           equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                 whitespace_after=cst.SimpleWhitespace("")))
+        if len(args) == 1 and isinstance(args[0].value, cst.GeneratorExp) and not args[0].value.lpar:
+            # `f(x for x in y)`: a bare generator must be the only argument, so it takes its own parentheses.
+            args[0] = args[0].with_changes(value=args[0].value.with_changes(lpar=[cst.LeftParen()],
+                                                                             rpar=[cst.RightParen()]))
         if args and isinstance(args[-1].comma, cst.Comma):
             # A trailing comma means a one-argument-per-line layout: the new argument takes the last line.
             trailing = args[-1].comma
@@ -276,7 +280,6 @@ class ReplaceExpression(SiteTransformer):
     def __init__(self, match: str, replace: str, in_function: str | None = None,
                  not_in_function: str | None = None) -> None:
         super().__init__(in_function, not_in_function)
-        self.match_text = match
         self.pattern = parse_expression(match)
         self.replacement = parse_expression(replace)
         self.what = f"`{match.strip()}`"

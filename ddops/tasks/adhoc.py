@@ -50,11 +50,6 @@ class ExecSpec:
     def timeout_for(self, host: Host) -> float:
         return self.timeout if self.timeout is not None else host.command_timeout
 
-    @property
-    def display(self) -> str:
-        """The command as the user gave it, for headings and --json."""
-        return self.shell if self.shell is not None else shlex.join(self.argv)
-
 
 def remote_command(spec: ExecSpec, host: Host) -> str:
     """The one line sshd hands to the host's login shell; every word from the user goes in quoted.

@@ -1,6 +1,6 @@
 """The bench tasks: preflight and launch a plan on each host, follow, stop, list and collect its runs.
 
-Per host, through the agent's bench_* verbs (remote/agent_bench.py); what a run is and what the preflight
+Per host, through the agent's bench_* verbs (remote/ddops_agent/bench.py); what a run is and what the preflight
 decides live in ddops/bench/ (pure). Returns TaskOutcomes and events; never prints.
 """
 

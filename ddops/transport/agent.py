@@ -44,13 +44,6 @@ class AgentProgram:
         return _words(self.bootstrap, python, len(self.bundle), self.digest if cache else None, serve, linger,
                       probe_resident, lifetime)
 
-    def command(self, python: str, *, cache: bool = True, serve: bool = False, linger: float = 0,
-                probe_resident: bool = False, lifetime: float = 0) -> str:
-        """argv() as one shell command line, every word quoted."""
-        words = self.argv(python, cache=cache, serve=serve, linger=linger, probe_resident=probe_resident,
-                          lifetime=lifetime)
-        return " ".join(shlex.quote(word) for word in words)
-
 
 def _module_files(folder: Path) -> list[tuple[str, Path]]:
     """(module name, file) of every shipped module: the package first, then its modules in sorted order."""

@@ -168,7 +168,9 @@ class KeyRing:
         if blob is not None and any(k.asbytes() == blob for k in self.agent_keys()):
             return KeyFile(path, blob, None, encrypted=True)  # the agent's copy signs: no passphrase needed
         if self.ask_passphrase is None:
-            if optional:
+            if optional or (blob is None and self.agent_keys()):
+                # Which agent key is its copy cannot be told (a PEM key without its .pub): the agent's keys are
+                # offered and the failure, if any, says this file was not.
                 return KeyFile(path, blob, None, encrypted=True)
             raise UsageError(f"identity_file {path} is encrypted and ssh-agent holds no copy of it: load it with "
                              f"`ssh-add {path}` (or run on a terminal, or with --ask-key-passphrase, to be asked "
@@ -242,11 +244,12 @@ class OpenSshOrder(AuthStrategy):
         host = self.host
         who = f"{host.user}@{host.address}"
         tried = [what for what, _ in self.offers()]
-        skipped = [f"identity_file {f.path} (encrypted, not in ssh-agent)" for f in self.files
+        skipped = [f"identity_file {f.path} (encrypted, not in ssh-agent: `ssh-add {f.path}`)" for f in self.files
                    if f.key is None and f.encrypted and f.public_blob not in {k.asbytes() for k in self.agent_keys}]
         unusable = [f"identity_file {f.path} (not a usable private key)" for f in self.files if f.problem]
         if not tried:
-            agent = "ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent ($SSH_AUTH_SOCK unset)"
+            agent = ("ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK")
+                     else "no ssh-agent ($SSH_AUTH_SOCK unset)")
             files = ", ".join(skipped + unusable) or (
                 "no identity_file set" if not host.identity_file else f"identity_file {host.identity_file}")
             return (f"{host.name}: no authentication method for {who}: {agent}, {files}; set `identity_file:` in "

@@ -133,16 +133,6 @@ class Session:
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
 
-    def get_bytes(self, remote_path: str) -> bytes:
-        sftp = self._sftp_client()
-        self.round_trips += 1
-        try:
-            with sftp.open(remote_path, "rb") as fh:
-                fh.prefetch()
-                return fh.read()
-        except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{self.host.name}: cannot read {remote_path}: {exc}") from None
-
     def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
         """Download one file; DdopsError as soon as it holds more than max_bytes (a file that grows on the host)."""
         sftp = self._sftp_client()

@@ -17,7 +17,7 @@ def tcp_connect(host: Host, timeout: float) -> socket.socket:
     except OSError as exc:
         raise TransportError(f"{host.name}: cannot connect to {host.address}:{host.port}: "
                              f"{exc.strerror or exc}") from None
-    # paramiko's small writes otherwise wait on Nagle's algorithm: ~50 ms per command round trip.
+    # paramiko's small writes otherwise wait on Nagle's algorithm and the peer's delayed ACK, every round trip.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return quick_ack(sock)
 
@@ -28,7 +28,7 @@ class QuickAckSocket(socket.socket):
     sshd leaves Nagle's algorithm on for sessions without a tty, and right after authentication it sends a
     hostkeys-00@openssh.com notice that a client never answers: the kernel holds back its ACK (delayed ACK, 40 ms),
     and sshd holds back its next small packet, the confirmation of our first channel, until that ACK arrives. So the
-    first command on every connection cost ~45 ms more than the later ones; with this it costs the same.
+    first command on every connection cost a delayed ACK more than the later ones; with this it costs the same.
     """
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:

@@ -27,9 +27,7 @@ import select
 import signal
 import socket
 import stat
-import struct
 import sys
-import threading
 import time
 
 
@@ -41,9 +39,6 @@ HELLO_TIMEOUT = 30.0  # seconds a connection may take to send its first line
 MAX_HELLO = 4096
 LOCAL_HELLO = b'{"hello": "local"}\n'  # an agent on this host asking for the secret (secret_of_resident)
 BIND_WAIT = 10.0  # seconds the starting agent waits for the server to say whether it bound the socket
-MAX_IDLE_WORKERS = 4  # session processes kept waiting for the next connection; more concurrent ones exit after theirs
-SESSIONS_PER_WORKER = 200  # a session process serves at most this many connections, then leaves
-IDLE = b"i"  # a session process to the server: served, as fresh as when forked, ready for the next connection
 # The variables that describe the SSH connection rather than the environment a verb runs in: they differ for every
 # connection, so a resident named by them would never be found again.
 CONNECTION_VARIABLES = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "XDG_SESSION_ID", "_")
@@ -321,11 +316,9 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
     os.close(ready)
     sessions = set()
     load = preloaded(load)
-    # A session must not hold these: an orphaned one would block every successor.
-    workers = SessionWorkers(sessions, load, secret, (server, lock, directory))
+    keep_out = (lock, directory)  # a session must not hold these: an orphaned one would block every successor
     # Reap each session process as it ends rather than at the next accept (until then it would be a zombie).
     signal.signal(signal.SIGCHLD, lambda number, frame: reap_sessions(sessions))
-    server.setblocking(False)
     started = time.monotonic()
     idle_until, end_of_life = started + linger, started + lifetime
     while True:
@@ -333,40 +326,30 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
         remaining = min(idle_until, end_of_life) - time.monotonic()
         if remaining <= 0:
             break
-        readable = select.select([server] + workers.controls(), [], [], min(remaining, 5.0))[0]
-        for control in readable:
-            if control is not server:
-                workers.heard_from(control)
-        if server in readable:
-            connection = accept_one(server)
-            if connection is not None:
-                workers.serve(connection)
-                idle_until = time.monotonic() + linger
+        server.settimeout(min(remaining, 5.0))
+        try:
+            connection, _ = server.accept()
+        except (socket.timeout, InterruptedError):
+            continue
+        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
+        idle_until = time.monotonic() + linger
     # Take the name away first, then serve whoever connected before that: no session is left unanswered.
     try:
         if os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino == bound:
             os.unlink(name, dir_fd=directory)
     except OSError:
         pass
+    server.setblocking(False)
     while True:
-        connection = accept_one(server)
-        if connection is None:
+        try:
+            connection, _ = server.accept()
+        except OSError:
             break
-        workers.serve(connection)
-    workers.dismiss()
+        connection.setblocking(True)
+        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
     server.close()
     os.close(lock)
     os.close(directory)
-
-
-def accept_one(server):
-    """The next connection waiting on the non-blocking `server` (itself blocking), or None."""
-    try:
-        connection, _ = server.accept()
-    except OSError:
-        return None
-    connection.setblocking(True)
-    return connection
 
 
 def bind_in(directory, name):
@@ -411,156 +394,20 @@ def reap_sessions(sessions):
             sessions.discard(pid)
 
 
-class SessionWorkers:
-    """The server's session processes. Each serves the connection it was forked for; then, as long as nothing of the
-    session is left in it (process_state), it waits for the server to hand it the next one. A session so costs no
-    fork and no copy-on-write of the pages the last one touched: most of what a short session costs the host."""
-
-    def __init__(self, pids, load, secret, keep_out):
-        self.pids = pids  # every session process, for the reaper
-        self.load, self.secret, self.keep_out = load, secret, keep_out
-        self.busy = set()  # the control sockets of workers serving a connection
-        self.idle = []  # those of workers waiting for one
-
-    def controls(self):
-        """The control sockets to watch: a busy worker says when it is idle, any closes its own when it leaves."""
-        return list(self.busy) + self.idle
-
-    def serve(self, connection):
-        """Hand `connection` to an idle worker, or fork one for it."""
-        while self.idle:
-            control = self.idle.pop()
-            try:
-                hand_over(control, connection)
-            except OSError:
-                control.close()  # that worker is gone; the next one, or a new one, serves
-                continue
-            self.busy.add(control)
-            connection.close()
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper is not ours
-                for kept in list(self.keep_out) + self.controls() + [ours]:
-                    if isinstance(kept, socket.socket):
-                        kept.close()
-                    else:
-                        os.close(kept)
-                session_worker(connection, theirs, self.load, self.secret)
-            finally:
-                os._exit(0)
-        theirs.close()
-        connection.close()
-        self.pids.add(pid)
-        self.busy.add(ours)
-
-    def heard_from(self, control):
-        """A worker's word: idle (kept, up to MAX_IDLE_WORKERS), or its end closed as it left."""
+def fork_resident_session(server, connection, load, secret, keep_out):
+    """Serve one connection in a child process (which closes the descriptors in `keep_out`); its pid."""
+    pid = os.fork()
+    if pid == 0:
         try:
-            word = control.recv(1)
-        except OSError:
-            word = b""
-        if word == IDLE and control in self.busy and len(self.idle) < MAX_IDLE_WORKERS:
-            self.busy.discard(control)
-            self.idle.append(control)
-            return
-        self.busy.discard(control)
-        if control in self.idle:
-            self.idle.remove(control)
-        control.close()  # a worker told so, or about to leave, exits
-
-    def dismiss(self):
-        """Close every control socket: idle workers leave now, busy ones once their session ends."""
-        for control in self.controls():
-            control.close()
-        self.busy, self.idle = set(), []
-
-
-def session_worker(connection, control, load, secret):
-    """Serve `connection`, then each connection the server hands over on `control`, for as long as the process
-    is as it was forked (no session's cwd, umask, environment, signal handler, descriptor, thread or child left in
-    it: every request loads a fresh agent anyway), at most SESSIONS_PER_WORKER times."""
-    fresh = process_state(ignore=connection.fileno())
-    for served in range(1, SESSIONS_PER_WORKER + 1):
-        serve_connection(connection, load, secret)
-        connection.close()
-        if served == SESSIONS_PER_WORKER or fresh is None or process_state() != fresh:
-            return
-        try:
-            control.sendall(IDLE)
-        except OSError:
-            return
-        connection = take_over(control)
-        if connection is None:
-            return
-
-
-FD_BYTES = struct.calcsize("i")
-
-
-def hand_over(control, connection):
-    """Pass the connection's descriptor to the worker at the other end of `control` (SCM_RIGHTS)."""
-    control.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", connection.fileno()))])
-
-
-def take_over(control):
-    """The connection the server handed over on `control`, or None when it closed `control` instead."""
-    try:
-        message, ancillary, _, _ = control.recvmsg(1, socket.CMSG_SPACE(FD_BYTES))
-    except OSError:
-        return None
-    fds = [struct.unpack("i", data[:FD_BYTES])[0] for level, kind, data in ancillary
-           if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= FD_BYTES]
-    if message != b"c" or len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return socket.socket(fileno=fds[0])
-
-
-def open_descriptors():
-    """The numbers of this process's open descriptors, or None where the OS does not list them."""
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        try:
-            # The listing's own descriptor is in it: the same number each time the rest is the same.
-            return sorted(int(name) for name in os.listdir(folder))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def process_state(ignore=None):
-    """What a session could leave behind in its process for the next one to meet; None where it cannot be told."""
-    try:
-        return known_process_state(ignore)
-    except (AttributeError, OSError, ValueError):
-        return None  # an OS without one of these: no process serves a second session
-
-
-def known_process_state(ignore):
-    """process_state, raising where the OS cannot tell one of its parts (descriptor `ignore` is not counted)."""
-    descriptors = open_descriptors()
-    if descriptors is None:
-        raise ValueError("no descriptor listing")
-    try:
-        os.waitpid(-1, os.WNOHANG)
-        children = True  # running, or one just reaped: either way the session left them
-    except ChildProcessError:
-        children = False
-    umask = os.umask(0o077)
-    os.umask(umask)
-    here = os.stat(".")
-    return (
-        [fd for fd in descriptors if fd != ignore], children, umask, (here.st_dev, here.st_ino),
-        sorted(os.environ.items()), list(sys.path), list(sys.meta_path), list(sys.path_hooks),
-        [signal.getsignal(number) for number in sorted(signal.valid_signals())],
-        signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getitimer(signal.ITIMER_REAL),
-        threading.active_count(), [os.fstat(fd)[1:3] for fd in (0, 1, 2)],
-        os.getresuid(), os.getresgid(), os.getgroups(), os.getpgrp(), os.getsid(0),
-        os.getpriority(os.PRIO_PROCESS, 0), sys.getrecursionlimit(),
-    )
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper is not ours
+            server.close()
+            for fd in keep_out:
+                os.close(fd)
+            serve_connection(connection, load, secret)
+        finally:
+            os._exit(0)
+    connection.close()
+    return pid
 
 
 def peer_credentials(connection):

@@ -207,7 +207,7 @@ def test_inventory_check_and_hosts_commands(make_testbed, tmp_path):
     bed = make_testbed(2)
     assert run_ddops("inventory", "check", inventory=bed.inventory_path).returncode == 0
     listed = run_ddops("hosts", "--json", inventory=bed.inventory_path)
-    assert [h["name"] for h in json.loads(listed.stdout)] == ["host1", "host2"]
+    assert [h["host"] for h in json.loads(listed.stdout)["hosts"]] == ["host1", "host2"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("hosts:\n  a: {prot: 1}\n")
     proc = run_ddops("inventory", "check", inventory=bad)

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -24,18 +25,12 @@ from ddops.transport.agent import AgentProgram, agent_program, build_program
 from ddops.transport.agent_client import resident_proof
 from tests.conftest import exited, wait_until
 
-# Session processes a resident keeps waiting for the next session (remote/ddops_agent/resident.py).
-MAX_IDLE_WORKERS = 4
 # What an agent on the host sends a resident to learn its secret (remote/README.md, "The resident agent").
 LOCAL_HELLO = b'{"hello": "local"}\n'
 
 # Verbs that show what a request sees, and whether it ran at all.
 PROBE = '''
 import os
-import signal
-import subprocess
-import threading
-import time
 
 from ddops_agent.protocol import verb
 
@@ -59,36 +54,6 @@ def mark_test(payload):
     with open(payload["path"], "w") as handle:
         handle.write("ran")
     return {}
-
-
-@verb("state_test")
-def state_test(payload):
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return {"pid": os.getpid(), "cwd": os.getcwd(), "umask": umask, "variable": os.environ.get("DDOPS_TEST_LEFT"),
-            "descriptors": len(os.listdir("/proc/self/fd")),
-            "alarm_handler": str(signal.getsignal(signal.SIGUSR1))}
-
-
-@verb("leave_test")
-def leave_test(payload):
-    """Leave something of this session in its process, as a careless verb could."""
-    what = payload["what"]
-    if what == "cwd":
-        os.chdir("/")
-    elif what == "umask":
-        os.umask(0o002)
-    elif what == "environment":
-        os.environ["DDOPS_TEST_LEFT"] = "left"
-    elif what == "descriptor":
-        os.open("/dev/null", os.O_RDONLY)
-    elif what == "signal handler":
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    elif what == "thread":
-        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
-    elif what == "child":
-        subprocess.Popen(["sleep", "30"])
-    return {"pid": os.getpid()}
 '''
 
 
@@ -134,7 +99,7 @@ def start(home: Path, linger: float, *requests: bytes, probe: bool = False, prog
           preexec=None, python: str = sys.executable) -> list[dict]:
     """Run an agent session with --linger; its answers. The resident it leaves runs on in the background."""
     program = program or agent_program()
-    command = program.command(python, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime)
+    command = shlex.join(program.argv(python, serve=True, linger=linger, probe_resident=probe, lifetime=lifetime))
     environment = {"HOME": str(home), "PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(home / ".cache"),
                    **(env or {})}
     # In HOME, as sshd starts it (the test's own directory may be one another user cannot enter).
@@ -207,7 +172,7 @@ def test_the_first_answer_names_the_socket_once_it_is_bound_with_the_host_name_i
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
 
-def test_the_resident_answers_later_sessions(home):
+def test_the_resident_answers_later_sessions_each_in_a_process_of_its_own(home):
     first = start(home, 30, journal(home))[0]
     probe = request("facts", {"repo": str(home / "repo")})
     one = ask(first, probe, journal(home))
@@ -218,40 +183,12 @@ def test_the_resident_answers_later_sessions(home):
 
 
 def test_every_request_on_the_resident_meets_a_fresh_agent_in_every_session(home, probe_program):
-    # The server keeps one agent loaded for the sessions it forks, and a session process serves later sessions:
-    # none of them may see another's module state.
+    # The server keeps one agent loaded for the sessions it forks: none of them may see another's module state.
     count = request("count_test", {})
     first = start(home, 30, count, program=probe_program)[0]
     sessions = [ask(first, count, count), ask(first, count), ask(first, count, count, count)]
     assert [[a["result"]["calls_in_this_load"] for a in answers] for answers in sessions] == [[1, 1], [1], [1, 1, 1]]
-
-
-def session_pid(announced: dict) -> int:
-    return ask(announced, request("state_test", {}))[0]["result"]["pid"]
-
-
-def test_once_idle_a_session_process_serves_the_next_session_with_a_fresh_agent(home, probe_program):
-    first = start(home, 30, journal(home), program=probe_program)[0]
-    pids = [session_pid(first)]
-    # The process says it is idle as its session ends; a session that comes sooner gets a new process.
-    wait_until(lambda: pids.append(session_pid(first)) or pids[-1] == pids[-2], timeout=15)
-    count = request("count_test", {})
-    answers = ask(first, count, count) + ask(first, count)
-    assert [a["result"]["calls_in_this_load"] for a in answers] == [1, 1, 1]
-    assert pids[-1] in {a["result"]["pid"] for a in answers}
-
-
-@pytest.mark.parametrize("what", ["cwd", "umask", "environment", "descriptor", "signal handler", "thread", "child"])
-def test_a_session_that_leaves_anything_behind_in_its_process_is_the_last_one_there(home, probe_program, what):
-    first = start(home, 30, journal(home), program=probe_program)[0]
-    fresh = ask(first, request("state_test", {}))[0]["result"]
-    changed = ask(first, request("leave_test", {"what": what}))[0]
-    assert changed["ok"], changed
-    time.sleep(0.3)  # time enough for that process to say it were idle, had it been left as it was
-    after = ask(first, request("state_test", {}))[0]["result"]
-    assert after["pid"] != changed["result"]["pid"]
-    assert {**after, "pid": None} == {**fresh, "pid": None}
-    wait_until(lambda: exited(changed["result"]["pid"]))
+    assert len({answers[0]["result"]["pid"] for answers in sessions}) == 3  # a process per session
 
 
 def test_the_resident_serves_nothing_to_a_peer_that_cannot_prove_its_secret(home, probe_program):
@@ -278,45 +215,10 @@ def test_a_resident_serves_no_peer_in_another_mount_namespace_even_one_that_know
     assert ask(here, journal(home))[0]["ok"]
 
 
-def test_the_resident_leaves_once_idle_and_takes_its_socket_and_session_processes_with_it(home):
-    first = start(home, 1, journal(home))[0]
-    assert ask(first, journal(home))[0]["ok"]  # leaves a session process waiting for the next session
-    assert os.path.exists(first["resident"])
-    wait_until(lambda: not os.path.exists(first["resident"]) and not resident_pids(home), timeout=15)
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def test_session_processes_waiting_for_a_session_leave_when_their_resident_is_killed(home, probe_program):
-    first = start(home, 30, journal(home), program=probe_program)[0]
-    worker = session_pid(first)
-    server = parent_of(worker)
-    os.kill(server, signal.SIGKILL)
-    wait_until(lambda: not resident_pids(home), timeout=15)
-
-
-def test_after_a_burst_of_concurrent_sessions_only_a_few_processes_wait_for_the_next(home, probe_program):
-    first = start(home, 30, journal(home), program=probe_program)[0]
-    secret = bytes.fromhex(first["resident_secret"])
-    clients = []
-    for _ in range(MAX_IDLE_WORKERS + 3):  # all open at once: a process each
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        client.settimeout(30)
-        client.connect(first["resident"])
-        client.sendall(hello(secret) + request("state_test", {}))
-        clients.append((client, client.makefile("rb")))
-    pids = set()
-    for client, reader in clients:
-        reader.readline()  # the greeting
-        pids.add(json.loads(reader.readline())["result"]["pid"])
-    assert len(pids) == MAX_IDLE_WORKERS + 3
-    for client, reader in clients:
-        reader.close()
-        client.close()
-    wait_until(lambda: len([pid for pid in pids if not exited(pid)]) == MAX_IDLE_WORKERS)
-    assert session_pid(first) in pids  # one of those that stayed serves the next
+def test_the_resident_leaves_once_idle_and_takes_its_socket_with_it(home):
+    path = start(home, 1, journal(home))[0]["resident"]
+    assert os.path.exists(path)
+    wait_until(lambda: not os.path.exists(path) and not resident_pids(home), timeout=15)
 
 
 def test_a_busy_resident_still_leaves_at_the_end_of_its_lifetime(home):

@@ -45,14 +45,14 @@ def test_commit_refuses_two_hard_links_to_one_file(repo):
 # A concurrent writer, simulated exactly between the commit's first compare-and-swap and its second file's write:
 # the hook edits other.py when the commit backs it up (what the commit does right before writing it).
 RACE_MODULE = '''
-import ddops_agent.verbs as verbs
+import ddops_agent.patch_verbs as patch_verbs
 
-real_store_backup = verbs.store_backup
+real_store_backup = patch_verbs.store_backup
 
 
 def store_backup(state, data, sha):
     real_store_backup(state, data, sha)
-    other = verbs.os.path.join(verbs.os.path.dirname(state), "other.py")
+    other = patch_verbs.os.path.join(patch_verbs.os.path.dirname(state), "other.py")
     with open(other, "rb") as handle:
         current = handle.read()
     if current == data:
@@ -60,7 +60,7 @@ def store_backup(state, data, sha):
             handle.write(b"# edited by someone else meanwhile\\n")
 
 
-verbs.store_backup = store_backup
+patch_verbs.store_backup = store_backup
 '''
 
 

@@ -56,3 +56,19 @@ def test_a_missing_key_file_names_the_inventory_line_it_came_from(tmp_path):
                 identity_origin="inv.yaml:4: hosts.h.identity_file")
     with pytest.raises(InventoryError, match=r"^inv.yaml:4: hosts.h.identity_file: .*nope does not exist$"):
         KeyRing().prepare([host])
+
+
+def test_an_encrypted_key_whose_public_half_is_unknown_is_left_to_the_agents_keys(tmp_path, monkeypatch):
+    """A PEM key without its .pub: which agent key is its copy cannot be told, so the agent is not refused."""
+    import paramiko
+
+    key = tmp_path / "pem"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-m", "PEM", "-N", "secret", "-f", str(key)],
+                   check=True)
+    Path(f"{key}.pub").unlink()
+    assert public_blob_of(str(key)) is None and is_encrypted(key.read_bytes())
+    ring = KeyRing()
+    monkeypatch.setattr(ring, "agent_keys", lambda: (paramiko.Ed25519Key.from_private_key_file(
+        str(keygen(tmp_path / "other", ""))),))
+    (found,) = ring.identity_files(Host("h", "10.0.0.1", identity_file=str(key)))
+    assert found.encrypted and found.key is None

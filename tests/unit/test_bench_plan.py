@@ -252,7 +252,7 @@ def test_hostile_env_values_reach_the_command_unchanged(tmp_path):
         """)
     value = "'; touch PWNED; echo '$(touch PWNED)"
     (run,) = expand_runs(plan, {"v": value})
-    # The runner passes env as the process environment (remote/agent_bench.py), never through a shell line.
+    # The runner passes env as the process environment (remote/ddops_agent/bench.py), never through a shell line.
     out = subprocess.run(["sh", "-c", run.command], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, **run.env})
     assert out.stdout == value

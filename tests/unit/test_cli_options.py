@@ -43,7 +43,7 @@ def test_global_options_given_after_the_command_count_as_if_given_before():
 
     wrapped = with_global_options(probe)
     st = AppState(inventory="before.yaml", forks=32)
-    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st})()
+    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
     wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True)
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
     assert st.ask_key_passphrase
@@ -61,7 +61,7 @@ def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
     names = list(__import__("inspect").signature(wrapped).parameters)
     assert {"host", "group", "all_", "limit"} <= set(names) and "selection" not in names
     st = AppState()
-    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st})()
+    ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
     wrapped(ctx, host=["a"], group=None, all_=False, limit="g*", inventory=None, json_out=False, verbose=0,
             forks=None, accept_new=False, ask_key_passphrase=False)
     assert got["selection"].hosts == ("a",) and got["selection"].limit == "g*" and not got["selection"].all

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from ddops.errors import DdopsError
 from ddops.patching.journal import (JOURNAL_APPLIED, MODIFIED, NOT_APPLIED, active_applications, effective_state,
-                                    last_written, modified_files, patch_state, plan_rollback, rollback_entries)
+                                    last_written, modified_files, patch_state, plan_rollback)
+from tests.unit.test_agent import ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, ok, sha
 
 
 def apply(patch: str, file: str, before: str, after: str) -> dict:
@@ -106,22 +105,43 @@ def test_forced_rollback_over_an_edit_saves_it_first():
     assert plan.ok
     [restore] = plan.restores
     assert restore.save_foreign and restore.modified and restore.restore == "s1"
-    ids = (f"e{i}" for i in itertools.count())
-    entries = rollback_entries(plan, "now", lambda: next(ids))
-    assert [(e["event"], e["before"], e["after"]) for e in entries] == [
-        ("save-foreign", "s2", "edited"), ("rollback", "edited", "s1")]
-    after = JOURNAL + entries
-    assert patch_state(after, "crop-relative", "ddtree.py", "s1") == NOT_APPLIED
-    assert patch_state(after, "hybrid-cache", "ddtree.py", "s1") == JOURNAL_APPLIED
 
 
-def test_rollback_entries_chain_newest_first_and_leave_nothing_active():
-    plan = plan_rollback(JOURNAL, AS_LEFT)
-    entries = rollback_entries(plan, "now", lambda: "id")
-    ddtree = [(e["patch"], e["before"], e["after"]) for e in entries if e["file"] == "ddtree.py"]
-    assert ddtree == [("crop-relative", "s2", "s1"), ("hybrid-cache", "s1", "s0")]
-    assert active_applications(JOURNAL + entries) == []
-    assert last_written(JOURNAL + entries, "ddtree.py") == "s0"
+def carry_out(repo, plan, force=False) -> list:
+    """The agent's rollback of `plan`, sent as rollback_host sends it; the journal it leaves."""
+    ok("rollback", {"repo": str(repo), "actor": "alice@laptop", "ddops_version": "0.1.0", "lock_timeout": 2,
+                    "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
+                                  "restore_sha256": r.restore, "force": force} for r in plan.restores]})
+    return ok("journal", {"repo": str(repo)})["entries"]
+
+
+def stacked(repo) -> list:
+    """ddtree.py patched twice by the agent (hybrid-cache, then crop-relative over it); the journal it wrote."""
+    (repo / "ddtree.py").write_bytes(ORIGINAL)
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED, ["hybrid-cache"])))
+    ok("commit", commit_payload(repo, change("ddtree.py", PATCHED, PATCHED_AGAIN, ["crop-relative"])))
+    return ok("journal", {"repo": str(repo)})["entries"]
+
+
+def test_the_journal_the_agent_leaves_after_a_forced_rollback_over_an_edit_says_not_applied(tmp_path):
+    entries = stacked(tmp_path)
+    (tmp_path / "ddtree.py").write_bytes(b"edited = True\n")
+    plan = plan_rollback(entries, {"ddtree.py": sha(PATCHED_AGAIN)}, ["crop-relative"], force=True)
+    after = carry_out(tmp_path, plan, force=True)
+    assert [e["event"] for e in after[len(entries):]] == ["save-foreign", "rollback"]
+    assert (tmp_path / "ddtree.py").read_bytes() == PATCHED
+    assert patch_state(after, "crop-relative", "ddtree.py", sha(PATCHED)) == NOT_APPLIED
+    assert patch_state(after, "hybrid-cache", "ddtree.py", sha(PATCHED)) == JOURNAL_APPLIED
+
+
+def test_the_journal_the_agent_leaves_after_rolling_back_stacked_patches_has_nothing_active(tmp_path):
+    entries = stacked(tmp_path)
+    plan = plan_rollback(entries, {"ddtree.py": sha(PATCHED_AGAIN)})
+    assert plan.restores[0].patches == ("crop-relative", "hybrid-cache")
+    after = carry_out(tmp_path, plan)
+    assert (tmp_path / "ddtree.py").read_bytes() == ORIGINAL
+    assert active_applications(after) == []
+    assert last_written(after, "ddtree.py") == sha(ORIGINAL)
 
 
 def test_a_missing_file_is_refused_unless_forced_and_then_nothing_is_saved():

@@ -245,3 +245,13 @@ def test_help_reads_no_ssh_config():
             "print('loaded:' + ','.join(m for m in ('ddops.sshconfig', 'ddops.inventory') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "loaded:"
+
+
+def test_a_host_key_alias_set_in_ssh_config_is_honoured(tmp_path):
+    if shutil.which("ssh") is None:
+        pytest.skip("needs an ssh client")
+    path = tmp_path / "config"
+    path.write_text("Host gpu-a\n  HostName 10.0.0.5\n  HostKeyAlias gpu-a.behind-gw-a\n")
+    config = load_ssh_config(path)
+    assert config.lookup("gpu-a")["host_key_alias"] == "gpu-a.behind-gw-a"
+    assert "host_key_alias" not in config.lookup("gpu-b")

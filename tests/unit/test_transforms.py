@@ -68,6 +68,12 @@ def test_set_call_kwarg_appends_after_positional_args_and_keeps_a_one_per_line_l
                         callee="make", keyword="config", value="cfg")
 
 
+def test_set_call_kwarg_gives_a_bare_generator_argument_its_parentheses():
+    assert_applies_once("set_call_kwarg", "c = DynamicCache(x for x in y)\n",
+                        "c = DynamicCache((x for x in y), config=None)\n",
+                        callee="DynamicCache", keyword="config", value="None")
+
+
 def test_set_call_kwarg_matches_dotted_callees_and_respects_in_function():
     before = (
         "def a():\n    x = torch.zeros(3)\n\n"

@@ -1,4 +1,4 @@
-"""The core verbs: snapshot, commit, rollback, read_backup, journal."""
+"""The patch verbs: snapshot, commit, rollback, read_backup, journal."""
 
 import os
 import stat

@@ -1,0 +1,255 @@
+"""Planning that needs no libcst: the text kinds, the UTF-8 check, and a prefilter for the Python kinds.
+
+libcst is slow to import and to run (benchmarks/fleet-speed/RESULTS.md); CPython's own parser reads the same file
+far faster. So before a Python transform runs with libcst, the prefilter asks whether the file's text can contain a
+site at all (every site needs certain names, e.g. the callee's); when it cannot, and `ast` parses the file, the
+outcome is libcst's `not found` without libcst. It returns None whenever it could disagree with the libcst transform
+(a syntax error, whose message libcst words; an encoding libcst would read otherwise), and the caller then runs
+libcst: the outcome never depends on which ran. tests/unit/test_engine_corpus.py holds the two to the same outcomes.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import textwrap
+import threading
+import warnings
+from typing import Any, Mapping
+
+from ddops.patching.kinds import TEXT_KINDS, Outcome, decide, is_header, substitute_placeholders
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text kinds and encodings: no parser at all.
+
+
+def is_text_kind(kind: str) -> bool:
+    return kind in TEXT_KINDS
+
+
+def utf8_error(path: str, source: bytes) -> Outcome | None:
+    """An error outcome when source is not UTF-8 (ddops edits UTF-8 only), else None."""
+    from ddops.patching.kinds import ERROR
+
+    try:
+        source.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = source[: exc.start].count(b"\n") + 1
+        return Outcome(ERROR, f"{path}:{line}: not valid UTF-8 (byte {exc.start}): ddops edits UTF-8 files only")
+    return None
+
+
+def text_replace(source: bytes, old: str, new: str, expect: int, path: str) -> tuple[Outcome, bytes]:
+    """Exact text `old` -> `new`; an occurrence of `new` is an applied site. Keeps the file's CRLF line endings."""
+    error = utf8_error(path, source)
+    if error is not None:
+        return dataclasses.replace(error, plain_text=True, expected=expect), source
+    text = source.decode("utf-8")
+    first_nl = text.find("\n")
+    if first_nl > 0 and text[first_nl - 1] == "\r":
+        old, new = _crlf(old), _crlf(new)
+    olds = _spans(text, old)
+    news = _spans(text, new)
+    pending = [o for o in olds if not any(n[0] <= o[0] and o[1] <= n[1] for n in news)]
+    applied = [n for n in news if not any(o[0] <= n[0] and n[1] <= o[1] for o in pending)]
+
+    def line(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
+
+    first_line = old.strip().splitlines()[0] if old.strip() else old
+    what = f"text `{first_line}`" + (" (+ more lines)" if old.strip().count("\n") else "")
+    outcome = decide(path, what, [line(s) for s, _ in pending], [line(s) for s, _ in applied], expect,
+                     plain_text=True)
+    if not outcome.changes:
+        return outcome, source
+    parts: list[str] = []
+    pos = 0
+    for start, end in pending:
+        parts.append(text[pos:start])
+        parts.append(new)
+        pos = end
+    parts.append(text[pos:])
+    return outcome, "".join(parts).encode("utf-8")
+
+
+def _crlf(s: str) -> str:
+    return s.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def _spans(text: str, needle: str) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    start = text.find(needle)
+    while start != -1:
+        out.append((start, start + len(needle)))
+        start = text.find(needle, start + len(needle))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing the file with the standard library.
+
+class Decline(Exception):
+    """The prefilter cannot vouch for libcst's answer here: run the libcst transform."""
+
+
+_PARSE_LOCK = threading.Lock()
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+def parse(source: bytes) -> ast.Module:
+    """The file's stdlib syntax tree, or Decline where libcst might read the file differently."""
+    if source.startswith(b"\xef\xbb\xbf") or source.count(b"\r") != source.count(b"\r\n"):
+        raise Decline("byte-order mark or lone CR")  # left to libcst, which reads them its own way
+    for line in source.split(b"\n", 2)[:2]:
+        m = _CODING.match(line)
+        if m and m.group(1).lower().replace(b"_", b"-") not in (b"utf-8", b"utf8"):
+            raise Decline("declared encoding")  # libcst would decode (and re-encode) the file with it
+    try:
+        # ast.parse may warn (invalid escapes); warnings' filters are process-wide, hence the lock.
+        with _PARSE_LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise Decline(f"stdlib parser: {exc}") from None  # libcst words the error (and its position) itself
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What libcst's transformers call a site, and the names any site needs.
+
+def describe(kind: str, params: Mapping[str, Any]) -> str:
+    """The transformer's describe() for a kind, without building it (Decline where that needs libcst)."""
+    scope = f" in {params['in_function']}()" if params.get("in_function") else ""
+    if kind == "set_call_kwarg":
+        target = f"{params['assigned_to']} = " if params.get("assigned_to") else ""
+        return f"`{target}{params['callee']}(...)`{scope}"
+    if kind in ("replace_expression",):
+        return f"`{params['match'].strip()}`{scope}"
+    if kind == "wrap_statement_in_if":
+        return f"`{params['statement'].strip()}`{scope}"
+    if kind == "insert_statement" and params.get("anchor") is not None:
+        statement = params["statement"]
+        many, compound = _statement_shape(statement)
+        lines = textwrap.dedent(statement).strip().splitlines()
+        shown = (lines[0] if lines else "") + (" ..." if many or compound else "")
+        anchor_lines = textwrap.dedent(params["anchor"]).strip().splitlines()
+        where = f"{params.get('position') or 'after'} `{anchor_lines[0] if anchor_lines else ''}`"
+        return f"`{shown}` {where}{scope}"
+    raise Decline(f"no description for {kind}")
+
+
+def _statement_shape(text: str) -> tuple[bool, bool]:
+    """(more than one libcst statement line, the first is compound) for insert_statement's text."""
+    source, _ = substitute_placeholders(textwrap.dedent(text).strip("\n") + "\n")
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        raise Decline("statement does not parse") from None
+    if not body:
+        raise Decline("no statement")
+    # libcst groups `a; b` on one line into one statement; ast gives two.
+    lines = 1
+    for prev, stmt in zip(body, body[1:]):
+        if _is_compound(prev) or _is_compound(stmt) or stmt.lineno != prev.end_lineno:
+            lines += 1
+    return lines > 1, _is_compound(body[0])
+
+
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
+             ast.With, ast.AsyncWith, ast.Try, ast.Match) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+
+
+def _is_compound(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, _COMPOUND)
+
+
+def _names(text: str, mode: str) -> set[str]:
+    """Identifiers (names, attributes, def/class/argument names) in a pattern; placeholders excluded."""
+    source, _ = substitute_placeholders(textwrap.dedent(text).strip())
+    if mode == "statement":  # an anchor: a statement, or a compound statement's header alone
+        if is_header(source):
+            source += "\n    pass"
+        mode = "exec"
+    tree = ast.parse(source + ("\n" if mode != "eval" else ""), mode=mode)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return {n for n in out if not n.startswith("__ddops_var_")}
+
+
+def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
+    """Alternatives of names: every site of the kind contains all names of at least one set (None: no filter).
+
+    A name absent from the file's text cannot be a name in its syntax tree (libcst keeps identifiers verbatim).
+    """
+    scope = {params["in_function"]} if params.get("in_function") else set()
+    try:
+        if kind == "set_call_kwarg":
+            needed = {params["callee"].split(".")[-1]} | scope
+            if params.get("assigned_to"):
+                needed.add(params["assigned_to"])
+            return [needed]
+        if kind == "replace_expression":
+            # a site is the pattern (pending) or the replacement (applied)
+            alternatives = [_names(params["match"], "eval") | scope, _names(params["replace"], "eval") | scope]
+        elif kind == "wrap_statement_in_if":
+            alternatives = [_names(params["statement"], "exec") | scope]
+        elif kind == "insert_statement" and params.get("anchor") is not None:
+            alternatives = [_names(params["anchor"], "statement") | scope]
+        else:
+            return None
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if any(not names for names in alternatives):
+        return None  # a pattern of placeholders and literals only: anything may match
+    return alternatives
+
+
+def _wrap_constructible(params: Mapping[str, Any]) -> bool:
+    """WrapStatementInIf raises (an ERROR outcome) unless its statement is one simple statement."""
+    source, _ = substitute_placeholders(textwrap.dedent(params["statement"]).strip("\n") + "\n")
+    try:
+        body = ast.parse(source).body
+        ast.parse(substitute_placeholders(params["condition"].strip())[0], mode="eval")
+    except SyntaxError:
+        return False
+    return len(body) == 1 and not _is_compound(body[0])
+
+
+def prefiltered(kind: str, params: Mapping[str, Any], expect: int, path: str, source: bytes) -> Outcome | None:
+    """libcst's `not found` outcome when the text cannot hold a site (and the file parses), else None."""
+    alternatives = required_names(kind, params)
+    if alternatives is None:
+        return None
+    text = source.decode("utf-8")
+    if any(all(name in text for name in names) for names in alternatives):
+        return None
+    if kind == "wrap_statement_in_if" and not _wrap_constructible(params):
+        return None
+    try:
+        what = describe(kind, params)
+        parse(source)
+    except Decline:
+        return None
+    return decide(path, what, [], [], expect)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The entry point plan.py calls before libcst.
+
+def plan_without_libcst(kind: str, params: Mapping[str, Any], expect: int, path: str, source: bytes) -> Outcome | None:
+    """libcst's outcome where the file cannot hold a site of the transform (it is then left as it is); None: ask
+    libcst."""
+    try:
+        return prefiltered(kind, params, expect, path, source)
+    except Decline:
+        return None
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError):
+        return None  # odd params or input: libcst's own path reports it
