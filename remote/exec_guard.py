@@ -76,35 +76,34 @@ def end_group(child, grace):
     return True
 
 
-class Cancelled(Exception):
-    """A TERM, INT or HUP for us (ddops' Ctrl-C watchdog, sudo passing one on): end the command as at a timeout."""
-
-
 def main(argv):
     timeout, grace, command = float(argv[0]), float(argv[1]), argv[2:]
+    received = []  # a TERM, INT or HUP for us (ddops' Ctrl-C watchdog, or sudo passing one on)
+
+    def note(number, _frame):
+        received.append(number)
+
+    # Before the command starts: a signal from now on ends it as a timeout does, never just this guard.
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, note)
     try:
         # A session of its own: its group id is its pid, and nothing of ours (this guard, the login shell) is in it.
         child = subprocess.Popen(command, start_new_session=True)
     except OSError as error:
         sys.stderr.write("ddops: failed to run command '%s': %s\n" % (command[0], error.strerror))
         return 127 if error.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-    received = []
-
-    def cancel(number, _frame):
-        if not received:  # once: a second signal must not cut the ending of the group short
-            received.append(number)
-            raise Cancelled()
-
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(number, cancel)
-    try:
-        code = child.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return KILLED if end_group(child, grace) else TIMED_OUT
-    except Cancelled:
-        end_group(child, grace)
-        return 128 + received[0]
-    return code if code >= 0 else 128 - code
+    deadline = time.monotonic() + timeout
+    while not received:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return KILLED if end_group(child, grace) else TIMED_OUT
+        try:
+            code = child.wait(timeout=min(left, 0.1))
+        except subprocess.TimeoutExpired:
+            continue
+        return code if code >= 0 else 128 - code
+    end_group(child, grace)
+    return 128 + received[0]
 
 
 if __name__ == "__main__":

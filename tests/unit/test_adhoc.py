@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
-from pathlib import Path
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from ddops.tasks.adhoc import (STOP_LINE, ExecOutput, ExecSpec, LineSplitter, gr
                                outcome_of, remote_command, sudo_refusal, timed_out, with_watchdog)
 from ddops.errors import UsageError
 from ddops.inventory import Host
+from tests.conftest import wait_until
 
 ROOT = Host(name="a", address="127.0.0.2", repo="/root/my repo", command_timeout=120.0)
 USER = Host(name="b", address="127.0.0.3", user="alice", repo="/home/alice/ddtree")
@@ -184,20 +186,22 @@ def test_stdin_closing_without_the_stop_line_leaves_the_command_running():
 def test_the_stop_line_ends_a_command_that_ignores_term_through_the_guard():
     # The command runs in a session of its own under the guard: the watchdog's TERM reaches the guard, which ends
     # the command's group, TERM then KILL, and exits 128+15 itself (a KILL from the watchdog could not reach it).
-    line = remote_command(ExecSpec(shell="trap '' TERM; sleep 300.9", timeout=60), ROOT)
-    proc = _watched(line)
-    proc.stdin.write(STOP_LINE)
-    proc.stdin.close()
-    assert proc.wait(timeout=60) == 143
+    seconds = f"300.{os.getpid()}"  # no other process's, not even an earlier run's
 
-    def left() -> list[str]:
+    def running() -> list[str]:
         found = []
         for entry in Path("/proc").iterdir():
             try:
-                if entry.name.isdigit() and (entry / "cmdline").read_bytes() == b"sleep\0300.9\0":
+                if entry.name.isdigit() and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode() and \
+                        (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
                     found.append(entry.name)
             except OSError:
                 continue
         return found
 
-    assert left() == []
+    proc = _watched(remote_command(ExecSpec(shell=f"trap '' TERM; sleep {seconds}", timeout=60), ROOT))
+    wait_until(running, timeout=30)  # Ctrl-C once the command runs
+    proc.stdin.write(STOP_LINE)
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 143
+    assert running() == []
