@@ -150,6 +150,7 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "known_hosts": str,
     "ssh_config": str,
     "patches": list,
+    "bench": str,
     "playbook_dirs": list,
     "groups": dict,
     "hosts": dict,
@@ -217,6 +218,9 @@ class Inventory:
     playbook_dirs: tuple[str, ...] = ()
     # `file:line` of each `patches:` entry, for errors about the playbook it names.
     patches_where: tuple[str, ...] = field(default=(), compare=False)
+    # The bench plan `ddops bench` runs when none is named (None: it names none and runs nothing), and its file:line.
+    bench: str | None = None
+    bench_where: str = field(default="", compare=False)
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -300,6 +304,11 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
             raise _err(doc, ("patches", i), f"must be a playbook name, not {describe(p)}")
     # A path in `patches:` is read against the inventory's folder, not the working directory.
     patches = [str(folder / Path(p).expanduser()) if looks_like_playbook_path(p) else p for p in patches]
+    bench = data.get("bench")
+    if bench is not None and not bench:
+        raise _err(doc, ("bench",), "must name a bench plan")
+    if bench and looks_like_playbook_path(bench):
+        bench = str(folder / Path(bench).expanduser())
     playbook_dirs = data.get("playbook_dirs") or []
     for i, d in enumerate(playbook_dirs):
         if not isinstance(d, str) or not d:
@@ -373,6 +382,8 @@ def parse_inventory(doc: YamlDoc, ssh_config: SshConfig | OpenSshConfig | None =
         jump_hosts=tuple(hop_hosts.values()),
         playbook_dirs=tuple(str(folder / Path(d).expanduser()) for d in playbook_dirs),
         patches_where=tuple(doc.where(("patches", i)) for i in range(len(patches))),
+        bench=bench or None,
+        bench_where=doc.where(("bench",)) if bench else "",
     )
 
 

@@ -419,6 +419,7 @@ TOP_NOTES = {
     "known_hosts": "host keys are checked against this file (--accept-new records unknown ones)",
     "ssh_config": "read as `ssh -G` reads it (default ~/.ssh/config)",
     "patches": "playbooks `ddops patch` applies when none is named (names, or paths next to this file)",
+    "bench": "the bench plan `ddops bench --all` runs when none is named (none: it runs nothing)",
     "playbook_dirs": "your own playbooks and bench plans (folders next to this file), searched before the built-ins",
     "groups": "settings per group",
     "hosts": "every host by name",

@@ -3,6 +3,3 @@
 Only results.py imports torch, lazily, inside the function that reads `.pt` files; plot.py imports matplotlib
 the same way. Everything else here is pure and cheap to import.
 """
-
-# The plan `ddops bench` runs when none is named (kept here so the CLI need not import the launch machinery).
-DEFAULT_PLAN = "ddtree-bench"

@@ -48,6 +48,21 @@ def load_plan(name_or_path: str, inventory: Inventory | None = None) -> BenchPla
     return load_bench_plan(resolve_plan_path(name_or_path, plan_dirs(inventory)))
 
 
+def list_plans(inventory: Inventory | None = None) -> list[tuple[str, str]]:
+    """(name, description) of every bench plan where bare names are looked up, first of each name only."""
+    found: dict[str, str] = {}
+    for d in plan_dirs(inventory):
+        for path in sorted(Path(d).glob("*.y*ml")):
+            if path.stem in found or path.suffix not in (".yaml", ".yml"):
+                continue
+            try:
+                plan = load_bench_plan(path)
+            except DdopsError:
+                continue  # a patch playbook, or a plan `playbook lint` would name the fault of
+            found[path.stem] = " ".join((plan.description or "").split())
+    return list(found.items())
+
+
 # --- patch states --------------------------------------------------------------------------------------------------
 
 

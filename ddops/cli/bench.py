@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 import typer
 from typer.core import TyperGroup
 
-from ddops.bench import DEFAULT_PLAN
 from ddops.cli.common import (CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, finish, recap, state,
                               write_document)
 
@@ -55,7 +54,9 @@ def register(app: typer.Typer) -> None:
 
 @command(bench_app, "run")
 def run(ctx: typer.Context, selection: Selection,
-        plan: Annotated[str, typer.Argument(help="Bench plan: a name from playbooks/ or a YAML path.")] = DEFAULT_PLAN,
+        plan: Annotated[Optional[str], typer.Argument(
+            help="Bench plan: a name from playbooks/ or a YAML path (default: the inventory's `bench:`).",
+            show_default=False)] = None,
         follow: FollowOpt = None,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
@@ -69,17 +70,16 @@ def run(ctx: typer.Context, selection: Selection,
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
-    from ddops.bench.preflight import load_plan
     from ddops.tasks.bench import check_task, launch_task
     from ddops.bench.plan import narrow_plan, parse_assignments
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
-    bench_plan = narrow_plan(load_plan(plan, state(ctx).load_inventory()),
+    bench_plan = narrow_plan(_plan(state(ctx).load_inventory(), plan),
                              {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
                              parse_assignments(only or (), "--only"))
     if check:
         on = OnHosts(ctx, "bench --check", selection)
-        on.finish(on.run(check_task(bench_plan), title=f"bench {bench_plan.name} --check"))
+        on.finish(on.run(check_task(bench_plan), title=f"bench {bench_plan.name} --check"), {"plan": bench_plan.name})
         return
     on = OnHosts(ctx, "bench", selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
@@ -91,7 +91,7 @@ def run(ctx: typer.Context, selection: Selection,
                                         "hosts": [h.name for h in launched], "inventory": on.inventory.path,
                                         "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if on.json:
-        on.finish(results, {"run_id": rid if launched else None})
+        on.finish(results, {"run_id": rid if launched else None, "plan": bench_plan.name})
         return
     recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
     if not launched:
@@ -107,6 +107,39 @@ def run(ctx: typer.Context, selection: Selection,
     from ddops.fleet import worst_exit_code
 
     raise typer.Exit(max(code, worst_exit_code(results)))
+
+
+def _plan(inventory: "Inventory", named: str | None) -> Any:
+    """The plan named, else the inventory's `bench:`; with neither, the plans there are, and nothing launched."""
+    from ddops.bench.preflight import list_plans, load_plan
+    from ddops.errors import PlaybookError, UsageError
+
+    if named:
+        return load_plan(named, inventory)
+    if inventory.bench:
+        try:
+            return load_plan(inventory.bench, inventory)
+        except PlaybookError as exc:
+            raise PlaybookError(f"{inventory.bench_where}: bench: {exc}") from None
+    plans = list_plans(inventory)
+    if not state_json():
+        from rich.table import Table
+
+        table = Table(title="bench plans", header_style="bold")
+        table.add_column("plan", no_wrap=True)
+        table.add_column("what it runs", overflow="fold")
+        for name, description in plans:
+            table.add_row(escape(name), escape(description))
+        err_console.print(table)
+    raise UsageError(f"no bench plan named and no `bench:` in {inventory.path}: nothing launched; name one "
+                     f"(`ddops bench PLAN --all`) or set `bench: PLAN` there ({', '.join(n for n, _ in plans)})")
+
+
+def state_json() -> bool:
+    from ddops.cli.common import current_state
+
+    current = current_state()
+    return bool(current and current.json)
 
 
 def _hints(run_id: str, detached: bool) -> None:

@@ -307,3 +307,16 @@ def test_one_address_behind_two_jumps_is_two_hosts_each_with_a_host_key_alias(tm
            "`host_key_alias`" in error_of(tmp_path, hosts % ", host_key_alias: gpu-a")
     assert "hosts.gpu-b: same address 10.0.0.5:22 behind gw-a as host 'gpu-a'" in error_of(
         tmp_path, hosts.replace("proxy_jump: gw-b", "proxy_jump: gw-a") % ", host_key_alias: gpu-b")
+
+
+def test_bench_names_the_default_plan_and_a_path_is_read_against_the_inventory_folder(tmp_path):
+    inv = tmp_path / "fleet" / "inventory.yaml"
+    inv.parent.mkdir()
+    inv.write_text("bench: ./plans/ours.yaml\nhosts:\n  a: {address: 127.0.0.2}\n")
+    loaded = load_inventory(inv)
+    assert loaded.bench == str(tmp_path / "fleet" / "plans" / "ours.yaml") and loaded.bench_where == f"{inv}:1"
+    inv.write_text("hosts:\n  a: {address: 127.0.0.2}\n")
+    assert load_inventory(inv).bench is None
+    inv.write_text("bench: [a, b]\nhosts:\n  a: {address: 127.0.0.2}\n")
+    with pytest.raises(InventoryError, match=r"inventory.yaml:1: bench"):
+        load_inventory(inv)
