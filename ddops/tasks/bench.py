@@ -106,10 +106,10 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, Age
     return check
 
 
-def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
+def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
 
-    preflight = _preflight(plan)
+    preflight = _preflight(plan, pins)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -131,10 +131,10 @@ def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, AgentSession], 
     return task
 
 
-def check_task(plan: BenchPlan) -> Callable[[Host, AgentSession], TaskOutcome]:
+def check_task(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    preflight = _preflight(plan)
+    preflight = _preflight(plan, pins)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
