@@ -10,7 +10,7 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
+from ddops.cli.common import (AcceptNewOpt, AllRowsOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
                               VerboseOpt, current_state, err_console, escape, write_document)
 from ddops.errors import EXIT_USAGE, DdopsError
 
@@ -45,11 +45,12 @@ def main_callback(
                               "(~/.ssh/config fills in the rest; before the command: after it, -H is --host).",
         show_default=False)] = None,
     ask_key_passphrase: AskKeyPassphraseOpt = False,
+    all_rows: AllRowsOpt = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:
     ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, accept_new=accept_new,
-                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts)
+                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts, all_rows=all_rows)
     if forks is not None:
         ctx.obj.forks = forks
 
