@@ -12,9 +12,10 @@ import re
 import subprocess
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from ddops.errors import DdopsError
+from ddops.errors import DdopsError, UsageError
 from ddops.strenum import StrEnum
 
 if TYPE_CHECKING:
@@ -149,6 +150,18 @@ def check_url(url: str) -> None:
 
 
 GitRunner = Callable[..., str]
+
+
+def checked_clone(path: str) -> str:
+    """--from's clone as an absolute path; UsageError when it is not a directory holding a git clone."""
+    clone = Path(path).expanduser()
+    if not clone.is_dir():
+        raise UsageError(f"--from {path}: not a directory")
+    try:
+        local_git(["rev-parse", "--git-dir"], cwd=clone)
+    except SyncError:
+        raise UsageError(f"--from {path}: not a git clone") from None
+    return str(clone.resolve())
 
 
 def resolve_pin(url: str | None, rev: str | None, from_clone: str | None = None,

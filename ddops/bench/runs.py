@@ -64,6 +64,8 @@ class StepStatus(StrEnum):
         return cls._value2member_map_.get(str(value or "pending"), cls.UNKNOWN)  # type: ignore[return-value]
 
 
+# The agent's error kinds that mean "this host has no such run" (no repo: no runs at all), which is not a fault.
+NO_RUN_KINDS = ("no_run", "no_repo")
 RUNNING_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING)
 TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.ERROR, RunStatus.LOST)
 RESULTS_ENV = settings.RESULTS_DIR.name

@@ -161,17 +161,31 @@ def _indexes(spec: str, total: int) -> list[int]:
     return [i for i in out if 0 <= i < total]
 
 
-def parse_squeue(text: str, job_id: str, total: int) -> dict[int, TaskState]:
-    """`squeue -h -r -j JOB -o '%i|%F|%K|%T|%r|%N'` lines -> live task states."""
-    tasks: dict[int, TaskState] = {}
+# What squeue's --format codes mean (Slurm's man page). Which of them the agent asks for, in what order, is the
+# agent's (remote/ddops_agent/slurm.py SLURM_SQUEUE_FORMAT): it sends that format with the output.
+SQUEUE_CODES = {"%i": "own_id", "%F": "array_job_id", "%K": "index", "%T": "state", "%r": "reason", "%N": "node"}
+
+
+def _columns(text: str, names: Sequence[str], sep: str) -> Iterable[dict[str, str]]:
+    """Each line of text as {name: column}, skipping lines whose column count is not the format's."""
     for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 6 or parts[1] != job_id:
+        parts = line.strip().split(sep)
+        if len(parts) == len(names):
+            yield dict(zip(names, parts))
+
+
+def parse_squeue(text: str, job_id: str, total: int, fmt: str) -> dict[int, TaskState]:
+    """`squeue -h -r -j JOB -o FMT` lines (FMT: `%i|%F|%K|%T|%r|%N`, any order) -> live task states."""
+    names = [SQUEUE_CODES.get(code, code) for code in fmt.split("|")]
+    tasks: dict[int, TaskState] = {}
+    for row in _columns(text, names, "|"):
+        if row.get("array_job_id") != job_id or "index" not in row:
             continue
-        own, _array, index, state, reason, node = parts[:6]
-        for i in _indexes(index, total):
-            tasks[i] = TaskState(i, _base_state(state), "squeue", reason=reason or None, node=node or None,
-                                 job_id=own.split("_")[0] if "_" not in own else None)
+        own = row.get("own_id", "")
+        for i in _indexes(row["index"], total):
+            tasks[i] = TaskState(i, _base_state(row.get("state", "")), "squeue", reason=row.get("reason") or None,
+                                 node=row.get("node") or None, job_id=own.split("_")[0] if own and "_" not in own
+                                 else None)
     return tasks
 
 
@@ -202,17 +216,18 @@ def parse_scontrol(text: str, job_id: str, total: int) -> dict[int, TaskState]:
     return tasks
 
 
-def parse_sacct(text: str, job_id: str, total: int, job_ids: Mapping[str, int] | None = None) -> dict[int, TaskState]:
-    """`sacct -n -P -o JobID,State,ExitCode,NodeList` -> task states. IDs are `JOB_INDEX` with accounting, or the
-    task's own job id from the job completion log (`sacct -c`), mapped through `job_ids` (own id -> index)."""
+def parse_sacct(text: str, job_id: str, total: int, fields: str,
+                job_ids: Mapping[str, int] | None = None) -> dict[int, TaskState]:
+    """`sacct -n -P -o FIELDS` (JobID, State, ExitCode, NodeList in the agent's order) -> task states. IDs are
+    `JOB_INDEX` with accounting, or the task's own job id from the job completion log (`sacct -c`), mapped through
+    `job_ids` (own id -> index)."""
     tasks: dict[int, TaskState] = {}
     job_ids = job_ids or {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 4 or "." in parts[0]:  # JOB_3.batch, JOB_3.extern: steps, not the task
+    for row in _columns(text, fields.split(","), "|"):
+        ident, state, node = row.get("JobID", ""), row.get("State", ""), row.get("NodeList", "")
+        if not ident or "." in ident:  # JOB_3.batch, JOB_3.extern: steps, not the task
             continue
-        ident, state, exit_text, node = parts[:4]
-        code, sig = _exit_pair(exit_text)
+        code, sig = _exit_pair(row.get("ExitCode"))
         if ident.startswith(job_id + "_"):
             indexes = _indexes(ident[len(job_id) + 1:], total)
         elif ident in job_ids:
@@ -237,14 +252,16 @@ def state_from_record(index: int, record: Mapping[str, Any] | None) -> TaskState
                      signal=record.get("signal"), job_id=record.get("job_id"))
 
 
-def task_states(total: int, job_id: str, *, squeue: str = "", scontrol: str = "", sacct: str = "",
+def task_states(total: int, job_id: str, *, squeue: str = "", squeue_format: str = "", scontrol: str = "",
+                sacct: str = "", sacct_fields: str = "",
                 records: Mapping[int, Mapping[str, Any]] | None = None) -> tuple[TaskState, ...]:
     """One state per task, from the freshest source that knows it: squeue, then scontrol, then sacct, then the
-    task's own record. Slurm's word wins over the record (a task killed for its time limit never wrote its end)."""
+    task's own record. Slurm's word wins over the record (a task killed for its time limit never wrote its end).
+    The formats are the ones the agent ran squeue and sacct with (it sends them with their output)."""
     records = records or {}
     own_ids = {str(r.get("job_id")): i for i, r in records.items() if r.get("job_id") is not None}
-    sources = (parse_squeue(squeue, job_id, total), parse_scontrol(scontrol, job_id, total),
-               parse_sacct(sacct, job_id, total, own_ids))
+    sources = (parse_squeue(squeue, job_id, total, squeue_format), parse_scontrol(scontrol, job_id, total),
+               parse_sacct(sacct, job_id, total, sacct_fields, own_ids))
     out = []
     for i in range(total):
         found = next((s[i] for s in sources if i in s), None)
@@ -325,6 +342,8 @@ class SlurmQuery:
     scontrol: str = ""
     sacct: str = ""
     records: dict[int, dict[str, Any]] = field(default_factory=dict, hash=False)
+    squeue_format: str = ""  # what the agent asked squeue and sacct for (remote/ddops_agent/slurm.py)
+    sacct_fields: str = ""
 
     @classmethod
     def from_result(cls, result: Mapping[str, Any]) -> "SlurmQuery":
@@ -335,13 +354,18 @@ class SlurmQuery:
             q = queries.get(name) or {}
             return str(q.get("stdout") or "") if q.get("rc") == 0 else ""
 
+        def fmt(name: str) -> str:
+            return str((queries.get(name) or {}).get("format") or "")
+
         records = {int(k): v for k, v in (slurm.get("records") or {}).items() if str(k).isdigit()
                    and isinstance(v, dict)}
-        sacct = out("sacct") or out("sacct_completions")
+        sacct_from = "sacct" if out("sacct") else "sacct_completions"
         return cls(job_id=str(slurm.get("job_id") or ""), total=int(slurm.get("total") or 0),
                    labels=tuple(slurm.get("labels") or ()), squeue=out("squeue"), scontrol=out("scontrol"),
-                   sacct=sacct, records=records)
+                   sacct=out(sacct_from), records=records, squeue_format=fmt("squeue"),
+                   sacct_fields=fmt(sacct_from))
 
     def tasks(self) -> tuple[TaskState, ...]:
-        return task_states(self.total, self.job_id, squeue=self.squeue, scontrol=self.scontrol, sacct=self.sacct,
+        return task_states(self.total, self.job_id, squeue=self.squeue, squeue_format=self.squeue_format,
+                           scontrol=self.scontrol, sacct=self.sacct, sacct_fields=self.sacct_fields,
                            records=self.records)

@@ -66,7 +66,10 @@ def run(ctx: typer.Context, selection: Selection,
                                                          "host's vars). Repeatable.", show_default=False)] = None,
         only: Annotated[Optional[list[str]], typer.Option("--only", help="NAME=V1[,V2]: run only the matrix "
                                                           "entries with these values (a smoke run). Repeatable.",
-                                                          show_default=False)] = None) -> None:
+                                                          show_default=False)] = None,
+        from_: Annotated[Optional[str], typer.Option("--from", help="Local clone to resolve branch and tag pins "
+                                                     "in, as `sync --from` (default: each host's repo_url).",
+                                                     show_default=False)] = None) -> None:
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
@@ -77,13 +80,17 @@ def run(ctx: typer.Context, selection: Selection,
     bench_plan = narrow_plan(_plan(state(ctx).load_inventory(), plan),
                              {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
                              parse_assignments(only or (), "--only"))
+    from ddops.pins import Pins, checked_clone
+
+    pins = Pins(from_clone=checked_clone(from_) if from_ else None)  # each pin resolved once, on this machine
     if check:
         on = OnHosts(ctx, "bench --check", selection)
-        on.finish(on.run(check_task(bench_plan), title=f"bench {bench_plan.name} --check"), {"plan": bench_plan.name})
+        on.finish(on.run(check_task(bench_plan, pins), title=f"bench {bench_plan.name} --check"),
+                  {"plan": bench_plan.name})
         return
     on = OnHosts(ctx, "bench", selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
-    results = on.run(launch_task(bench_plan, rid), title=f"bench {bench_plan.name}")
+    results = on.run(launch_task(bench_plan, rid, pins), title=f"bench {bench_plan.name}")
     launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
     root = results_root(results_dir)
     if launched:

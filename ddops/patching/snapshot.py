@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.patching import journal as journal_mod
 from ddops.patching.kinds import AMBIGUOUS, BLOCKED, DRIFTED, ERROR
-from ddops.patching.plan import HostPlan, Planner, default_cache_dir
+from ddops.patching.plan import HostPlan, Planner
+from ddops.patching.plan_store import default_store
 from ddops.patching.playbook import Patch, PatchPlaybook
 
 HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
@@ -21,7 +22,7 @@ HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
 def make_planner() -> Planner:
     """One planner per ddops run: hosts with the same file contents share one transform, and reruns reuse the
     plans cached on disk by content hash."""
-    return Planner(cache_dir=default_cache_dir())
+    return Planner(store=default_store())
 
 
 def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:

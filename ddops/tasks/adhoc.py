@@ -6,7 +6,9 @@ per-host task needs a session with `stream(command, on_output, timeout=)`.
 
 from __future__ import annotations
 
+import ast
 import codecs
+import functools
 import re
 import shlex
 import threading
@@ -17,15 +19,16 @@ from typing import Any, Callable, Iterable, Mapping
 from ddops.errors import UsageError
 from ddops.fleet import FAILED, OK, TaskOutcome
 from ddops.inventory import Host
+from ddops.resources import remote_dir
 from ddops.tasks.base import shell_path
 
-# Seconds between `timeout`'s TERM and its KILL, for commands that ignore TERM.
+# Seconds between the guard's TERM and its KILL, for commands that ignore TERM (remote/exec_guard.py).
 KILL_AFTER = 5.0
-# The controller gives up on a host this long after the remote `timeout` should have ended the command.
+# The controller gives up on a host this long after the guard should have ended the command.
 CONTROLLER_GRACE = 10.0
 # Output kept per host and stream for --json and --group; streamed output is never cut.
 MAX_KEPT_BYTES = 1 << 20
-# `timeout` exits 124 when it sent TERM, and 128+9 when it had to KILL.
+# The guard exits 124 when it sent TERM, and 128+9 when it had to KILL.
 TIMEOUT_EXITS = (124, 137)
 
 
@@ -55,8 +58,9 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
     """The one line sshd hands to the host's login shell; every word from the user goes in quoted.
 
     argv words are quoted one by one, so `'; touch /tmp/x'` stays one argument; a --shell line is quoted whole and
-    run by the user's own shell (`$SHELL -c`, as sshd would). coreutils `timeout` ends the command's whole process
-    group on the host when --timeout passes, rather than leaving it running after ddops hangs up.
+    run by the user's own shell (`$SHELL -c`, as sshd would). The guard (remote/exec_guard.py, run with the host's
+    python) runs it in a process group of its own and ends that whole group when --timeout passes (TERM, then
+    KILL), inside sudo when there is one, so that it has the command's privileges.
     """
     if spec.shell is not None:
         # $SHELL is expanded by the login shell running this line: the same shell sshd would have run it with.
@@ -70,9 +74,10 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
             words = ["sh", "-c", shlex.quote('cd "$1" && shift && exec "$@"'), "ddops-exec",
                      shell_path(host.repo)] + words
             cd_first = False
+    words = guard_words(host, spec.timeout_for(host)) + words
+    if spec.sudo and host.user != "root":
         # -n: never prompt. A fleet run has no one to type a password; sudo then fails, and sudo_refusal says so.
         words = ["sudo", "-n", "--"] + words
-    words = ["timeout", "-k", _seconds(KILL_AFTER), _seconds(spec.timeout_for(host))] + words
     line = "exec " + " ".join(words)
     if cd_first:
         line = f"cd {shell_path(host.repo)} && {line}"
@@ -80,22 +85,39 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
 
 
 # Ctrl-C ends the command on the host: sshd refuses the SSH "signal" request for root logins, so a watchdog started
-# before the command reads the channel's stdin and, on STOP_LINE, signals the command's whole process group (sshd
-# made the login shell a session leader: its pid is the group's id). TERM first, KILL after KILL_AFTER seconds. Any
-# other end of stdin (the command finished, a session that gives no stdin) leaves everything alone.
+# before the command reads the channel's stdin and, on STOP_LINE, TERMs the login shell's process group (sshd made
+# the login shell a session leader: its pid is the group's id), which the guard (or sudo, which passes it on to the
+# guard) is in: the guard then ends the command's own group, TERM first, KILL after KILL_AFTER seconds. A KILL from
+# here could only end the guard, not the command, which runs in a session of its own. Any other end of stdin (the
+# command finished, a session that gives no stdin) leaves everything alone.
 STOP_LINE = b"stop\n"
 
 
 def with_watchdog(line: str) -> str:
     """`line` preceded by the stdin watchdog; the command itself reads /dev/null, as it did before."""
-    kill_after = _seconds(KILL_AFTER).rstrip("s")
-    watchdog = ("{ trap '' TERM; read -r w <&3; [ \"$w\" = stop ] && kill -0 $$ && { kill -TERM -$$; "
-                f"sleep {kill_after}; kill -0 -$$ && kill -KILL -$$; }}; }} </dev/null >/dev/null 2>&1 &")
+    watchdog = ("{ trap '' TERM; read -r w <&3; [ \"$w\" = stop ] && kill -0 $$ && kill -TERM -$$; "
+                "} </dev/null >/dev/null 2>&1 &")
     return f"exec 3<&0; {watchdog} exec 3<&- </dev/null; {line}"
 
 
-def _seconds(value: float) -> str:
-    return f"{value:g}s"
+def guard_words(host: Host, timeout: float) -> list[str]:
+    """The guard's command line, before the command's words: `PYTHON -S -c SOURCE TIMEOUT GRACE`, quoted."""
+    python = host.python
+    # A bare name is looked up in the login user's PATH here, before sudo (whose secure_path may lack it) runs it.
+    word = shell_path(python) if "/" in python else f'"$(command -v {shlex.quote(python)} || echo {shlex.quote(python)})"'
+    return [word, "-S", "-c", shlex.quote(guard_source()), f"{timeout:g}", f"{KILL_AFTER:g}"]
+
+
+@functools.cache
+def guard_source() -> str:
+    """remote/exec_guard.py without its docstrings and comments (it goes on every command line)."""
+    tree = ast.parse((remote_dir() / "exec_guard.py").read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 def sudo_refusal(spec: ExecSpec, host: Host, exit_code: int, stderr: str) -> str | None:
@@ -238,8 +260,8 @@ def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str
     if output.exit_code == -1:
         return FAILED, "the command ended without an exit status (killed by a signal?)"
     last = next((line.strip() for line in reversed(output.stderr.splitlines()) if line.strip()), "")
-    # A program that is not there is reported by the `timeout` wrapper: say it in the user's terms.
-    missing = re.fullmatch(r"timeout: failed to run command [‘'](.*)[’']: (.*)", last)
+    # A program that is not there is reported by the guard: say it in the user's terms.
+    missing = re.fullmatch(r"ddops: failed to run command '(.*)': (.*)", last)
     if missing:
         last = f"{missing[1]}: {'command not found' if output.exit_code == 127 else missing[2]}"
     return FAILED, f"exit {output.exit_code}" + (f": {last}" if last else "")

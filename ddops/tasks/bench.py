@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from ddops.bench.collect import DEFAULT_MAX_FILE_BYTES, host_manifest, oversized, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
 from ddops.bench.preflight import host_values, patch_states_from_journal, preflight_problems, provenance_of, run_spec
-from ddops.bench.runs import HostRun, RunStatus
+from ddops.bench.runs import NO_RUN_KINDS, HostRun, RunStatus
 from ddops.errors import AgentError, DdopsError, TransportError
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
 from ddops.inventory import Host
@@ -106,10 +106,10 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, Age
     return check
 
 
-def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
+def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
 
-    preflight = _preflight(plan)
+    preflight = _preflight(plan, pins)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -131,10 +131,10 @@ def launch_task(plan: BenchPlan, run_id: str) -> Callable[[Host, AgentSession], 
     return task
 
 
-def check_task(plan: BenchPlan) -> Callable[[Host, AgentSession], TaskOutcome]:
+def check_task(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    preflight = _preflight(plan)
+    preflight = _preflight(plan, pins)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -151,17 +151,13 @@ def check_task(plan: BenchPlan) -> Callable[[Host, AgentSession], TaskOutcome]:
 
 # --- runs ------------------------------------------------------------------------------------------------------------
 
-# The agent's error kinds that mean "this host has no such run" (no repo: no runs at all), which is not a fault.
-_NO_RUN_KINDS = ("no_run", "no_repo")
-
-
 def _call_or_skip_if_no_run(host: Host, session: AgentSession, run_id: str, verb: str, payload: dict[str, Any],
                             **kwargs: Any) -> dict[str, Any] | TaskOutcome:
     """bench_call for a verb about one run; a SKIPPED outcome instead when the host has no such run."""
     try:
         return bench_call(host, session, verb, payload, **kwargs)
     except AgentError as exc:
-        if exc.kind in _NO_RUN_KINDS:
+        if exc.kind in NO_RUN_KINDS:
             return TaskOutcome(SKIPPED, f"no run {run_id} here")
         raise
 
@@ -235,7 +231,7 @@ def logs_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
         try:
             text, run = read_logs(host, session, run_id)
         except AgentError as exc:
-            if exc.kind in _NO_RUN_KINDS:
+            if exc.kind in NO_RUN_KINDS:
                 return TaskOutcome(SKIPPED, f"no run {run_id} here")
             raise
         return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
@@ -338,7 +334,7 @@ class Follower:
                     if done:
                         return
                 except AgentError as exc:
-                    if exc.kind in _NO_RUN_KINDS:
+                    if exc.kind in NO_RUN_KINDS:
                         self._queue.put(HostUpdate(name, error=f"no run {self.run_id} here", final=True))
                         return
                     raise

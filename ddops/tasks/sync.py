@@ -23,7 +23,7 @@ from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
 from ddops.patching.playbook import load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
-from ddops.pins import Pin, Pins, SyncError, check_url, local_git, short
+from ddops.pins import Pin, Pins, SyncError, check_url, checked_clone, local_git, short
 from ddops.tasks.base import AgentSession, default_actor
 from ddops.tasks.patch import patch_host, rollback_host, verify_host
 
@@ -242,14 +242,7 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
     if options.mode is not None and options.mode not in SYNC_MODES:
         raise UsageError(f"--mode {options.mode}: must be one of {', '.join(SYNC_MODES)}")
     if options.from_clone is not None:
-        clone = Path(options.from_clone).expanduser()
-        if not clone.is_dir():
-            raise UsageError(f"--from {options.from_clone}: not a directory")
-        try:
-            local_git(["rev-parse", "--git-dir"], cwd=clone)
-        except SyncError:
-            raise UsageError(f"--from {options.from_clone}: not a git clone") from None
-        options = replace(options, from_clone=str(clone.resolve()))
+        options = replace(options, from_clone=checked_clone(options.from_clone))
     if options.reapply and not inventory.patches:
         raise UsageError(f"--reapply needs `patches:` in {inventory.path} (the playbooks to apply again)")
     if not options.actor:

@@ -189,17 +189,19 @@ def slurm_query(payload, run_dir):
     if not optional_str(payload, "slurm_conf") and job.get("slurm_conf"):
         env["SLURM_CONF"] = job["slurm_conf"]
     total = len(spec.get("runs") or [])
+    # Each query says which fields it asked for: the controller reads the columns by them (one home: here).
     queries = {
-        "squeue": slurm_run(["squeue", "--noheader", "--array", "--jobs=" + job_id,
-                             "--format=" + SLURM_SQUEUE_FORMAT], env),
+        "squeue": dict(slurm_run(["squeue", "--noheader", "--array", "--jobs=" + job_id,
+                                  "--format=" + SLURM_SQUEUE_FORMAT], env), format=SLURM_SQUEUE_FORMAT),
         "scontrol": slurm_run(["scontrol", "show", "job", job_id, "--oneliner"], env),
-        "sacct": slurm_run(["sacct", "--noheader", "--parsable2", "--jobs=" + job_id,
-                            "--format=" + SLURM_SACCT_FIELDS], env),
+        "sacct": dict(slurm_run(["sacct", "--noheader", "--parsable2", "--jobs=" + job_id,
+                                 "--format=" + SLURM_SACCT_FIELDS], env), format=SLURM_SACCT_FIELDS),
     }
     if queries["sacct"]["rc"] != 0:
         # Without an accounting database: the job completion log still has every ended task (by its own job id).
-        queries["sacct_completions"] = slurm_run(["sacct", "--completion", "--noheader", "--parsable2",
-                                                  "--format=" + SLURM_SACCT_FIELDS], env)
+        queries["sacct_completions"] = dict(slurm_run(["sacct", "--completion", "--noheader", "--parsable2",
+                                                       "--format=" + SLURM_SACCT_FIELDS], env),
+                                            format=SLURM_SACCT_FIELDS)
     return {"job_id": job_id, "total": total, "labels": [r.get("label") or "run %d" % i
                                                         for i, r in enumerate(spec.get("runs") or [])],
             "queries": queries, "records": task_records(run_dir, total), "submitted": job.get("submitted")}

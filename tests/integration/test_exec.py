@@ -109,6 +109,35 @@ def test_timeout_ends_the_command_on_the_host_and_fails_that_host(bed):
     wait_until(lambda: not sleeps_left(), timeout=10)  # both ends of the pipeline, not just the shell
 
 
+def commands_left(bed, name: str, marker: str) -> list[str]:
+    """Command lines of the host's processes that contain `marker` (a number no other process would have)."""
+    found = []
+    for pid in host_processes(bed, name):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.parametrize("case, line, marker", [
+    # The review's case: the end that ignores TERM survived `timeout` (which only waits for its own child) and kept
+    # the channel open until the controller gave up ("cut off").
+    ("pipeline", "sh -c \"trap '' TERM; sleep 300.25\" | cat", "sleep 300.25"),
+    # One command that ignores TERM: `timeout` KILLed its own group too, and the host said no exit status.
+    ("single", "trap '' TERM; sleep 300.5", "sleep 300.5"),
+])
+def test_a_command_that_ignores_term_is_killed_at_its_timeout_and_reported_as_timed_out(bed, case, line, marker):
+    code, doc = exec_json(bed, "--host", "host2", "--timeout", "1", "--shell", line)
+    [entry] = doc["hosts"]
+    assert code == 1 and entry["status"] == "failed" and entry["data"]["timed_out"] is True, entry
+    assert entry["message"] == "timed out after 1s (ended on the host)"
+    assert commands_left(bed, "host2", marker) == []
+
+
 def test_grouped_shows_identical_output_once(bed):
     proc = ddops_exec(bed, "--all", "--grouped", "--shell", 'echo same; [ "$(hostname)" != host3 ] || echo odd')
     assert proc.returncode == 0, proc.stderr

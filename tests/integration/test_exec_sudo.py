@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _fresh_prefix, requires_sshd, run_ddops
+from tests.conftest import _fresh_prefix, host_processes, requires_sshd, run_ddops
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -60,7 +61,12 @@ def user_bed():
         for host in bed.hosts:
             _give_host_a_user(host, SUDOERS.get(host.name))
         inventory = root / "user.yaml"
-        inventory.write_text(bed.inventory_path.read_text().replace("  user: root\n", f"  user: {USER}\n"))
+        text = bed.inventory_path.read_text().replace("  user: root\n", f"  user: {USER}\n")
+        if Path("/usr/bin/python3").exists():
+            # The testbed's python is the controller's, which may live where the login user cannot reach (a
+            # pyenv under /root); exec's guard runs with the host's python.
+            text = re.sub(r"(?m)^  python: .*$", '  python: "/usr/bin/python3"', text)
+        inventory.write_text(text)
         yield bed, inventory
     finally:
         tb.down(root)
@@ -101,3 +107,20 @@ def test_sudo_in_repo_enters_a_repo_the_user_cannot(user_bed):
     code, doc = exec_json(inventory, "--host", "host1", "--sudo", "--in-repo", "--shell", "pwd; id -un")
     assert code == 0, doc
     assert doc["hosts"][0]["data"]["stdout"] == f"{bed.repo_path}\nroot\n"
+
+
+def test_a_root_command_that_ignores_term_is_killed_at_its_timeout_from_inside_sudo(user_bed):
+    bed, inventory = user_bed
+    code, doc = exec_json(inventory, "--host", "host1", "--sudo", "--timeout", "1", "--shell",
+                          "trap '' TERM; sleep 300.75")
+    [entry] = doc["hosts"]
+    assert code == 1 and entry["data"]["timed_out"] is True, entry
+    assert entry["message"] == "timed out after 1s (ended on the host)"
+    left = []
+    for pid in host_processes(bed, "host1"):
+        try:
+            if b"sleep\x00300.75" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                left.append(pid)
+        except OSError:
+            continue
+    assert left == [], "the root command outlived its timeout"

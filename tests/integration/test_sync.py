@@ -249,6 +249,10 @@ def test_a_branch_pin_means_the_commit_the_controller_resolved_for_sync_status_a
     proc = run_ddops("bench", "run", str(plan), "--check", "--all", inventory=inventory)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"at main@{upstream['b'][:7]} (resolved in the remote {upstream['url']})" in proc.stdout
+    # With --from, the pin means the clone's main (still at a): the host at b is refused, saying why.
+    proc = run_ddops("bench", "run", str(plan), "--check", "--all", "--from", upstream["work"], inventory=inventory)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"not at the pinned commit main@{upstream['a'][:7]} (resolved in the clone" in " ".join(proc.stdout.split())
 
 
 def test_sync_from_a_clone_moves_hosts_to_the_clones_head_not_the_remotes(make_testbed, upstream):

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from ddops.tasks.adhoc import (STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs, outcome_of,
-                               remote_command, sudo_refusal, timed_out, with_watchdog)
+from ddops.tasks.adhoc import (STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs, guard_source,
+                               outcome_of, remote_command, sudo_refusal, timed_out, with_watchdog)
 from ddops.errors import UsageError
 from ddops.inventory import Host
+from tests.conftest import wait_until
 
 ROOT = Host(name="a", address="127.0.0.2", repo="/root/my repo", command_timeout=120.0)
 USER = Host(name="b", address="127.0.0.3", user="alice", repo="/home/alice/ddtree")
 
 
 def words_after_timeout(line: str) -> list[str]:
-    """What the host's shell would run as argv, once `exec timeout -k K T` is taken off."""
+    """What the host's shell would run as argv once `exec` and the guard (`PYTHON -S -c SOURCE T K`) are taken
+    off; sudo, which runs the guard, stays in front."""
     words = shlex.split(line.split(" && ", 1)[1] if line.startswith("cd ") else line)
-    assert words[:3] == ["exec", "timeout", "-k"], words
-    return words[5:]
+    assert words[0] == "exec", words
+    sudo = words[1:4] if words[1] == "sudo" else []
+    guard = words[1 + len(sudo):]
+    assert guard[1:3] == ["-S", "-c"] and guard[3] == guard_source(), guard[:3]
+    return sudo + guard[6:]
 
 
 def test_each_argv_word_stays_one_argument_however_hostile():
@@ -40,7 +47,8 @@ def test_hostile_words_reach_a_real_shell_as_plain_arguments(tmp_path):
 
 def test_a_shell_line_is_quoted_whole_and_run_by_the_users_shell():
     line = remote_command(ExecSpec(shell="ls | wc -l; echo 'done'"), ROOT)
-    assert line.startswith("exec timeout -k 5s 120s ")
+    assert line.startswith('exec "$(command -v python3 || echo python3)" -S -c ')
+    assert shlex.split(line)[5:7] == ["120", "5"]  # the guard's timeout and grace
     assert '"${SHELL:-/bin/sh}" -c ' + shlex.quote("ls | wc -l; echo 'done'") in line
 
 
@@ -50,16 +58,16 @@ def test_in_repo_changes_to_the_quoted_repo_first():
 
 
 def test_timeout_defaults_to_the_hosts_command_timeout_and_can_be_set():
-    assert " 120s " in remote_command(ExecSpec(argv=("true",)), ROOT)
-    assert " 2.5s " in remote_command(ExecSpec(argv=("true",), timeout=2.5), ROOT)
+    assert " 120 5 true" in remote_command(ExecSpec(argv=("true",)), ROOT)
+    assert " 2.5 5 true" in remote_command(ExecSpec(argv=("true",), timeout=2.5), ROOT)
 
 
 def test_sudo_is_non_interactive_and_only_where_the_user_is_not_root():
-    assert "sudo" not in remote_command(ExecSpec(argv=("id",), sudo=True), ROOT)
+    assert words_after_timeout(remote_command(ExecSpec(argv=("id",), sudo=True), ROOT)) == ["id"]
     line = remote_command(ExecSpec(argv=("id", "-u"), sudo=True), USER)
     assert words_after_timeout(line) == ["sudo", "-n", "--", "id", "-u"]
     shell = remote_command(ExecSpec(shell="id | cat", sudo=True), USER)
-    assert "sudo -n -- \"${SHELL:-/bin/sh}\" -c 'id | cat'" in shell
+    assert shell.startswith("exec sudo -n -- ") and " \"${SHELL:-/bin/sh}\" -c 'id | cat'" in shell
 
 
 def test_sudo_with_in_repo_changes_directory_under_sudo(tmp_path):
@@ -90,7 +98,7 @@ def test_sudo_wanting_a_password_is_refused_in_one_clear_line():
 
 def test_missing_sudo_is_named_and_a_commands_own_failure_is_not_blamed_on_sudo():
     spec = ExecSpec(argv=("id",), sudo=True)
-    missing = "timeout: failed to run command 'sudo': No such file or directory\n"
+    missing = "sh: 1: exec: sudo: not found\n"
     assert "not installed" in (sudo_refusal(spec, USER, 127, missing) or "")
     assert sudo_refusal(spec, USER, 1, "grep: x: No such file\n") is None
     assert sudo_refusal(spec, ROOT, 1, "sudo: a password is required\n") is None  # root never goes through sudo
@@ -102,7 +110,7 @@ def test_outcome_is_ok_on_exit_zero_and_failed_with_the_last_stderr_line_otherwi
     assert outcome_of(spec, ROOT, ExecOutput(0, "hi\n", "")) == ("ok", "exit 0")
     assert outcome_of(spec, ROOT, ExecOutput(3, "", "first\nlast words\n\n")) == ("failed", "exit 3: last words")
     assert outcome_of(spec, ROOT, ExecOutput(2, "", "")) == ("failed", "exit 2")
-    missing = "timeout: failed to run command 'nvidia-smi': No such file or directory\n"
+    missing = "ddops: failed to run command 'nvidia-smi': No such file or directory\n"
     assert outcome_of(spec, ROOT, ExecOutput(127, "", missing)) == ("failed", "exit 127: nvidia-smi: command not found")
 
 
@@ -173,3 +181,27 @@ def test_stdin_closing_without_the_stop_line_leaves_the_command_running():
     proc = _watched("sh -c 'read -r x || true; echo finished'")  # the command reads /dev/null, as before
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0 and proc.stdout.read() == b"finished\n"
+
+
+def test_the_stop_line_ends_a_command_that_ignores_term_through_the_guard():
+    # The command runs in a session of its own under the guard: the watchdog's TERM reaches the guard, which ends
+    # the command's group, TERM then KILL, and exits 128+15 itself (a KILL from the watchdog could not reach it).
+    seconds = f"300.{os.getpid()}"  # no other process's, not even an earlier run's
+
+    def running() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode() and \
+                        (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    found.append(entry.name)
+            except OSError:
+                continue
+        return found
+
+    proc = _watched(remote_command(ExecSpec(shell=f"trap '' TERM; sleep {seconds}", timeout=60), ROOT))
+    wait_until(running, timeout=30)  # Ctrl-C once the command runs
+    proc.stdin.write(STOP_LINE)
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 143
+    assert running() == []

@@ -194,3 +194,29 @@ def test_the_host_selection_and_global_options_are_declared_once():
                        '"--accept-new"', '"--verbose"'):
             assert option not in source, f"{name} declares {option}"
         assert "Selection(" not in source, name
+
+
+def test_the_planner_is_pure_and_its_disk_cache_lives_beside_it():
+    """patching/plan.py plans; what outlives a run (the cache dir) is plan_store.py, handed to the Planner."""
+    imported = imports_of("ddops.patching.plan", all_modules()["ddops.patching.plan"])
+    assert not imported & {"ddops.cache", "os", "pathlib", "shutil", "tempfile"}, sorted(imported)
+
+
+def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
+    """One home per fact: the sync modes (inventory), the no-run error kinds (bench/runs), and squeue's and sacct's
+    formats (the agent, which sends them with the output; ddops/ only knows what the codes mean)."""
+    import ast
+
+    tuples = {("auto", "remote", "push"): [], ("no_run", "no_repo"): []}
+    formats = []
+    for name, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts):
+                values = tuple(e.value for e in node.elts)
+                if values in tuples:
+                    tuples[values].append(name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value.startswith("%i|") or node.value.startswith("JobID,")):
+                formats.append(name)
+    assert tuples == {("auto", "remote", "push"): ["ddops.inventory"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
+    assert formats == []

@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from ddops.patching.kinds import APPLIED, BLOCKED, DRIFTED, ERROR, PENDING
 from ddops.patching.plan import DiffGroup, FilePlan, Planner, group_diffs, plan_file, unified_diff
+from ddops.patching.plan_store import PlanStore
 from ddops.patching.playbook import Patch, TransformSpec, load_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree"
@@ -200,10 +201,10 @@ def test_disk_cache_serves_a_second_planner_without_transforming(tmp_path):
     source = (FIXTURES_FOR_DISK / "ddtree.py").read_bytes() if FIXTURES_FOR_DISK.exists() else None
     if source is None:
         pytest.skip("mini-ddtree example missing")
-    first = Planner(cache_dir=tmp_path)
+    first = Planner(store=PlanStore(tmp_path))
     plan = first.plan_file("ddtree.py", source, patches)
     assert (first.cache_misses, first.disk_hits) == (1, 0)
-    second = Planner(cache_dir=tmp_path)
+    second = Planner(store=PlanStore(tmp_path))
     again = second.plan_file("ddtree.py", source, patches)
     assert (second.cache_misses, second.disk_hits) == (0, 1)
     assert again == plan and again.new == plan.new
@@ -214,10 +215,10 @@ def test_corrupt_disk_cache_entry_is_recomputed(tmp_path):
 
     patches = load_playbook("hybrid-cache").patches
     source = (FIXTURES_FOR_DISK / "dflash.py").read_bytes()
-    plan = Planner(cache_dir=tmp_path).plan_file("dflash.py", source, patches)
+    plan = Planner(store=PlanStore(tmp_path)).plan_file("dflash.py", source, patches)
     for entry in tmp_path.rglob("*.json"):
         entry.write_text(entry.read_text().replace(plan.after_sha, "0" * 64))
-    fresh = Planner(cache_dir=tmp_path)
+    fresh = Planner(store=PlanStore(tmp_path))
     assert fresh.plan_file("dflash.py", source, patches) == plan
     assert fresh.cache_misses == 1
 
@@ -231,9 +232,10 @@ import sys
 from pathlib import Path
 from ddops.patching.playbook import load_playbook
 from ddops.patching.plan import Planner
+from ddops.patching.plan_store import PlanStore
 patches = load_playbook("crop-relative").patches  # kinds that need libcst (hybrid-cache never loads it)
 source = Path({str(FIXTURES_FOR_DISK / "ddtree.py")!r}).read_bytes()
-planner = Planner(cache_dir={str(tmp_path)!r})
+planner = Planner(store=PlanStore(Path({str(tmp_path)!r})))
 planner.plan_file("ddtree.py", source, patches)
 print(planner.disk_hits, "libcst" in sys.modules)
 """

@@ -34,12 +34,13 @@ def test_the_cache_folder_plans_and_plan_files_are_private_even_where_an_older_r
 
 
 def test_a_plan_written_to_the_cache_is_0600_in_0700_folders(tmp_path, monkeypatch):
-    from ddops.patching.plan import Planner, default_cache_dir
+    from ddops.patching.plan import Planner
+    from ddops.patching.plan_store import default_store
     from ddops.patching.playbook import load_playbook
 
     monkeypatch.setenv("DDOPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("DDOPS_PLAN_CACHE", raising=False)
-    planner = Planner(cache_dir=default_cache_dir())
+    planner = Planner(store=default_store())
     planner.plan_file("ddtree.py", (MINI_DDTREE / "ddtree.py").read_bytes(), load_playbook("hybrid-cache").patches)
     found = modes(tmp_path / "cache")
     assert any(name.endswith(".json") for name in found), found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,22 @@ def test_gres_gives_the_gpus_per_task():
 
 # --- task states --------------------------------------------------------------------------------------------------
 
+
+
+def _agent_constant(name: str) -> str:
+    """A constant of the agent's Slurm module (read, not imported: the agent is a package for the hosts)."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[2] / "remote" / "ddops_agent" / "slurm.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"the agent has no {name}")
+
+
+# What the agent asks squeue and sacct for (the one place they are defined)
+SLURM_SQUEUE_FORMAT, SLURM_SACCT_FIELDS = _agent_constant("SLURM_SQUEUE_FORMAT"), _agent_constant("SLURM_SACCT_FIELDS")
+
 SQUEUE = """\
 7_3|7|3|PENDING|Resources|
 7_2|7|2|PENDING|Priority|
@@ -116,7 +133,7 @@ SCONTROL = (
 
 
 def test_squeue_wins_then_scontrol_fills_in_finished_tasks():
-    tasks = task_states(4, "7", squeue=SQUEUE, scontrol=SCONTROL)
+    tasks = task_states(4, "7", squeue=SQUEUE, squeue_format=SLURM_SQUEUE_FORMAT, scontrol=SCONTROL)
     assert [(t.state, t.source) for t in tasks] == [("COMPLETED", "scontrol"), ("RUNNING", "squeue"),
                                                     ("PENDING", "squeue"), ("PENDING", "squeue")]
     assert tasks[2].detail == "PENDING (Priority)" and tasks[3].detail == "PENDING (Resources)"
@@ -140,7 +157,7 @@ def test_finished_tasks_failed_cancelled_timeout_node_fail_and_oom_from_scontrol
 def test_sacct_with_accounting_reads_array_ids_and_skips_steps():
     sacct = "7_0|COMPLETED|0:0|node1\n7_0.batch|COMPLETED|0:0|node1\n7_1|CANCELLED by 0|0:0|node2\n" \
             "8_1|FAILED|1:0|node9\n"
-    tasks = task_states(2, "7", sacct=sacct)
+    tasks = task_states(2, "7", sacct=sacct, sacct_fields=SLURM_SACCT_FIELDS)
     assert [(t.state, t.node) for t in tasks] == [("COMPLETED", "node1"), ("CANCELLED", "node2")]
     assert run_status(tasks) == "stopped"
 
@@ -149,7 +166,7 @@ def test_sacct_completion_log_maps_own_job_ids_through_the_task_records():
     # `sacct -c` (no accounting database) knows tasks only by their own job id, which each task recorded.
     sacct = "31|COMPLETED|0:0|node1\n32|FAILED|2:0|node1\n99|FAILED|1:0|node1\n"
     records = {0: {"job_id": "31", "ended": "t", "exit_code": 0}, 1: {"job_id": "32", "ended": "t", "exit_code": 2}}
-    tasks = task_states(2, "30", sacct=sacct, records=records)
+    tasks = task_states(2, "30", sacct=sacct, sacct_fields=SLURM_SACCT_FIELDS, records=records)
     assert [(t.state, t.exit_code, t.source) for t in tasks] == [("COMPLETED", 0, "sacct"), ("FAILED", 2, "sacct")]
 
 
@@ -174,7 +191,8 @@ def test_build_state_is_what_the_bare_executors_readers_expect():
     records = {0: {"job_id": "9", "node": "node3", "started": "2026-12-01T10:00:00.000000Z",
                    "ended": "2026-12-01T10:00:05.000000Z", "seconds": 5.0, "exit_code": 0,
                    "cuda_visible_devices": "0", "slurm_job_gpus": "1"}}
-    tasks = task_states(4, "7", squeue=SQUEUE, scontrol=SCONTROL, records=records)
+    tasks = task_states(4, "7", squeue=SQUEUE, squeue_format=SLURM_SQUEUE_FORMAT, scontrol=SCONTROL,
+                        records=records)
     state = build_state("r1", "7", ["a", "b", "c", "d"], tasks, records, plan="p", host="login")
     run = HostRun.from_state("login", state)
     assert run.status == "running" and run.done == 1 and run.total == 4 and run.current == 1
@@ -189,9 +207,11 @@ def test_query_from_agent_result_ignores_commands_that_failed():
                         "queries": {"squeue": {"rc": 0, "stdout": ""},
                                     "scontrol": {"rc": 1, "stdout": "", "stderr": "Invalid job id specified"},
                                     "sacct": {"rc": 1, "stdout": "", "stderr": "accounting storage is disabled"},
-                                    "sacct_completions": {"rc": 0, "stdout": "12|COMPLETED|0:0|n\n"}}}}
+                                    "sacct_completions": {"rc": 0, "stdout": "12|COMPLETED|0:0|n\n",
+                                                          "format": SLURM_SACCT_FIELDS}}}}
     query = SlurmQuery.from_result(result)
     assert query.scontrol == "" and query.sacct == "12|COMPLETED|0:0|n\n"
+    assert query.sacct_fields == SLURM_SACCT_FIELDS
     assert query.tasks()[0].status == "unknown"
 
 
@@ -244,3 +264,14 @@ def test_a_percent_in_the_repo_path_is_literal_in_slurms_output_pattern():
     args = sbatch_args(SlurmOptions(), run_id="r1", total=2, run_dir="/data/100%j/.ddops/runs/r1", plan_minutes=5)
     assert "--output=/data/100%%j/.ddops/runs/r1/task-%a.out" in args
     assert "--chdir=/data/100%j/.ddops/runs/r1" in args  # --chdir is a path, not a pattern
+
+
+def test_the_controller_reads_squeue_and_sacct_columns_by_the_format_the_agent_says_it_used():
+    """The format is defined once, by the agent that runs squeue; reordering it there needs nothing here."""
+    result = {"slurm": {"job_id": "7", "total": 2, "labels": ["a", "b"], "records": {}, "queries": {
+        "squeue": {"rc": 0, "stdout": "RUNNING|1|node4|7|10|None\n", "format": "%T|%K|%N|%F|%i|%r"},
+        "sacct": {"rc": 0, "stdout": "node1|7_0|0:0|COMPLETED\n", "format": "NodeList,JobID,ExitCode,State"}}}}
+    tasks = SlurmQuery.from_result(result).tasks()
+    assert [(t.state, t.source, t.node) for t in tasks] == [("COMPLETED", "sacct", "node1"),
+                                                            ("RUNNING", "squeue", "node4")]
+    assert tasks[1].job_id == "10"

@@ -53,7 +53,7 @@ def books():
     return load_playbooks(PATCHES)
 
 
-_PLANNER = Planner(cache_dir=None)
+_PLANNER = Planner()
 
 
 def planner() -> Planner:
