@@ -41,6 +41,7 @@ class DelayProxies:
         self.bytes_up = 0     # client -> target, every connection so far
         self.bytes_down = 0   # target -> client
         self.connections = 0
+        self.turns = 0        # times the data changed direction on a connection: twice per round trip it waited on
         self.addresses: list[Address] = []  # where each pair listens (a port 0 asked for is chosen then)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -64,9 +65,9 @@ class DelayProxies:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def counters(self) -> tuple[int, int, int]:
-        """(bytes up, bytes down, connections) so far."""
-        return self.bytes_up, self.bytes_down, self.connections
+    def counters(self) -> tuple[int, int, int, int]:
+        """(bytes up, bytes down, connections, turns) so far."""
+        return self.bytes_up, self.bytes_down, self.connections, self.turns
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -126,8 +127,9 @@ class DelayProxies:
         except OSError:
             client_writer.close()
             return
-        pipes = {asyncio.ensure_future(self._pipe(client_reader, target_writer, up=True)),
-                 asyncio.ensure_future(self._pipe(target_reader, client_writer, up=False))}
+        last = [None]  # the direction of the connection's last chunk
+        pipes = {asyncio.ensure_future(self._pipe(client_reader, target_writer, up=True, last=last)),
+                 asyncio.ensure_future(self._pipe(target_reader, client_writer, up=False, last=last))}
         try:
             while pipes:
                 done, pipes = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
@@ -139,7 +141,8 @@ class DelayProxies:
             for writer in (client_writer, target_writer):
                 writer.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool) -> bool:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool,
+                    last: list) -> bool:
         """Forward one direction: each chunk (and then EOF) written one_way seconds after it was read; False when
         the writing side failed."""
         loop = asyncio.get_running_loop()
@@ -162,6 +165,10 @@ class DelayProxies:
                     self.bytes_up += len(chunk)
                 else:
                     self.bytes_down += len(chunk)
+                if chunk and last[0] is not None and last[0] != up:
+                    self.turns += 1
+                if chunk:
+                    last[0] = up
                 if buffered >= MAX_BUFFERED:
                     have_room.clear()
                 have_item.set()

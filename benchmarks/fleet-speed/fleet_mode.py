@@ -7,9 +7,10 @@
 
 On a real fleet every host has CPUs of its own and is a round trip away; here the hosts share the controller's two
 cores and are microseconds away, so a fleet's time is modelled from two figures measured apart:
-- latency: 1 and 4 hosts worked on one after the other (`--forks 1`, Fabric's SerialGroup, one ssh after another)
-  through a delaying TCP proxy per host (delay_proxy.py; every chunk forwarded RTT/2 later each way), where nothing
-  queues on host CPU. The fit wall(n) = startup + n x per-host latency gives both.
+- latency: 1 and 4 hosts worked on one after the other (`--forks 1`, Fabric's connections one by one, one ssh after
+  another) through a delaying TCP proxy per host (delay_proxy.py; every chunk forwarded RTT/2 later each way), where
+  nothing queues on host CPU. Per-host latency: each host's time as the tool itself timed it (ddops' `elapsed_s`,
+  from connect to last answer); startup: the rest of the run's wall time.
 - cpu: the controller's own CPU seconds (rusage of its process tree) at N=32 and N=200 hosts, no proxies.
 - model: T(N, forks) = max(startup + ceil(N / forks) x per-host latency, controller CPU at N / usable cores), one
   core for a Python process (the GIL), every core for a fan-out of ssh processes.
@@ -27,6 +28,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -68,7 +70,9 @@ def serial_ssh_script(bed: Bed, n: int) -> Path:
     path = bed.work / f"floor-serial-{n}.sh"
     if not path.exists():
         lines = ["#!/bin/bash", "set -e"]
-        lines += [" ".join(shlex.quote(w) for w in bed.ssh_argv(h) + ["true"]) for h in bed.hosts[:n]]
+        for h in bed.hosts[:n]:  # each host's start and end on stdout
+            lines.append("s=$(date +%s.%N); " + " ".join(shlex.quote(w) for w in bed.ssh_argv(h) + ["true"])
+                         + '; echo "$s $(date +%s.%N)"')
         path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -81,12 +85,16 @@ def fleet_tools(runner: Runner, *, forks: int | None, serial: bool, only: set[st
     tools = []
     floor = by_key["floor"]
     if serial:
-        floor = dataclasses.replace(floor, argv=lambda n: ["bash", str(serial_ssh_script(bed, n))])
+        floor = dataclasses.replace(floor, argv=lambda n: ["bash", str(serial_ssh_script(bed, n))],
+                                    verify=per_host_from(None, lambda out: [float(e) - float(s) for s, e in
+                                                                             map(str.split, out.splitlines())]))
     tools.append(floor)
     if "fabric" in by_key:
         fabric = by_key["fabric"]
         if serial:
-            fabric = dataclasses.replace(fabric, argv=(lambda a: lambda n: a(n) + ["--serial"])(fabric.argv))
+            fabric = dataclasses.replace(fabric, argv=(lambda a: lambda n: a(n) + ["--serial"])(fabric.argv),
+                                         verify=per_host_from(fabric.verify,
+                                                              lambda out: json.loads(out)["per_host_s"]))
         tools.append(fabric)
     commands = {"ddops-cold": ["patch", PLAYBOOK], "ddops": ["patch", PLAYBOOK], "ddops-rerun": ["patch", PLAYBOOK],
                 "ddops-check": ["patch", PLAYBOOK, "--check"], "ddops-rollback": ["rollback", "--yes"]}
@@ -99,10 +107,21 @@ def fleet_tools(runner: Runner, *, forks: int | None, serial: bool, only: set[st
                             "--json"]
 
             tools.append(dataclasses.replace(base, key=key if resident else f"{key}-fresh", argv=argv,
+                                             verify=per_host_from(base.verify, lambda out: [
+                                                 h["elapsed_s"] for h in json.loads(out)["hosts"]]),
                                              label=base.label if resident else base.label + " (no resident)"))
     if only:
         tools = [t for t in tools if t.key in only]
     return tools
+
+
+def per_host_from(verify: Callable[[int, Sample, str], bool] | None,
+                  parse: Callable[[str], list[float]]) -> Callable[[int, Sample, str], bool]:
+    """The tool's own check, plus each host's time as the tool saw it (connect to last answer) into the sample."""
+    def check(n: int, sample: Sample, out: str) -> bool:
+        sample.extra["per_host_s"] = parse(out)
+        return len(sample.extra["per_host_s"]) == n and (verify is None or verify(n, sample, out))
+    return check
 
 
 def make_runner(bed: Bed, args: argparse.Namespace) -> Runner:
@@ -127,13 +146,14 @@ def measure_rows(runner: Runner, tools: list[Tool], sizes: list[int], repeats: i
         for n in sizes:
             for tool in order:
                 runner.prepare(tool, n)
-                before = proxies.counters() if proxies else (0, 0, 0)
+                before = proxies.counters() if proxies else (0, 0, 0, 0)
                 sample = runner.measure(tool, n, rep)
-                after = proxies.counters() if proxies else (0, 0, 0)
+                after = proxies.counters() if proxies else (0, 0, 0, 0)
                 if proxies:
                     sample.extra["bytes_up_per_host"] = (after[0] - before[0]) / n
                     sample.extra["bytes_down_per_host"] = (after[1] - before[1]) / n
                     sample.extra["connections_per_host"] = (after[2] - before[2]) / n
+                    sample.extra["turns_per_host"] = (after[3] - before[3]) / n
                 results[tool.key].setdefault(n, []).append(dataclasses.asdict(sample))
                 flag = "" if sample.ok else f"  FAILED {sample.extra.get('error', '')}"
                 log(f"  rep={rep} n={n} {tool.key:20s} {sample.wall:7.3f}s cpu={sample.cpu:6.2f}s{flag}")
@@ -216,12 +236,33 @@ def median_of(samples: list[dict[str, Any]], field: Callable[[dict[str, Any]], f
 
 
 def fit(rows: dict[str, list[dict[str, Any]]]) -> tuple[float, float] | None:
-    """(startup, per-host latency) from the medians at 1 and 4 hosts worked on one after the other."""
-    w1, w4 = median_of(rows.get("1", []), lambda s: s["wall"]), median_of(rows.get("4", []), lambda s: s["wall"])
-    if w1 is None or w4 is None:
+    """(startup, per-host latency): the median of every host's own time (connect to last answer, as the tool timed
+    it) over the runs at 1 and 4 hosts one after the other, and the median of what each run spent besides them."""
+    samples = [s for n in ("1", "4") for s in rows.get(n, []) if s["ok"] and s["extra"].get("per_host_s")]
+    if not samples:
         return None
-    per_host = (w4 - w1) / 3
-    return w1 - per_host, per_host
+    per_host = statistics.median(t for s in samples for t in s["extra"]["per_host_s"])
+    startup = statistics.median(s["wall"] - sum(s["extra"]["per_host_s"]) for s in samples)
+    return startup, per_host
+
+
+def idle_estimate(rows: dict[str, list[dict[str, Any]]], rtt_ms: float,
+                  cpu_per_host: float | None) -> tuple[float, float, float] | None:
+    """(startup, per-host latency, round trips waited per host) as they would be on idle CPUs: round trips x RTT
+    + the controller's and the host's CPU per host; startup: the controller's CPU less one host's. On this shared
+    machine the measured latency also holds the time every process waited for a core (load), which a fleet's hosts
+    do not wait; CPU seconds barely change with load."""
+    one = [s for s in rows.get("1", []) if s["ok"]]
+    four = [s for s in rows.get("4", []) if s["ok"]]
+    if not one or not four or any("turns_per_host" not in s["extra"] for s in one + four):
+        return None
+    waited = statistics.median(s["extra"]["turns_per_host"] for s in one + four) / 2
+    host_cpu = statistics.median(s["host_cpu"] / n for n, group in ((1, one), (4, four)) for s in group)
+    if cpu_per_host is None:  # the serial runs' own marginal CPU, noisier than the cpu mode's
+        cpu_per_host = max(0.0, (statistics.median(s["cpu"] for s in four)
+                                 - statistics.median(s["cpu"] for s in one)) / 3)
+    startup = max(0.0, statistics.median(s["cpu"] for s in one) - cpu_per_host)
+    return startup, waited * rtt_ms / 1000 + cpu_per_host + host_cpu, waited
 
 
 def usable_cores(key: str) -> int:
@@ -258,81 +299,116 @@ def report() -> str:
     lines = [BEGIN, "## Fleet-like mode (`fleet_mode.py`)", ""]
     if lat is None:
         return "\n".join(lines + ["(not run yet)", END])
-    keys = list(lat[f"{lat['rtts_ms'][0]:g}"])
-    lines += ["Per-host latency and startup, fitted from 1 and 4 hosts worked on one after the other through the "
-              f"delaying proxies (median of {lat['repeats']}; load {lat['load_start']} → {lat['load_end']}). "
-              "Bytes per host: through the proxy, both ways, at the highest RTT.", "",
-              "| row | " + " | ".join(f"RTT {r:g} ms: startup / per host" for r in lat["rtts_ms"])
-              + " | round trips | bytes up / down per host |", "|---|" + "---|" * (len(lat["rtts_ms"]) + 2)]
+    rtts = lat["rtts_ms"]
+    keys = list(lat[f"{rtts[-1]:g}"])
+    cpu_at: dict[tuple[str, int], float] = {}
+    cpu_per_host: dict[str, float] = {}
+    if cpu is not None:
+        lo, hi = min(cpu["sizes"]), max(cpu["sizes"])
+        for key, by_n in cpu["rows"].items():
+            for n in cpu["sizes"]:
+                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
+                if c is not None:
+                    cpu_at[(key, n)] = c
+            if (key, lo) in cpu_at and (key, hi) in cpu_at and hi > lo:
+                cpu_per_host[key] = (cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo)
+    runs = lat.get("runs") or [lat]
+    lines += ["Per-host latency: 1 and 4 hosts worked on one after the other through the delaying proxies, each "
+              "host's time as the tool timed it (connect to last answer; median over hosts and runs); startup: the "
+              "rest of each run. *Idle*: the same on idle CPUs, estimated as round trips waited (the proxy counts "
+              "the turns of each connection's data) × RTT + controller CPU per host + host CPU per host. "
+              "Runs: " + "; ".join(f"RTT {', '.join(f'{r:g}' for r in run['rtts_ms'])} ms, {run['repeats']} "
+                                    f"repeats, {run.get('date')}, load {run['load_start']} → {run['load_end']}"
+                                    for run in runs) + ".", "",
+              "| row | " + " | ".join(f"RTT {r:g}: startup / per host ms (idle)" for r in rtts)
+              + " | round trips waited per host | agent round trips | bytes up / down per host |",
+              "|---|" + "---|" * (len(rtts) + 3)]
     fits: dict[tuple[str, float], tuple[float, float]] = {}
+    idle: dict[tuple[str, float], tuple[float, float, float]] = {}
     for key in keys:
         cells = []
-        for r in lat["rtts_ms"]:
-            f = fit(lat[f"{r:g}"][key])
+        for r in rtts:
+            rows = lat[f"{r:g}"].get(key, {})
+            f, e = fit(rows), idle_estimate(rows, r, cpu_per_host.get(key))
             if f:
                 fits[(key, r)] = f
-            cells.append(f"{f[0] * 1000:.0f} / **{f[1] * 1000:.0f}** ms" if f else "failed")
-        top = lat[f"{lat['rtts_ms'][-1]:g}"][key].get("4", [])
+            if e:
+                idle[(key, r)] = e
+            cells.append((f"{f[0] * 1000:.0f} / **{f[1] * 1000:.0f}**" if f else "failed")
+                         + (f" ({e[1] * 1000:.0f})" if e else ""))
+        top = lat[f"{rtts[-1]:g}"].get(key, {}).get("4", [])
         rts = sorted({x for s in top if s["ok"] for x in (s["round_trips"] or [])})
         up = median_of(top, lambda s: s["extra"].get("bytes_up_per_host", 0))
         down = median_of(top, lambda s: s["extra"].get("bytes_down_per_host", 0))
-        lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {run.fmt_rt(rts) if rts else '–'} | "
-                     f"{(up or 0) / 1000:.1f} kB / {(down or 0) / 1000:.1f} kB |")
+        waited = idle.get((key, rtts[-1]), (0, 0, None))[2]
+        lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if waited is None else f'{waited:.1f}'} | "
+                     f"{run.fmt_rt(rts) if rts else '–'} | {(up or 0) / 1000:.1f} kB / {(down or 0) / 1000:.1f} kB |")
     lines.append("")
-    cpu_at: dict[tuple[str, int], float] = {}
     if cpu is not None:
         sizes = cpu["sizes"]
-        lines += [f"Controller CPU (user+system of ddops' process tree; no proxies, `--forks {FLEET_FORKS}`; "
-                  f"median of {cpu['repeats']}; load {cpu['load_start']} → {cpu['load_end']}):", "",
+        lines += [f"Controller CPU (user+system seconds of the command's process tree; no proxies, `--forks "
+                  f"{FLEET_FORKS}`; median of {cpu['repeats']}, {cpu.get('date')}; load {cpu['load_start']} → "
+                  f"{cpu['load_end']}):", "",
                   "| row | " + " | ".join(f"N={n}: CPU s (wall s)" for n in sizes) + " | CPU per host ms |",
                   "|---|" + "---|" * (len(sizes) + 1)]
         for key in keys:
             by_n = cpu["rows"].get(key, {})
             cells = []
             for n in sizes:
-                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
                 w = median_of(by_n.get(str(n), []), lambda s: s["wall"])
-                if c is not None:
-                    cpu_at[(key, n)] = c
-                cells.append(f"{c:.2f} ({w:.2f})" if c is not None else "failed")
-            lo, hi = min(sizes), max(sizes)
-            per = ((cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo) * 1000
-                   if (key, hi) in cpu_at and (key, lo) in cpu_at and hi > lo else None)
-            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per:.1f}'} |")
+                cells.append(f"{cpu_at[(key, n)]:.2f} ({w:.2f})" if (key, n) in cpu_at else "–")
+            per = cpu_per_host.get(key)
+            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
-    top_rtt = max(lat["rtts_ms"])
-    lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + "
-              f"{math.ceil(FLEET_N / FLEET_FORKS)} waves × per-host latency, controller CPU at N={FLEET_N} / "
-              "usable cores: 1 for a Python process, "
-              f"{os.cpu_count()} for the ssh fan-out).", "",
-              "| row | modelled s | bound by | / floor |", "|---|---|---|---|"]
-    floor_t = None
-    modelled: dict[str, float] = {}
+    top_rtt = max(rtts)
+    waves = math.ceil(FLEET_N / FLEET_FORKS)
+    lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + {waves} waves × "
+              f"per-host latency, controller CPU at N={FLEET_N} / usable cores: 1 for a Python process, "
+              f"{os.cpu_count()} for the ssh fan-out), from the measured latency and from the idle estimate.", "",
+              "| row | measured: s (bound) | / floor | idle: s (bound) | / floor |", "|---|---|---|---|---|"]
+    models: dict[str, tuple[float, float | None]] = {}
     for key in keys:
-        f = fits.get((key, top_rtt))
+        f, e = fits.get((key, top_rtt)), idle.get((key, top_rtt))
         if not f:
             continue
-        t, bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)
-        modelled[key] = t
-        if key == "floor":
-            floor_t = t
-        lines.append(f"| {label(key)} | **{t:.2f}** | {bound} | "
-                     f"{'–' if not floor_t else f'{t / floor_t:.2f}×'} |")
+        c = cpu_at.get((key, FLEET_N))
+        t, bound = model(f[0], f[1], c, key)
+        te, bound_e = model(e[0], e[1], c, key) if e else (None, None)
+        models[key] = (t, te)
+    floor_t, floor_e = models.get("floor", (None, None))
+    for key, (t, te) in models.items():
+        f, e = fits[(key, top_rtt)], idle.get((key, top_rtt))
+        bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)[1]
+        bound_e = model(e[0], e[1], cpu_at.get((key, FLEET_N)), key)[1] if e else ""
+        lines.append(f"| {label(key)} | **{t:.2f}** ({bound}) | {f'{t / floor_t:.2f}×' if floor_t else '–'} | "
+                     + (f"**{te:.2f}** ({bound_e}) | {f'{te / floor_e:.2f}×' if floor_e else '–'} |" if te else "– | – |"))
+    lines.append("")
+    for key in ("ddops", "ddops-rerun"):
+        if key in models and f"{key}-fresh" in models:
+            with_, without = models[key], models[f"{key}-fresh"]
+            parts = [f"{name}: {(1 - a / b) * 100:.0f}% shorter" for name, a, b in
+                     (("measured", with_[0], without[0]), ("idle", with_[1], without[1])) if a and b]
+            lines.append(f"- The resident makes the modelled N={FLEET_N} {LABELS[key]} " + ", ".join(parts) + ".")
     lines.append("")
     if check is not None:
         n = check["hosts"]
-        lines += [f"Model against a real run: N={n} at once through the proxies at RTT {check['rtt_ms']:g} ms "
-                  f"(`--forks {FLEET_FORKS}`; the hosts' CPU is shared here, as no fleet's is; median of "
-                  f"{check['repeats']}):", "", "| row | measured wall s | modelled s | measured / modelled |",
-                  "|---|---|---|---|"]
+        lines += [f"The model against a real run: N={n} hosts at once through the proxies at RTT {check['rtt_ms']:g} "
+                  f"ms (`--forks {FLEET_FORKS}`, median of {check['repeats']}, {check.get('date')}, load "
+                  f"{check['load_start']} → {check['load_end']}). Here the {n} hosts share the controller's "
+                  f"{os.cpu_count()} cores, as no fleet's do; the model takes the controller CPU of this run:", "",
+                  "| row | measured wall s | host CPU s | modelled s (measured / idle latency) | measured / modelled |",
+                  "|---|---|---|---|---|"]
         for key in keys:
-            w = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["wall"])
-            c = median_of(check["rows"].get(key, {}).get(str(n), []), lambda s: s["cpu"])
-            f = fits.get((key, check["rtt_ms"]))
+            samples = check["rows"].get(key, {}).get(str(n), [])
+            w, c = median_of(samples, lambda s: s["wall"]), median_of(samples, lambda s: s["cpu"])
+            h = median_of(samples, lambda s: s["host_cpu"])
+            f, e = fits.get((key, check["rtt_ms"])), idle.get((key, check["rtt_ms"]))
             if w is None or not f:
                 continue
-            t, _ = model(f[0], f[1], c, key, n=n)
-            lines.append(f"| {label(key)} | {w:.2f} | {t:.2f} | {w / t:.2f}× |")
+            t = model(f[0], f[1], c, key, n=n)[0]
+            te = model(e[0], e[1], c, key, n=n)[0] if e else None
+            lines.append(f"| {label(key)} | {w:.2f} | {h:.2f} | {t:.2f} / {'–' if te is None else f'{te:.2f}'} | "
+                         f"{w / t:.2f}× / {'–' if te is None else f'{w / te:.2f}×'} |")
         lines.append("")
     return "\n".join(lines + [END])
 
@@ -363,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
                    else sys.executable)
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still takes its testbed down
     args.rtts = [float(x) for x in args.rtts.split(",")]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.only = set(args.only.split(",")) if args.only else None
@@ -373,12 +450,22 @@ def main(argv: list[str] | None = None) -> int:
     result = {"latency": mode_latency, "cpu": mode_cpu, "check": mode_check}[args.mode](args)
     result["duration_s"] = time.monotonic() - started
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.mode == "latency" and (earlier := load("latency")) is not None:
+        # RTTs measured in an earlier run are kept unless measured again (each run stays a few minutes)
+        kept = [r for r in earlier["rtts_ms"] if r not in args.rtts]
+        result = {**{f"{r:g}": earlier[f"{r:g}"] for r in kept}, **result,
+                  "rtts_ms": sorted(kept + args.rtts), "runs": earlier.get("runs", [earlier_meta(earlier)])
+                  + [earlier_meta(result)]}
     (HERE / f"fleet-{args.mode}.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report()
     failed = [k for k, v in result.items() if isinstance(v, dict) for s in _samples(v) if not s["ok"]]
     log(f"wrote fleet-{args.mode}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
         + (f"; failures: {sorted(set(failed))}" if failed else ""))
     return 1 if failed else 0
+
+
+def earlier_meta(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc.get(k) for k in ("rtts_ms", "repeats", "date", "load_start", "load_end")}
 
 
 def _samples(doc: Any) -> list[dict[str, Any]]:

@@ -42,6 +42,13 @@ BIND_WAIT = 10.0  # seconds the starting agent waits for the server to say wheth
 # The variables that describe the SSH connection rather than the environment a verb runs in: they differ for every
 # connection, so a resident named by them would never be found again.
 CONNECTION_VARIABLES = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "XDG_SESSION_ID", "_")
+# The files a login's environment is built from (PAM's pam_env, sshd's PermitUserEnvironment, the shells' rc files).
+LOGIN_FILES = ("/etc/environment", "/etc/security/pam_env.conf", "/etc/profile", "/etc/profile.d", "/etc/bash.bashrc",
+               "/etc/zsh/zshenv", "~/.ssh/environment", "~/.pam_environment", "~/.profile", "~/.bash_profile",
+               "~/.bash_login", "~/.bashrc", "~/.zshenv", "~/.zprofile", "~/.zshrc")
+# What the server was started for (its groups and login_sources()), which its session processes check every login
+# against; set when the server starts.
+STARTED_FOR = []
 
 
 def read_text(path):
@@ -73,7 +80,41 @@ def session_identity(digest):
     environment = sorted((key, value) for key, value in os.environ.items() if key not in CONNECTION_VARIABLES)
     credentials = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(set(os.getgroups()))]
     interpreter = [os.path.realpath(sys.executable), sys.executable, sys.version]
-    return json.dumps([digest, host_view(), credentials, interpreter, environment])
+    return json.dumps([digest, host_view(), credentials, interpreter, environment, login_sources()])
+
+
+def login_sources():
+    """What a new login's environment and interpreter come from, as it is now: (inode, size, mtime) of each file a
+    login's environment is built from, and of the interpreter's file. A resident started before one of them changed
+    has a login's environment that a new login would no longer get."""
+    found = []
+    for name in LOGIN_FILES + (os.path.realpath(sys.executable),):
+        try:
+            st = os.stat(os.path.expanduser(name))
+            found.append([st.st_ino, st.st_size, st.st_mtime_ns])
+        except OSError:
+            found.append(None)
+    return found
+
+
+def process_groups(pid):
+    """The effective group and the supplementary groups of process `pid`, or None where /proc does not say."""
+    try:
+        with open("/proc/%d/status" % pid) as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        return sorted(set([int(fields["Gid"].split()[1])] + [int(g) for g in fields["Groups"].split()]))
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
+def same_login(pid, started_for):
+    """Whether the login that connected (sshd's session process `pid`, which holds the login's groups) is still the
+    one this resident was started for (`started_for`: its groups and login_sources() then): checked on every
+    connection, for the price of a few stat calls."""
+    groups = process_groups(pid) if pid else None
+    if None not in (groups, started_for[0]) and groups != started_for[0]:
+        return False  # a group added or taken away since (the group database is read again at every login)
+    return login_sources() == started_for[1]
 
 
 def host_label(limit):
@@ -270,6 +311,7 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
     if server is None:
         return
     bound = os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino
+    STARTED_FOR[:] = [process_groups(os.getpid()), login_sources()]
     os.write(ready, b"bound")  # only now may the starting agent announce the path
     os.close(ready)
     sessions = set()
@@ -410,6 +452,10 @@ def serve_connection(connection, load, secret):
         return  # sshd connects as the user it logged in; anyone else is refused without a word
     if not sees_our_filesystem(pid):
         return  # a host that shares our socket's directory, not our files: its controller starts its own agent
+    if STARTED_FOR and not same_login(pid, STARTED_FOR):
+        # Its groups, its environment's files or its interpreter changed since this resident started: no greeting,
+        # so the controller starts an agent for it, which names (and starts) a resident of its own.
+        return
     connection.settimeout(HELLO_TIMEOUT)
     reader = connection.makefile("rb")
     try:

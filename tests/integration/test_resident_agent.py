@@ -228,3 +228,20 @@ def test_on_hosts_that_share_one_home_each_command_acts_only_on_the_host_it_name
     for name in FILES:
         assert OLD_LINE not in (one.repo_dir / name).read_text(), f"host1's {name} was rolled back through host3"
         assert (three.repo_dir / name).read_bytes() == originals[name]
+
+
+def test_a_changed_rc_file_sends_the_next_command_to_a_fresh_agent_and_a_new_resident(bed):
+    # The login's environment is built from ~/.bashrc (among others): after it changed, the resident started before
+    # greets no one, so ddops starts the agent for the command, and that agent leaves a resident of the new login.
+    first = ddops(bed, "patch", "--all", "--check")
+    assert agents(first) == {"host1": "started", "host2": "started"}
+    wait_until(lambda: all(resident_agents(bed, h.name) for h in bed.hosts))
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "resident", "host2": "resident"}
+    rc_file = Path(bed.host("host1").dir) / "bashrc"  # bind-mounted over host1's ~/.bashrc
+    with open(rc_file, "a") as fh:  # in place: the bind mount follows the inode
+        fh.write("export DDOPS_TEST_MARK=changed\n")
+    changed = ddops(bed, "patch", "--all", "--check")
+    assert agents(changed) == {"host1": "started", "host2": "resident"}
+    assert statuses(changed) == {"host1": "changed", "host2": "changed"}
+    wait_until(lambda: len(resident_agents(bed, "host1")) == 2)  # the old one idles out in its own time
+    assert agents(ddops(bed, "patch", "--all", "--check")) == {"host1": "resident", "host2": "resident"}

@@ -248,8 +248,64 @@ def test_a_session_with_another_environment_or_groups_gets_a_resident_of_its_own
                   env={"DDOPS_TEST_MARK": "one", "SSH_CLIENT": "127.0.0.1 50000 22"})[0]
     assert again["resident_alive"] is True and "resident" not in again
     if os.geteuid() == 0:
-        grouped, seen = answers(env={"DDOPS_TEST_MARK": "one"}, preexec=lambda: os.setgroups([4242]))
-        assert grouped != one and seen["result"]["groups"] == [4242]
+        announced = start(home, 30, journal(home), program=probe_program, env={"DDOPS_TEST_MARK": "one"},
+                          preexec=lambda: os.setgroups([4242]))[0]
+        assert announced["resident"] != one
+        seen = ask_as([4242], announced, request("environ_test", {"name": "DDOPS_TEST_MARK"}))[0]
+        assert seen["result"]["groups"] == [4242]
+
+
+# Connects to a resident as a login of other groups would (sshd's session process holds the login's groups): sends
+# stdin, prints what comes back until the resident closes.
+GROUPED_PEER = """
+import socket, sys
+client = socket.socket(socket.AF_UNIX)
+client.settimeout(30)
+client.connect(sys.argv[1])
+client.sendall(sys.stdin.buffer.read())
+client.shutdown(socket.SHUT_WR)
+while True:
+    chunk = client.recv(65536)
+    if not chunk:
+        break
+    sys.stdout.buffer.write(chunk)
+"""
+
+
+def ask_as(groups: list[int], announced: dict, *requests: bytes) -> list[dict]:
+    """ask(), from a process whose groups are `groups`: the greeting, then one answer per request ([] unanswered)."""
+    secret = bytes.fromhex(announced["resident_secret"])
+    done = subprocess.run([sys.executable, "-c", GROUPED_PEER, announced["resident"]],
+                          input=hello(secret) + b"".join(requests), capture_output=True, timeout=60,
+                          preexec_fn=lambda: os.setgroups(groups))
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    if not lines:
+        return []
+    assert lines[0] == {"resident": resident_proof(secret, "resident", "ab" * 16)}
+    return lines[1:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a process's groups needs root")
+def test_a_login_whose_groups_changed_is_not_served_by_the_resident_started_before(home):
+    # After an admin took a group away (or added one), sshd's next login has the new groups; the resident started
+    # with the old ones greets no one of them, so the controller starts an agent, whose resident has the new groups.
+    announced = start(home, 30, journal(home))[0]
+    assert ask(announced, journal(home))[0]["ok"]
+    assert ask_as([4242], announced, journal(home)) == []
+    assert ask(announced, journal(home))[0]["ok"]  # the login it was started for is served as before
+
+
+def test_a_change_to_a_login_file_turns_every_later_login_away_from_the_resident(home):
+    # ~/.bashrc (or /etc/environment, ~/.profile, the interpreter's file...) changed: a new login's environment may
+    # differ from the resident's, so the resident no longer greets, and the agent started instead names another.
+    announced = start(home, 30, journal(home))[0]
+    assert ask(announced, journal(home))[0]["ok"]
+    (home / ".bashrc").write_text("export DDOPS_TEST_MARK=changed\n")
+    secret = bytes.fromhex(announced["resident_secret"])
+    assert unanswered(announced["resident"], hello(secret), journal(home)) == b""
+    again = start(home, 30, journal(home))[0]
+    assert again["resident"] != announced["resident"]
+    assert ask(again, journal(home))[0]["ok"]
 
 
 def test_a_second_lingering_agent_names_the_serving_resident_for_its_own_controller(home):
