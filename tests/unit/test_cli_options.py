@@ -65,3 +65,9 @@ def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
     wrapped(ctx, host=["a"], group=None, all_=False, limit="g*", inventory=None, json_out=False, verbose=0,
             forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False)
     assert got["selection"].hosts == ("a",) and got["selection"].limit == "g*" and not got["selection"].all
+
+
+@pytest.mark.parametrize("name", ["patch", "sync", "deploy"])
+def test_the_commands_that_change_hosts_take_exit_code_for_ci(name):
+    [cmd] = [c for n, c in every_command() if n == name]
+    assert "--exit-code" in {opt for p in cmd.params for opt in getattr(p, "opts", ())}
