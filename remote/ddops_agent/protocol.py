@@ -285,11 +285,49 @@ def encode_response(response):
 def shipped_bundle():
     """(bundle bytes, bootstrap source) as the controller shipped them, for a verb that starts this agent again
     detached; None when the agent was not loaded from a bundle (`python -m ddops_agent`)."""
+    import zlib
+
     loader = globals().get("__loader__")
     bundle = getattr(loader, "bundle", None)
     if not bundle:
         return None
-    return bundle, json.loads(bundle.decode("utf-8"))["bootstrap"]
+    return bundle, json.loads(zlib.decompress(bundle).decode("utf-8"))["bootstrap"]
+
+
+# -- fault injection: only test bundles ship ddops_agent.faults (remote/README.md, "Fault injection") -------------
+
+
+def test_faults():
+    """The fault injection module where a test bundle shipped it, else None."""
+    return sys.modules.get("ddops_agent.faults")
+
+
+def arm_faults(state, verb_name):
+    """Arm this verb's test faults from <repo>/.ddops/faults.json; nothing in a production bundle."""
+    faults = test_faults()
+    if faults is not None:
+        faults.arm_faults(state, verb_name)
+
+
+def note_write_target(target, rel):
+    """Tell the fault points that `target` is the repo's file `rel` (a `stage:rel` fault names it so)."""
+    faults = test_faults()
+    if faults is not None:
+        faults.WRITE_TARGETS[target] = rel
+
+
+def fault_point(stage, target=None):
+    """Where an armed test fault strikes; nothing in a production bundle."""
+    faults = test_faults()
+    if faults is not None:
+        faults.fault_point(stage, target)
+
+
+def note_ssh_session(pid):
+    """The sshd process at the other end of a resident's session, for the faults that cut the connection."""
+    faults = test_faults()
+    if faults is not None:
+        faults.SSH_SESSION_PID = pid
 
 
 def main():

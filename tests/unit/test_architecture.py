@@ -220,3 +220,24 @@ def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
                 formats.append(name)
     assert tuples == {("auto", "remote", "push"): ["ddops.inventory"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
     assert formats == []
+
+
+def test_the_production_agent_bundle_ships_no_test_only_module():
+    # Fault injection can SIGKILL the host's sshd session: only test bundles carry it, and no shipped module imports
+    # it (the agent reaches it through protocol's hooks, which do nothing without it).
+    import json
+    import zlib
+
+    from ddops.resources import remote_dir
+    from ddops.transport.agent import TEST_ONLY_MODULES, agent_program, build_program
+
+    def shipped(bundle: bytes) -> set[str]:
+        return {entry[0] for entry in json.loads(zlib.decompress(bundle))["modules"]}
+
+    assert TEST_ONLY_MODULES <= shipped(build_program(test_bundle=True).bundle)
+    assert not shipped(agent_program().bundle) & TEST_ONLY_MODULES
+    folder = remote_dir() / "ddops_agent"
+    for path in sorted(folder.glob("*.py")):
+        name = f"ddops_agent.{path.stem}"
+        if name not in TEST_ONLY_MODULES:
+            assert not imports_in(path.read_text(), name) & TEST_ONLY_MODULES, f"{path.name} imports a test-only module"
