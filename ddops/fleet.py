@@ -212,3 +212,47 @@ def interrupted_summary(results: Sequence[HostResult]) -> str:
     not_started = sum(1 for r in results if r.interrupted == NOT_STARTED)
     parts = [f"{done} done", f"{finished} finished their commit"] + ([f"{cancelled} cancelled"] if cancelled else [])
     return "interrupted: " + ", ".join(parts + [f"{not_started} not started"])
+
+
+# A recap longer than a screen folds: the hosts that need a look (failed, unreachable, drifted, changed) in full,
+# hosts with identical rows grouped into one, the rest (ok, skipped) counted on one line.
+FOLD_OVER = 20
+SHOWN_IN_FULL = frozenset({FAILED, UNREACHABLE, DRIFTED, CHANGED})
+
+
+@dataclass(frozen=True, slots=True)
+class RecapRow:
+    """One row of a recap: one host, or hosts whose status, message and extra cells are all the same."""
+
+    hosts: tuple[str, ...]
+    status: HostStatus
+    message: str
+    cells: tuple[str, ...]
+    elapsed: float  # the longest of the group's
+    results: tuple[HostResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Recap:
+    """What a recap shows: its rows, and per status how many hosts were folded into the count line."""
+
+    rows: tuple[RecapRow, ...]
+    folded: dict[str, int]
+
+
+def fold_recap(results: Sequence[HostResult], cells: Callable[[HostResult], tuple[str, ...]] = lambda r: (), *,
+               all_rows: bool = False, fold_over: int = FOLD_OVER) -> Recap:
+    """Every host a row (up to fold_over hosts, or all_rows); past that, the hosts to look at grouped by identical
+    rows, in the order their first host comes, and the others folded into counts."""
+    if all_rows or len(results) <= fold_over:
+        return Recap(tuple(RecapRow((r.host,), r.status, r.message, cells(r), r.elapsed, (r,)) for r in results), {})
+    groups: dict[tuple, list[HostResult]] = {}
+    folded: dict[str, int] = {}
+    for r in results:
+        if r.status in SHOWN_IN_FULL:
+            groups.setdefault((r.status, r.message, cells(r)), []).append(r)
+        else:
+            folded[r.status] = folded.get(r.status, 0) + 1
+    rows = tuple(RecapRow(tuple(r.host for r in rs), status, message, shown, max(r.elapsed for r in rs), tuple(rs))
+                 for (status, message, shown), rs in groups.items())
+    return Recap(rows, folded)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,64}$")
 LOCAL_GIT_TIMEOUT = 60.0
+STATUS_GIT_TIMEOUT = 15.0
 
 
 class PinState(StrEnum):
@@ -206,9 +207,11 @@ class Pins:
     """Every distinct (repo_url, pin) of a run resolved once, whichever host asks first; `rev` overrides each
     host's pin (--commit), `from_clone` is --from."""
 
-    def __init__(self, rev: str | None = None, from_clone: str | None = None, git: GitRunner = local_git) -> None:
+    def __init__(self, rev: str | None = None, from_clone: str | None = None, git: GitRunner = local_git,
+                 timeout: float = LOCAL_GIT_TIMEOUT) -> None:
         self.rev = rev
         self.from_clone = from_clone
+        self.timeout = timeout
         self._git = git
         self._lock = threading.Lock()  # resolutions are rare: hosts of one pin waiting for it is what makes it one
         self._pins: dict[PinKey, Pin] = {}
@@ -221,7 +224,7 @@ class Pins:
         with self._lock:
             pin = self._pins.get(key)
             if pin is None:
-                pin = self._pins[key] = resolve_pin(key[0], key[1], self.from_clone, git=self._git)
+                pin = self._pins[key] = resolve_pin(key[0], key[1], self.from_clone, self.timeout, git=self._git)
             return pin
 
     def resolve_all(self, hosts: Iterable["Host"]) -> dict[PinKey, Pin]:
@@ -244,5 +247,6 @@ def pin_summary(host: "Host", head: str | None, pin: Pin | None) -> dict[str, st
 def host_pins(hosts: Sequence["Host"], heads: Sequence[str | None], pins: Pins | None = None
               ) -> dict[str, dict[str, str | None]]:
     """host name -> pin_summary, each distinct pin resolved once on the controller (what `ddops status` shows)."""
-    pins = pins or Pins()
+    # A table must not wait a minute for an unreachable forge: its pin then shows as unresolved, with why.
+    pins = pins or Pins(timeout=STATUS_GIT_TIMEOUT)
     return {h.name: pin_summary(h, head, pins.for_host(h) if h.commit else None) for h, head in zip(hosts, heads)}

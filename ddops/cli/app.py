@@ -10,7 +10,7 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.common import (AcceptNewOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
+from ddops.cli.common import (AcceptNewOpt, AllRowsOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
                               VerboseOpt, current_state, err_console, escape, write_document)
 from ddops.errors import EXIT_USAGE, DdopsError
 
@@ -45,11 +45,12 @@ def main_callback(
                               "(~/.ssh/config fills in the rest; before the command: after it, -H is --host).",
         show_default=False)] = None,
     ask_key_passphrase: AskKeyPassphraseOpt = False,
+    all_rows: AllRowsOpt = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:
     ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, accept_new=accept_new,
-                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts)
+                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts, all_rows=all_rows)
     if forks is not None:
         ctx.obj.forks = forks
 
@@ -69,12 +70,6 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddo
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
-    # paramiko imports invoke, where it is installed (the `fabric` extra), for its ssh_config parser's `Match exec`:
-    # ~50 ms of every command. The CLI reads ssh_config through `ssh -G` and never needs it (ddops.fabric, a library
-    # for the user's own scripts, keeps it).
-    keep_out_invoke = "invoke" not in sys.modules
-    if keep_out_invoke:
-        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
     try:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
@@ -97,7 +92,4 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("ddops: interrupted")
         sys.exit(130)
-    finally:
-        if keep_out_invoke and sys.modules.get("invoke", False) is None:
-            del sys.modules["invoke"]
     sys.exit(rv if isinstance(rv, int) else 0)

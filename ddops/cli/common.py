@@ -70,11 +70,12 @@ class AppState:
     accept_new: bool = False
     ask_key_passphrase: bool = False
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
+    all_rows: bool = False  # --all-rows: the recap never folds
     command: str = ""  # the running command's name (`bench status`), for the --json document of an error
     _inventory_cache: Any = field(default=None, repr=False)
 
     def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
-                   accept_new: bool, ask_key_passphrase: bool) -> None:
+                   accept_new: bool, ask_key_passphrase: bool, all_rows: bool) -> None:
         """Global options given after the command's name: they count as if given before it."""
         if inventory is not None:
             self.inventory = inventory
@@ -85,6 +86,7 @@ class AppState:
             self.forks = forks
         self.accept_new = self.accept_new or accept_new
         self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
+        self.all_rows = self.all_rows or all_rows
 
     def load_inventory(self) -> "Inventory":
         from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
@@ -131,13 +133,15 @@ ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="H
                                                  show_default=False)]
 AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are always "
                                                                  "refused).")]
+AllRowsOpt = Annotated[bool, typer.Option("--all-rows", help="A recap row for every host (past a screenful, only "
+                                                             "those to look at are shown, the rest counted).")]
 AskKeyPassphraseOpt = Annotated[bool, typer.Option(
     "--ask-key-passphrase", help="Ask the passphrase of an encrypted identity_file the ssh-agent lacks, even without "
                                  "a terminal (one line of stdin).")]
 GLOBAL_OPTIONS: dict[str, tuple[Any, Any]] = {  # parameter name -> (annotation, default meaning "not given here")
     "inventory": (_InventoryHereOpt, None), "json_out": (JsonOpt, False), "verbose": (VerboseOpt, 0),
     "forks": (ForksOpt, None), "accept_new": (AcceptNewOpt, False),
-    "ask_key_passphrase": (AskKeyPassphraseOpt, False),
+    "ask_key_passphrase": (AskKeyPassphraseOpt, False), "all_rows": (AllRowsOpt, False),
 }
 
 # The four host-selecting options, declared once; a command that takes a `selection` parameter gets them.
@@ -338,39 +342,67 @@ def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: C
 
 
 class FleetProgress:
-    """Live per-host progress: a rich status line on a terminal, one plain line per host otherwise."""
+    """Live progress: on a terminal a bar with the hosts done, counts by state and an ETA, and a line per host that
+    needs a look (failed, unreachable, drifted) above it; otherwise one plain line per host."""
 
-    def __init__(self, title: str, names: Iterable[str], enabled: bool = True) -> None:
+    def __init__(self, title: str, names: Iterable[str], enabled: bool = True, console: Any = None) -> None:
         self.title, self.names, self.enabled = title, list(names), enabled
-        self.done = 0
-        self._live = None
-        self._tty = enabled and err_console.is_terminal  # not even asked for --json: it would load rich
+        self.done: dict[str, int] = {}  # status -> hosts done with it
+        self.in_flight: set[str] = set()
+        self._console = console if console is not None else err_console
+        self._progress: Any = None
+        self._task: Any = None
+        self._tty = enabled and self._console.is_terminal  # not even asked for --json: it would load rich
 
     def __enter__(self) -> "FleetProgress":
         if self.enabled and self._tty:
-            from rich.status import Status
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._live = Status(self._text(), console=err_console.made())
-            self._live.start()
+            console = self._console.made() if hasattr(self._console, "made") else self._console
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[counts]}"), TextColumn("eta"), TimeRemainingColumn(),
+                                      console=console, transient=True, refresh_per_second=4)
+            self._task = self._progress.add_task(escape(self.title), total=len(self.names), counts=self._counts())
+            self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
-    def _text(self) -> str:
-        return f"{self.title}: {self.done}/{len(self.names)} hosts done"
+    def _counts(self) -> str:
+        parts = [f"[{STATUS_STYLE.get(s, '')}]{n} {s}[/]" for s, n in self.done.items()]
+        waiting = len(self.names) - sum(self.done.values()) - len(self.in_flight)
+        parts += [f"{len(self.in_flight)} in flight"] + ([f"{waiting} waiting"] if waiting > 0 else [])
+        return " · ".join(parts)
+
+    def line(self) -> str:
+        """The bar as it is drawn now, as plain text (a terminal's view of it)."""
+        import io
+
+        from rich.console import Console
+
+        plain = Console(file=io.StringIO(), width=self._progress.console.width, color_system=None)
+        plain.print(self._progress.make_tasks_table(self._progress.tasks))
+        return plain.file.getvalue()
 
     def event(self, event: FleetEvent) -> None:
-        if not self.enabled or event.phase != "done" or event.result is None:
+        if not self.enabled:
             return
-        self.done += 1
+        if event.phase != "done" or event.result is None:
+            self.in_flight.add(event.host)
+            if self._progress is not None:
+                self._progress.update(self._task, counts=self._counts())
+            return
+        self.in_flight.discard(event.host)
         r = event.result
+        self.done[r.status] = self.done.get(r.status, 0) + 1
         line = f"{r.host}: {r.status} ({r.elapsed:.2f}s)" + (f" {r.message}" if r.failed and r.message else "")
-        if self._live is not None:
-            style = STATUS_STYLE.get(r.status, "")
-            err_console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
-            self._live.update(self._text())
+        if self._progress is not None:
+            if r.failed:  # the others are counted in the bar, and shown in the recap
+                style = STATUS_STYLE.get(r.status, "")
+                self._progress.console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+            self._progress.update(self._task, advance=1, counts=self._counts())
         else:
             print(line, file=sys.stderr, flush=True)
 
@@ -408,11 +440,13 @@ def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any]
 
 def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),
           title: str | None = None) -> None:
-    """The final per-host table and a one-line summary."""
+    """The final table and a one-line summary; past a screenful of hosts, only those to look at (failed, drifted,
+    changed; identical rows grouped) and one line counting the rest, unless --all-rows."""
     from rich.table import Table
 
+    view = _fleet().fold_recap(results, lambda r: tuple(fn(r) for _, fn in columns), all_rows=_all_rows())
     table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("host", no_wrap=True)
+    table.add_column("host", no_wrap=len(view.rows) == len(results), overflow="fold")
     table.add_column("status", no_wrap=True)
     for name, _ in columns:
         table.add_column(name)
@@ -423,17 +457,28 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
         table.add_column("round trips", justify="right")
         table.add_column("agent")
     table.add_column("message", overflow="fold")
-    for r in results:
-        style = STATUS_STYLE.get(r.status, "")
-        cells = [escape(fn(r)) for _, fn in columns]
+    for row in view.rows:
+        style = STATUS_STYLE.get(row.status, "")
+        cells = [escape(c) for c in row.cells]
         if detail:
-            cells += ["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips),
-                      r.agent or ""]
-        table.add_row(escape(r.host), f"[{style}]{r.status}[/]", *cells[:len(columns)], f"{r.elapsed:.2f}s",
-                      *cells[len(columns):], escape(r.message))
+            r = row.results[0]
+            cells += (["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips),
+                       r.agent or ""] if len(row.results) == 1 else ["", "", ""])
+        table.add_row(escape(", ".join(row.hosts)), f"[{style}]{row.status}[/]", *cells[:len(columns)],
+                      f"{row.elapsed:.2f}s", *cells[len(columns):], escape(row.message))
     console.print(table)
+    if view.folded:
+        n = sum(view.folded.values())
+        what = (f"{n} more host{'s' if n != 1 else ''} {next(iter(view.folded))}" if len(view.folded) == 1 else
+                f"{n} more hosts: " + ", ".join(f"{k} {s}" for s, k in view.folded.items()))
+        console.print(f"{what} (--all-rows shows every host)")
     summary = ", ".join(f"{n} {s}" for s, n in _fleet().counts(results).items())
     console.print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}")
+
+
+def _all_rows() -> bool:
+    current = _current_state.get()
+    return current.all_rows if current is not None else False
 
 
 def _verbosity() -> int:

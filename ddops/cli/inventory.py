@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import command, console, escape, state
+from ddops.cli.common import command, console, escape, state, write_document
 
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write it (default: -i, else "
                                                    "./inventory.yaml).", show_default=False)]
@@ -68,6 +68,10 @@ def import_inventory(
     header = f"Written by `ddops inventory import {what}` from {imported.source}."
     path = _write_checked(ctx, output, force, imp.render_inventory(imported, header))
     groups = {g for h in imported.hosts for g in h.groups}
+    if state(ctx).json:
+        write_document("inventory import", 0, {"written": str(path), "hosts": [h.name for h in imported.hosts],
+                                               "groups": sorted(groups), "not_imported": list(imported.not_imported)})
+        return
     console.print(f"wrote {escape(str(path))}: {len(imported.hosts)} hosts, {len(groups)} groups "
                   f"(`ddops -i {escape(str(path))} inventory check` accepts it)")
     for note in imported.not_imported:
@@ -79,6 +83,9 @@ def init(ctx: typer.Context, output: OutputOpt = None, force: ForceOpt = False) 
     from ddops.inventory_import import starter_inventory
 
     path = _write_checked(ctx, output, force, starter_inventory())
+    if state(ctx).json:
+        write_document("inventory init", 0, {"written": str(path)})
+        return
     console.print(f"wrote {escape(str(path))}: edit its hosts, then `ddops -i {escape(str(path))} inventory check`")
 
 

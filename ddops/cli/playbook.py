@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import command, console, escape
+from ddops.cli.common import command, console, escape, state, write_document
 
 playbook_app = typer.Typer(help="Check your own playbooks and bench plans.", no_args_is_help=True)
 
@@ -38,14 +38,22 @@ def lint(
         plan = load_bench_plan(file)
         if sample:
             raise UsageError("--sample tries patch playbooks; a bench plan has no transform to try")
+        if state(ctx).json:
+            write_document("playbook lint", 0, {"file": str(file), "kind": "bench plan", "name": plan.name})
+            return
         console.print(f"{escape(str(file))}: ok (bench plan {escape(plan.name)})")
         return
     book = parse_playbook(doc)
-    console.print(f"{escape(str(file))}: ok (playbook {escape(book.name)}: {len(book.patches)} patches over "
-                  f"{', '.join(book.files)})")
-    failed = False
-    for spec in sample or ():
-        failed |= not _lint_sample(book, spec, diff)
+    as_json = state(ctx).json
+    if not as_json:
+        console.print(f"{escape(str(file))}: ok (playbook {escape(book.name)}: {len(book.patches)} patches over "
+                      f"{', '.join(book.files)})")
+    reports = [_lint_sample(book, spec, diff, show=not as_json) for spec in sample or ()]
+    failed = not all(ok for ok, _ in reports)
+    if as_json:
+        write_document("playbook lint", int(failed), {"file": str(file), "kind": "playbook", "name": book.name,
+                                                      "files": list(book.files),
+                                                      "samples": [found for _, found in reports]})
     if failed:
         raise typer.Exit(1)
 
@@ -56,7 +64,7 @@ def _is_bench_plan(data: object) -> bool:
     return isinstance(data, dict) and "patches" not in data and any(k in data for k in _BENCH_KEYS)
 
 
-def _lint_sample(book, spec: str, show_diff: bool) -> bool:
+def _lint_sample(book, spec: str, show_diff: bool, show: bool = True) -> tuple[bool, dict]:
     from ddops.errors import UsageError
     from ddops.patching.lint import lint_sample, sample_target
 
@@ -67,6 +75,13 @@ def _lint_sample(book, spec: str, show_diff: bool) -> bool:
         raise UsageError(f"--sample {path}: cannot read it ({exc.strerror})") from None
     target = sample_target(book, path, explicit or None)
     report = lint_sample(book, target, source, sample=path)
+    found = {"sample": path, "target": target, "ok": report.ok,
+             "findings": [{"patch": f.patch, "state": str(f.state), "ok": f.ok, "message": f.message}
+                          for f in report.findings],
+             "checks": [{"name": c.name, "ok": c.ok, "message": c.message} for c in report.checks],
+             "second_pass_changes": bool(report.second_pass_changes)}
+    if not show:
+        return report.ok, found
     for f in report.findings:
         mark = "[green]ok[/]  " if f.ok else "[bold red]FAIL[/]"
         console.print(f"{mark} {escape(target)} ({escape(path)}): {escape(f.patch)}: {f.state}"
@@ -79,4 +94,4 @@ def _lint_sample(book, spec: str, show_diff: bool) -> bool:
                       "again (a transform does not recognise its own result)")
     if show_diff and report.diff:
         console.print(escape(report.diff), end="")
-    return report.ok
+    return report.ok, found

@@ -8,8 +8,7 @@ import stat
 import time
 import uuid
 
-from ddops_agent.protocol import AgentFault, optional_number, within_deadline
-from ddops_agent.faults import WRITE_TARGETS, fault_point
+from ddops_agent.protocol import AgentFault, fault_point, note_write_target, optional_number, within_deadline
 from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
                                resolve_target, sha256_hex, verify_written, write_all, write_like)
 from ddops_agent.checks import run_quiet
@@ -162,6 +161,8 @@ def append_journal(state, entries):
 KNOWN_EVENTS = ("apply", "rollback", "revert", "save-foreign")
 JOURNAL_NAME = STATE_DIR + "/journal.jsonl"
 UNKNOWN_EVENT = "unknown event"
+# What compaction writes in the place of a line it could not read (the line itself stays in the rotated file).
+UNREADABLE_EVENT = "unreadable"
 
 
 def entry_problem(entry):
@@ -253,12 +254,103 @@ def read_journal_lines(state):
             if not isinstance(entry, dict):
                 corrupt.append({"line": number, "error": "not a JSON object", "salvaged": False})
                 continue
+            if entry.get("event") == UNREADABLE_EVENT:  # a line compaction could not read, kept in the rotated file
+                corrupt.append({"line": number, "error": "%s (line %s of %s/%s, where it is kept)" % (
+                    entry.get("error"), entry.get("line"), STATE_DIR, entry.get("rotated")), "salvaged": False})
+                entries.append(entry)
+                continue
             problem = entry_problem(entry)
             if problem not in (None, UNKNOWN_EVENT):
                 raise AgentFault("bad_journal", "%s line %d: %s: nothing was read or written; fix or remove that "
                                                 "line" % (JOURNAL_NAME, number, problem))
             entries.append(entry)
     return entries, corrupt
+
+
+# -- compaction -------------------------------------------------------------------------------------------------
+
+# A journal bigger than this is compacted by the commit or rollback that finds it so (100k entries are 34 MB, and
+# every status, patch and rollback read all of it).
+COMPACT_BYTES = 512 * 1024
+ROTATED_DIR = "journal-old"
+
+
+def live_entries(entries):
+    """The entries that still decide something, in journal order: each application not undone, each file's last
+    write, every saved foreign edit (`ddops backups`) and every unreadable-line marker.
+
+    Replayed, they give what the whole journal gives to ddops/patching/journal.py: the same active applications, in
+    the same order, and the same last written hash per file.
+    """
+    active, last_write, always = {}, {}, []
+    for index, entry in enumerate(entries):
+        event, rel = entry.get("event"), entry.get("file")
+        if event == "apply":
+            active[(entry.get("patch"), rel)] = index
+        elif event in ("rollback", "revert"):
+            for key in [k for k in active if k[1] == rel and (not entry.get("patch") or k[0] == entry.get("patch"))]:
+                del active[key]
+        elif event in ("save-foreign", UNREADABLE_EVENT):
+            always.append(index)
+        if event in ("apply", "rollback", "revert") and entry.get("after"):
+            last_write[rel] = index
+    keep = set(active.values()) | set(last_write.values()) | set(always)
+    return [entries[index] for index in sorted(keep)]
+
+
+def compact_journal(state):
+    """Under the lock, once the journal is over COMPACT_BYTES: keep its whole self as a rotated file and put in its
+    place a checkpoint of the live state (live_entries), written atomically. None when there was nothing to do.
+
+    Every stage leaves a journal that says the same: before the rename the old one (the rotated name is a hard link
+    to it, which the next compaction drops if it was cut off), after it the checkpoint. Appends only ever happen
+    under the lock, so none can land in between.
+    """
+    path = journal_path(state)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+    if size <= COMPACT_BYTES:
+        return None
+    entries, corrupt = read_journal_lines(state)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name = "%s/journal-%s-%s.jsonl" % (ROTATED_DIR, stamp, new_id()[:8])
+    markers = [{"event": UNREADABLE_EVENT, "line": c["line"], "error": c["error"], "rotated": name,
+                "time": now_iso(), "id": new_id()} for c in corrupt if not c.get("salvaged")]
+    live = live_entries(entries) + markers
+    blob = b"".join(json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n" for entry in live)
+    if len(blob) > size // 2:
+        return None  # mostly live already: compacting would not pay for itself
+    fault_point("compact-planned")
+    folder = os.path.join(state, ROTATED_DIR)
+    make_private_dir(folder)
+    drop_links_to(folder, os.stat(path))
+    os.link(path, os.path.join(state, name))
+    fault_point("compact-rotated")
+    atomic_write(path, blob, 0o600)
+    fault_point("compact-written")
+    return {"entries": len(entries), "kept": len(live), "rotated": STATE_DIR + "/" + name}
+
+
+def drop_links_to(folder, journal_stat):
+    """Remove rotated names that are the live journal itself (a compaction cut off before its rename)."""
+    for name in os.listdir(folder):
+        try:
+            found = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (journal_stat.st_dev, journal_stat.st_ino):
+            os.unlink(os.path.join(folder, name))
+
+
+def compact_quietly(state):
+    """compact_journal after a write verb's work is done: a compaction that fails leaves the journal as it was, and
+    must not turn that verb's success into an error."""
+    try:
+        return compact_journal(state)
+    except (AgentFault, OSError):
+        return None
 
 
 def pending_notes(state):
@@ -321,7 +413,7 @@ def journalled_write(state, target, rel, data, original, entries):
     note = os.path.join(folder, entries[0]["id"] + ".json")
     after = sha256_hex(data)
     atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
-    WRITE_TARGETS[target] = rel
+    note_write_target(target, rel)
     fault_point("pending", target)
     write_like(target, data, original)
     verify_written(target, rel, after)

@@ -3,17 +3,16 @@
 import os
 import stat
 
-from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, identity,
-                                  record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
+from ddops_agent.protocol import (AgentFault, arm_faults, b64_text, bad_request, decode_b64, describe_error,
+                                  fault_point, identity, record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
                                   verb)
-from ddops_agent.faults import arm_faults, fault_point
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
 from ddops_agent.facts import collect_facts
-from ddops_agent.journal import (RepoLock, append_journal, ensure_state_dir, journal_entries, journalled_write,
-                                 lock_holder, lock_timeout, read_backup_bytes, read_journal, refuse_unwritable,
-                                 release_space, remove_stale_temps, reserve_space, settle_pending, state_dir,
-                                 store_backup)
+from ddops_agent.journal import (RepoLock, append_journal, compact_quietly, ensure_state_dir, journal_entries,
+                                 journalled_write, lock_holder, lock_timeout, read_backup_bytes, read_journal,
+                                 refuse_unwritable, release_space, remove_stale_temps, reserve_space, settle_pending,
+                                 state_dir, store_backup)
 
 
 Change = record_type("Change", "path target patch_ids expected new_bytes new_sha")
@@ -236,6 +235,7 @@ def commit_verb(payload):
         written, reserve = write_changes(state, changes, originals, who)
         results = run_post_checks(state, repo, checks, written, originals, who, reserve)
         reverted = not all(result["ok"] for result in results)
+        compact_quietly(state)
     return {"written": [change.path for change in written], "checks": results, "reverted": reverted and bool(written)}
 
 
@@ -317,6 +317,7 @@ def rollback_verb(payload):
                 result["failed"].append({"path": restore.path, "kind": fault.kind, "message": fault.message})
             except OSError as error:
                 result["failed"].append({"path": restore.path, "kind": "io", "message": describe_error(error)})
+        compact_quietly(state)
     return result
 
 

@@ -79,3 +79,54 @@ def test_a_torn_last_journal_line_is_shown_by_status_and_rollback_uses_the_backu
     assert rolled.status == "changed", rolled.message
     assert last_file in rolled.message
     fleet.assert_original("host1")
+
+
+def seed_long_history(fleet, name: str, pairs: int = 1200) -> bytes:
+    """A journal of a host patched and rolled back for months (history.py, a file no playbook touches): over the
+    size at which the next commit or rollback compacts it. Returns its bytes."""
+    import json
+
+    state = fleet.repo(name) / ".ddops"
+    state.mkdir(mode=0o700, exist_ok=True)
+    lines = []
+    for i in range(pairs):
+        for event, before, after in (("apply", "a" * 64, "b" * 64), ("rollback", "b" * 64, "a" * 64)):
+            lines.append(json.dumps({"event": event, "patch": "old", "file": "history.py", "before": before,
+                                     "after": after, "time": "2025-01-01T00:00:00.000Z", "id": f"{event}-{i}",
+                                     "actor": "alice@laptop", "ddops_version": "0.1.0"}, sort_keys=True))
+    data = ("\n".join(lines) + "\n").encode()
+    path = state / "journal.jsonl"
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return data
+
+
+@pytest.mark.parametrize("stage", ["compact-planned", "compact-rotated", "compact-written"])
+def test_connection_killed_at_each_stage_of_a_journal_compaction_then_patch_converges_and_rollback_restores(
+        clean, stage):
+    fleet = clean
+    old = seed_long_history(fleet, "host1")
+    fleet.arm("host1", {"commit": {stage: "kill"}})
+
+    first = fleet.patch("host1")["host1"]
+    assert first.status == "unreachable", first.message  # the commit's own work was done; compaction was cut
+    assert fleet.assert_nothing_lost("host1")["host1"] == {"ddtree.py": "new", "dflash.py": "new"}
+    journal = fleet.repo("host1") / ".ddops" / "journal.jsonl"
+    rotated = sorted((fleet.repo("host1") / ".ddops" / "journal-old").glob("*.jsonl")) \
+        if (fleet.repo("host1") / ".ddops" / "journal-old").exists() else []
+    if stage == "compact-written":
+        assert len(journal.read_bytes()) < 16 * 1024 and len(rotated) == 1
+    else:
+        assert journal.read_bytes().startswith(old)  # still the whole journal
+
+    again = fleet.patch("host1")["host1"]
+    assert again.status == "ok" and again.message.startswith("already applied"), again.message
+    rolled = fleet.rollback("host1")["host1"]
+    assert rolled.status == "changed", rolled.message
+    fleet.assert_original("host1")
+    fleet.assert_nothing_lost("host1")
+    fleet.assert_clean("host1")
+    # Compacted by now (the rollback did it if the patch's compaction was cut): one rotated file, which holds every
+    # old line, and no name left over from the compaction that was cut off.
+    [rotated] = (fleet.repo("host1") / ".ddops" / "journal-old").glob("*.jsonl")
+    assert rotated.read_bytes().startswith(old) and len(journal.read_bytes()) < 16 * 1024

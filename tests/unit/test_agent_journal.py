@@ -73,3 +73,55 @@ def test_a_rollback_planned_from_an_older_journal_is_refused_and_writes_nothing(
     now = journal(repo)[-1]["id"]
     done = ok("rollback", rollback_payload(repo, "ddtree.py", PATCHED_AGAIN, ORIGINAL) | {"journal_last": now})
     assert done["restored"] == ["ddtree.py"]
+
+
+def old_history(count: int) -> list[dict]:
+    """`count` entries of a long-lived host: a patch applied to history.py and rolled back, again and again, a
+    foreign edit saved once, and an entry of a newer ddops."""
+    entries = []
+    for i in range(count // 2):
+        entries.append({"event": "apply", "patch": "old", "file": "history.py", "before": "a" * 64, "after": "b" * 64,
+                        "time": "2025-01-01T00:00:00.000Z", "id": f"apply-{i}", "actor": "alice@laptop"})
+        entries.append({"event": "rollback", "patch": "old", "file": "history.py", "before": "b" * 64,
+                        "after": "a" * 64, "time": "2025-01-01T00:00:00.000Z", "id": f"rollback-{i}"})
+    entries[10:10] = [{"event": "save-foreign", "patch": None, "file": "history.py", "sha256": "c" * 64,
+                       "expected": "b" * 64, "time": "t", "id": "saved"},
+                      {"event": "x-from-a-newer-ddops", "id": "x"}]
+    return entries
+
+
+def test_a_journal_over_the_limit_is_compacted_to_its_live_state_and_the_rest_kept_rotated(repo):
+    from ddops.patching.backups import saved_edits
+    from ddops.patching.journal import active_applications, last_written_by_file
+
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    history = old_history(2400)
+    lines = [json.dumps(e, sort_keys=True) for e in history]
+    lines[500] = lines[500][:60]  # a line cut inside a hash: unreadable, and shown as such after compaction too
+    with open(journal_file(repo), "a") as handle:
+        handle.write("\n".join(lines) + "\n")
+    before = journal_file(repo).read_bytes()
+    assert len(before) > 512 * 1024
+    full = journal(repo)
+
+    ok("commit", commit_payload(repo, change("ddtree.py", PATCHED, PATCHED_AGAIN)))
+
+    after = ok("journal", {"repo": str(repo)})
+    assert len(journal_file(repo).read_bytes()) < 8 * 1024
+    [rotated] = (repo / ".ddops" / "journal-old").iterdir()
+    assert rotated.read_bytes().startswith(before)  # every old line kept, in order
+    new = [e for e in after["entries"] if e["id"] not in {f["id"] for f in full}]
+    assert [e["event"] for e in new] == ["apply"]
+    whole = full + new
+    def applied(entries: list[dict]) -> list[tuple]:
+        return [(a.patch, a.file, a.before, a.after, a.id) for a in active_applications(entries)]
+
+    assert applied(after["entries"]) == applied(whole)
+    assert last_written_by_file(after["entries"]) == last_written_by_file(whole)
+    assert saved_edits(after["entries"]) == saved_edits(whole)
+    [marker] = after["corrupt"]
+    assert f"line 502 of .ddops/journal-old/{rotated.name}, where it is kept" in marker["error"]
+    # Status, patch and rollback read the checkpoint like the whole journal.
+    done = ok("rollback", rollback_payload(repo, "ddtree.py", PATCHED_AGAIN, ORIGINAL) | {"journal_last":
+                                                                                      after["entries"][-1]["id"]})
+    assert done["restored"] == ["ddtree.py"] and (repo / "ddtree.py").read_bytes() == ORIGINAL

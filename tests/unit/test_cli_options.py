@@ -11,7 +11,7 @@ import typer
 from ddops.cli.app import app
 from ddops.cli.common import AppState, with_global_options
 
-GLOBAL = ("--inventory", "--json", "--verbose", "--forks", "--accept-new", "--ask-key-passphrase")
+GLOBAL = ("--inventory", "--json", "--verbose", "--forks", "--accept-new", "--ask-key-passphrase", "--all-rows")
 
 
 def every_command() -> list[tuple[str, Any]]:
@@ -44,10 +44,10 @@ def test_global_options_given_after_the_command_count_as_if_given_before():
     wrapped = with_global_options(probe)
     st = AppState(inventory="before.yaml", forks=32)
     ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
-    wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True)
+    wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True, all_rows=True)
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
     assert st.ask_key_passphrase
-    wrapped(ctx, inventory=None, json_out=False, verbose=0, forks=None, accept_new=False, ask_key_passphrase=False)
+    wrapped(ctx, inventory=None, json_out=False, verbose=0, forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False)
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
 
 
@@ -63,5 +63,11 @@ def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
     st = AppState()
     ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
     wrapped(ctx, host=["a"], group=None, all_=False, limit="g*", inventory=None, json_out=False, verbose=0,
-            forks=None, accept_new=False, ask_key_passphrase=False)
+            forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False)
     assert got["selection"].hosts == ("a",) and got["selection"].limit == "g*" and not got["selection"].all
+
+
+@pytest.mark.parametrize("name", ["patch", "sync", "deploy"])
+def test_the_commands_that_change_hosts_take_exit_code_for_ci(name):
+    [cmd] = [c for n, c in every_command() if n == name]
+    assert "--exit-code" in {opt for p in cmd.params for opt in getattr(p, "opts", ())}
