@@ -446,7 +446,8 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
 
     view = _fleet().fold_recap(results, lambda r: tuple(fn(r) for _, fn in columns), all_rows=_all_rows())
     table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("host", no_wrap=len(view.rows) == len(results), overflow="fold")
+    grouped = len(view.rows) != len(results) or bool(view.folded)
+    table.add_column("host", no_wrap=not grouped, overflow="fold" if grouped else "ellipsis")
     table.add_column("status", no_wrap=True)
     for name, _ in columns:
         table.add_column(name)
