@@ -31,7 +31,12 @@ SYSTEM_KNOWN_HOSTS = Setting("DDOPS_SYSTEM_KNOWN_HOSTS", "the system-wide known_
 TESTBED_ROOT = Setting("DDOPS_TESTBED_ROOT", "where `ddops testbed up` puts its hosts (default /tmp/ddops-testbed)")
 TESTBED_ADDRESS_PREFIX = Setting("DDOPS_TESTBED_ADDRESS_PREFIX", "the loopback /24 testbed hosts get "
                                                                  "(--address-prefix)")
+MAX_AGENT_ANSWER = Setting("DDOPS_MAX_AGENT_ANSWER", "bytes of one agent answer the controller takes from a host; "
+                                                     "more ends that host's call (default 268435456: 256 MiB)")
+MAX_COMMAND_OUTPUT = Setting("DDOPS_MAX_COMMAND_OUTPUT", "bytes of a command's output the controller keeps; "
+                                                         "more ends that host's call (default 67108864: 64 MiB)")
 CONTAINERS_DIR = Setting("DDOPS_CONTAINERS_DIR", "container testbed state (default the cache's containers/)")
 
 SETTINGS = (INVENTORY, CACHE_DIR, PLAN_CACHE, PLAN_ENGINE, LOCK_TIMEOUT, RESULTS_DIR, PLAYBOOK_PATH,
-            SYSTEM_KNOWN_HOSTS, TESTBED_ROOT, TESTBED_ADDRESS_PREFIX, CONTAINERS_DIR)
+            SYSTEM_KNOWN_HOSTS, TESTBED_ROOT, TESTBED_ADDRESS_PREFIX, CONTAINERS_DIR, MAX_AGENT_ANSWER,
+            MAX_COMMAND_OUTPUT)

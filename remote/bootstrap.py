@@ -11,6 +11,7 @@ import marshal
 import os
 import stat
 import sys
+import zlib
 
 PACKAGE = "ddops_agent"
 CACHE_KEEP = 8  # compiled bundles kept per host: every ddops upgrade leaves one behind
@@ -55,7 +56,7 @@ class BundleImporter(object):
 
     def get_source(self, fullname):
         if self.sources is None:
-            self.sources = dict((entry[0], entry[3]) for entry in json.loads(self.bundle.decode("utf-8"))["modules"])
+            self.sources = dict((entry[0], entry[3]) for entry in bundle_document(self.bundle)["modules"])
         return self.sources.get(fullname)
 
     def load(self):
@@ -68,10 +69,15 @@ class BundleImporter(object):
         return sys.modules[PACKAGE]
 
 
+def bundle_document(bundle):
+    """The bundle's JSON document, from the zlib-compressed bytes shipped."""
+    return json.loads(zlib.decompress(bundle).decode("utf-8"))
+
+
 def compile_bundle(bundle):
-    """[(module name, file name, is package, code)] from the bundle's JSON text."""
+    """[(module name, file name, is package, code)] from the bundle."""
     return [(name, filename, is_package, compile(source, filename, "exec"))
-            for name, filename, is_package, source in json.loads(bundle.decode("utf-8"))["modules"]]
+            for name, filename, is_package, source in bundle_document(bundle)["modules"]]
 
 
 def cache_path(digest):

@@ -45,7 +45,7 @@ from run import PLAYBOOK, Bed, Runner, Sample, Tool, log  # noqa: E402
 
 PROXY_PREFIX = "127.0.0."  # the proxies listen on loopback, one address per host
 FLEET_N, FLEET_FORKS = 200, 32
-BEGIN, END = "<!-- fleet: written by fleet_mode.py report -->", "<!-- end of fleet -->"
+BEGIN, END = run.FLEET_BEGIN, run.FLEET_END
 
 
 # --- the hosts through proxies ----------------------------------------------------------------------------------

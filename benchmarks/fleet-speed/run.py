@@ -48,6 +48,7 @@ SCALING_HOSTS = 8
 KEX = "curve25519-sha256"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOTES_BEGIN, NOTES_END = "<!-- notes: kept when RESULTS.md is rewritten -->", "<!-- end of notes -->"
+FLEET_BEGIN, FLEET_END = "<!-- fleet: written by fleet_mode.py report -->", "<!-- end of fleet -->"
 
 
 # --- measuring one process ------------------------------------------------------------------------------------
@@ -742,7 +743,7 @@ def fmt_rt(rts: list[int]) -> str:
 
 def render(meta: dict[str, Any], tools: list[Tool], results: dict[str, dict[int, list[Sample]]],
            startup: dict[str, Any] | None, ping: dict[str, Any] | None, scaling: dict[str, Any] | None,
-           notes: str) -> str:
+           notes: str, previous: str = "") -> str:
     sizes = meta["sizes"]
     stats = {t.key: {n: summarize(results.get(t.key, {}).get(n, [])) for n in sizes if results.get(t.key, {}).get(n)}
              for t in tools}
@@ -844,6 +845,8 @@ def render(meta: dict[str, Any], tools: list[Tool], results: dict[str, dict[int,
         out += [""]
     if scaling:
         out += scaling_section(scaling)
+    if FLEET_BEGIN in previous and FLEET_END in previous:  # fleet_mode.py's section stays as it was
+        out += [FLEET_BEGIN + previous.split(FLEET_BEGIN, 1)[1].split(FLEET_END, 1)[0] + FLEET_END, ""]
     out += ["## Notes", "", NOTES_BEGIN, notes.strip("\n"), NOTES_END, ""]
     return "\n".join(out)
 
@@ -1009,7 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
                 "load_start": load_start, "load_end": load_text(),
                 "machine": describe_machine(count, args.host_python)}
         output = Path(args.output)
-        report = render(meta, runner.tools, results, startup, ping, scaling, previous_notes(output))
+        report = render(meta, runner.tools, results, startup, ping, scaling, previous_notes(output),
+                        output.read_text() if output.exists() else "")
         output.write_text(report)
         raw = {"meta": meta, "startup": startup, "ping": ping, "scaling": scaling,
                "results": {k: {str(n): [asdict(s) for s in v] for n, v in by_n.items()}

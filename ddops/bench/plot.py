@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
-from ddops.bench.report import GroupRow, Report, aggregate
+from ddops.bench.report import GroupRow, Report, aggregate, code_ids, code_label
+
+
+def plot_series(groups: Sequence[GroupRow]) -> dict[str, dict[str, GroupRow]]:
+    """Bar series name (target, dataset, temperature, code: what varies) -> method -> its per-method row."""
+    several = {name: len({getattr(g, name) for g in groups}) > 1 for name in ("model", "dataset", "temperature")}
+    codes = code_ids(groups)  # different code is never one series: each commit and patch set gets its own bars
+    series: dict[str, dict[str, GroupRow]] = {}
+    for g in groups:
+        parts = [g.model.rsplit("/", 1)[-1] if several["model"] and g.model else None,
+                 g.dataset if several["dataset"] else None,
+                 f"T={g.temperature:g}" if several["temperature"] and g.temperature is not None else None,
+                 code_label(g.code, codes) if len(codes) > 1 else None]
+        name = " ".join(p for p in parts if p) or "all hosts"
+        # With several runs of one method in a series (sdpa and flash_attn, say), the plot keeps the fastest.
+        have = series.setdefault(name, {}).get(g.method)
+        if have is None or _mean(g, "tokens_per_s") > _mean(have, "tokens_per_s"):
+            series[name][g.method] = g
+    return series
 
 
 def plot_report(report: Report, out_png: str | Path) -> Path:
@@ -14,20 +33,8 @@ def plot_report(report: Report, out_png: str | Path) -> Path:
     from matplotlib.figure import Figure
 
     groups = aggregate(report, "method")
-    methods: list[str] = []
-    several = {name: len({getattr(g, name) for g in groups}) > 1 for name in ("model", "dataset", "temperature")}
-    series: dict[str, dict[str, GroupRow]] = {}
-    for g in groups:
-        if g.method not in methods:
-            methods.append(g.method)
-        parts = [g.model.rsplit("/", 1)[-1] if several["model"] and g.model else None,
-                 g.dataset if several["dataset"] else None,
-                 f"T={g.temperature:g}" if several["temperature"] and g.temperature is not None else None]
-        name = " ".join(p for p in parts if p) or "all hosts"
-        # With several runs of one method in a series (sdpa and flash_attn, say), the plot keeps the fastest.
-        have = series.setdefault(name, {}).get(g.method)
-        if have is None or _mean(g, "tokens_per_s") > _mean(have, "tokens_per_s"):
-            series[name][g.method] = g
+    methods = list(dict.fromkeys(g.method for g in groups))
+    series = plot_series(groups)
 
     fig = Figure(figsize=(max(8.0, 1.1 * len(methods) * 2), 4.8))
     axes = fig.subplots(1, 2, squeeze=False)

@@ -70,12 +70,6 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddo
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
-    # paramiko imports invoke, where it is installed (the `fabric` extra), for its ssh_config parser's `Match exec`:
-    # ~50 ms of every command. The CLI reads ssh_config through `ssh -G` and never needs it (ddops.fabric, a library
-    # for the user's own scripts, keeps it).
-    keep_out_invoke = "invoke" not in sys.modules
-    if keep_out_invoke:
-        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
     try:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
@@ -98,7 +92,4 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("ddops: interrupted")
         sys.exit(130)
-    finally:
-        if keep_out_invoke and sys.modules.get("invoke", False) is None:
-            del sys.modules["invoke"]
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -36,25 +36,27 @@ from ddops.tasks.slurm import bench_call, is_slurm, submit
 # --- launching -----------------------------------------------------------------------------------------------------
 
 
-def _patch_playbooks(patch_ids: Sequence[str]) -> list[Any]:
-    """The built-in patch playbooks that hold any of patch_ids."""
+def _patch_playbooks(patch_ids: Sequence[str], search_dirs: Sequence[Path] | None = None) -> list[Any]:
+    """The patch playbooks along search_dirs (default: search_path() without an inventory) that hold any of
+    patch_ids; of two playbooks with one name, the first found, as `ddops patch NAME` would load it."""
     wanted = set(patch_ids)
     books = []
-    for name in list_playbooks():
-        book = load_playbook(name)
+    for name in list_playbooks(search_dirs):
+        book = load_playbook(name, search_dirs)
         if wanted & {p.id for p in book.patches}:
             books.append(book)
     return books
 
 
 def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence[str], facts: Mapping[str, Any], *,
-                          planner: Any = None) -> dict[str, str]:
+                          planner: Any = None, search_dirs: Sequence[Path] | None = None) -> dict[str, str]:
     """patch id -> state on this host (applied, pending, drifted, modified ...): re-planned from the files by
-    `status_host` for patches a built-in playbook defines, from the journal alone for the others."""
+    `status_host` for patches a playbook along search_dirs (the inventory's search path) defines, from the journal
+    alone for the others."""
     if not patch_ids:
         return {}
     states: dict[str, str] = {}
-    books = _patch_playbooks(patch_ids)
+    books = _patch_playbooks(patch_ids, search_dirs)
     if books:
         outcome = status_host(host, session, books, planner=planner)
         states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
@@ -85,8 +87,10 @@ class Preflight:
         return provenance_of(self.facts, self.states, self.pin)
 
 
-def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, AgentSession], Preflight]:
-    """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller."""
+def _preflight(plan: BenchPlan, pins: Pins | None = None,
+               search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], Preflight]:
+    """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller; the
+    required patches' playbooks looked up along search_dirs."""
     planner = _shared_planner(plan)
     pins = pins or Pins()
 
@@ -95,7 +99,8 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, Age
         # The host is asked whether it has the commit the controller resolved, never what its own branch says.
         commit = pin.commit if pin is not None else None
         facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": commit})
-        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner)
+        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner,
+                                       search_dirs=search_dirs)
         problems = preflight_problems(plan, host, facts, states, pin)
         if not problems:
             return Preflight(facts, states, pin, None)
@@ -106,10 +111,11 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, Age
     return check
 
 
-def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
+                search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
 
-    preflight = _preflight(plan, pins)
+    preflight = _preflight(plan, pins, search_dirs)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -131,10 +137,11 @@ def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None) -> Calla
     return task
 
 
-def check_task(plan: BenchPlan, pins: Pins | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+def check_task(plan: BenchPlan, pins: Pins | None = None,
+               search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    preflight = _preflight(plan, pins)
+    preflight = _preflight(plan, pins, search_dirs)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import shlex
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -19,6 +20,8 @@ from ddops.errors import AgentError
 from ddops.resources import remote_dir
 
 AGENT_PACKAGE = "ddops_agent"
+# Modules only test bundles ship: fault injection can SIGKILL the sshd session serving the agent (remote/README.md).
+TEST_ONLY_MODULES = frozenset({f"{AGENT_PACKAGE}.faults"})
 
 __all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "agent_source", "bootstrap_command",
            "build_program", "remote_dir"]
@@ -45,8 +48,9 @@ class AgentProgram:
                       probe_resident, lifetime)
 
 
-def _module_files(folder: Path) -> list[tuple[str, Path]]:
-    """(module name, file) of every shipped module: the package first, then its modules in sorted order."""
+def _module_files(folder: Path, test_bundle: bool = False) -> list[tuple[str, Path]]:
+    """(module name, file) of every shipped module: the package first, then its modules in sorted order (the
+    test-only ones in a test bundle only)."""
     package = folder / AGENT_PACKAGE
     init = package / "__init__.py"
     if not init.is_file():
@@ -54,22 +58,27 @@ def _module_files(folder: Path) -> list[tuple[str, Path]]:
                          kind="no_agent_source")
     modules = [(AGENT_PACKAGE, init)]
     for path in sorted(package.glob("*.py")):
-        if not path.name.startswith("__"):  # __main__ runs the agent without the bootstrap: not shipped
-            modules.append((f"{AGENT_PACKAGE}.{path.stem}", path))
+        name = f"{AGENT_PACKAGE}.{path.stem}"
+        # __main__ runs the agent without the bootstrap: not shipped
+        if not path.name.startswith("__") and (test_bundle or name not in TEST_ONLY_MODULES):
+            modules.append((name, path))
     return modules
 
 
-def build_program(extra_modules: Mapping[str, str] | None = None) -> AgentProgram:
-    """The agent program from remote/, plus `extra_modules` ({"ddops_agent.name": source}; tests add verbs so)."""
+def build_program(extra_modules: Mapping[str, str] | None = None, *, test_bundle: bool = False) -> AgentProgram:
+    """The agent program from remote/, plus `extra_modules` ({"ddops_agent.name": source}; tests add verbs so);
+    `test_bundle` ships the test-only modules too (TEST_ONLY_MODULES)."""
     folder = remote_dir()
     # [module name, file name (what tracebacks say), is a package, source]
     modules = [[name, f"{AGENT_PACKAGE}/{path.name}", name == AGENT_PACKAGE, path.read_text(encoding="utf-8")]
-               for name, path in _module_files(folder)]
+               for name, path in _module_files(folder, test_bundle)]
     for name, source in (extra_modules or {}).items():
         modules.append([name, f"{name.replace('.', '/')}.py", False, source])
     bootstrap = (folder / "bootstrap.py").read_text(encoding="utf-8")
     # The bootstrap travels in the bundle too, so that a verb can start the agent again detached (bench runner).
-    bundle = json.dumps({"bootstrap": bootstrap, "modules": modules}).encode("ascii")
+    document = json.dumps({"bootstrap": bootstrap, "modules": modules}).encode("ascii")
+    # Compressed: every session that starts an agent sends it (the bootstrap decompresses it with zlib).
+    bundle = zlib.compress(document, 9)
     return AgentProgram(bootstrap, bundle, hashlib.sha256(bundle).hexdigest())
 
 

@@ -17,7 +17,7 @@ import paramiko
 
 from ddops.errors import AgentError, CommandTimeout
 from ddops.inventory import Host
-from ddops.transport.channel import (MAX_AGENT_ANSWER, READ_CHUNK, ChannelReader, CommandResult, output_too_large,
+from ddops.transport.channel import (READ_CHUNK, ChannelReader, CommandResult, max_agent_answer, output_too_large,
                                     send_all)
 from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
@@ -55,8 +55,9 @@ class AgentChannel:
             self.pending_source = json.dumps(hello).encode("ascii") + b"\n"
             self._expected_greeting = resident_proof(resident.secret, "resident", nonce)
         self.answered = False
-        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR, max_out=MAX_AGENT_ANSWER,
-                                    too_much=lambda: output_too_large(host_name, "agent", MAX_AGENT_ANSWER))
+        limit = max_agent_answer()
+        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR, max_out=limit,
+                                    too_much=lambda: output_too_large(host_name, "agent", limit))
 
     def _proves_greeting(self, line: str) -> bool:
         """Whether a resident's first line is the greeting our hello asked for."""

@@ -10,17 +10,42 @@ from typing import Callable
 
 import paramiko
 
-from ddops.errors import Cancelled, CommandTimeout, TransportError
+from ddops import settings
+from ddops.errors import Cancelled, CommandTimeout, TransportError, UsageError
 
 READ_CHUNK = 1 << 16
 # What the controller holds of one answer: an agent's answer line (a snapshot of many files is megabytes) and a
 # command's kept output. More is refused, never gathered: a host cannot make the controller run out of memory.
-MAX_AGENT_ANSWER = 256 << 20
-MAX_COMMAND_OUTPUT = 64 << 20
+DEFAULT_MAX_AGENT_ANSWER = 256 << 20
+DEFAULT_MAX_COMMAND_OUTPUT = 64 << 20
+
+
+def _byte_limit(setting: settings.Setting, default: int) -> int:
+    raw = setting.value()
+    if raw is None:
+        return default
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise UsageError(f"{setting.name}={raw!r}: not a whole number of bytes above 0")
+    return limit
+
+
+def max_agent_answer() -> int:
+    """Bytes of one agent answer the controller takes (DDOPS_MAX_AGENT_ANSWER)."""
+    return _byte_limit(settings.MAX_AGENT_ANSWER, DEFAULT_MAX_AGENT_ANSWER)
+
+
+def max_command_output() -> int:
+    """Bytes of a command's stdout and stderr together the controller keeps (DDOPS_MAX_COMMAND_OUTPUT)."""
+    return _byte_limit(settings.MAX_COMMAND_OUTPUT, DEFAULT_MAX_COMMAND_OUTPUT)
 
 
 def output_too_large(host_name: str, what: str, limit: int) -> TransportError:
-    return TransportError(f"{host_name}: the {what} sent more than {limit >> 20} MiB of output: refused (cut off)")
+    size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+    return TransportError(f"{host_name}: the {what} sent more than {size} of output: refused (cut off)")
 
 
 @dataclass(frozen=True, slots=True)

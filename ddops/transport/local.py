@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
-from ddops.transport.channel import MAX_AGENT_ANSWER, MAX_COMMAND_OUTPUT, CommandResult, output_too_large
+from ddops.transport.channel import CommandResult, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
 from ddops.transport.session import copy_limited
 
@@ -50,14 +50,15 @@ class LocalSession:
 
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
-        """A shell command in the login shell's stead (/bin/sh); its output kept up to MAX_COMMAND_OUTPUT."""
+        """A shell command in the login shell's stead (/bin/sh); its output kept up to max_command_output()."""
         started = time.monotonic()
         kept = {"stdout": bytearray(), "stderr": bytearray()}
+        limit = max_command_output()
 
         def keep(stream: str, chunk: bytes) -> None:
             kept[stream] += chunk
-            if len(kept["stdout"]) + len(kept["stderr"]) > MAX_COMMAND_OUTPUT:
-                raise output_too_large(self.host.name, "command", MAX_COMMAND_OUTPUT)
+            if len(kept["stdout"]) + len(kept["stderr"]) > limit:
+                raise output_too_large(self.host.name, "command", limit)
 
         code = self._exec(command, keep, stdin=stdin, timeout=timeout)
         return CommandResult(code, kept["stdout"].decode("utf-8", "replace"),
@@ -180,6 +181,7 @@ class LocalSession:
     def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:
         assert agent.stdout is not None
         fd = agent.stdout.fileno()
+        limit = max_agent_answer()
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._out:
@@ -193,9 +195,9 @@ class LocalSession:
                 if not chunk:
                     return None
                 self._out += chunk
-                if len(self._out) > MAX_AGENT_ANSWER:
+                if len(self._out) > limit:
                     self.close()
-                    raise output_too_large(self.host.name, "agent", MAX_AGENT_ANSWER)
+                    raise output_too_large(self.host.name, "agent", limit)
         end = self._out.index(b"\n")
         line = bytes(self._out[:end])
         del self._out[:end + 1]

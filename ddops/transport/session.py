@@ -14,7 +14,7 @@ from ddops.inventory import Host
 from ddops.transport.agent import agent_request
 from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
                                           parse_agent_reply)
-from ddops.transport.channel import MAX_COMMAND_OUTPUT, ChannelReader, CommandResult, output_too_large, send_all
+from ddops.transport.channel import ChannelReader, CommandResult, max_command_output, output_too_large, send_all
 from ddops.transport.resident import ResidentBook
 
 __all__ = ["CommandResult", "Session"]
@@ -75,9 +75,9 @@ class Session:
                 send_all(channel, stdin, deadline, self.host.name)
             if cancel is None:
                 channel.shutdown_write()
-            reader = ChannelReader(channel, on_output=on_output,
-                                   max_out=None if on_output else MAX_COMMAND_OUTPUT,
-                                   too_much=lambda: output_too_large(self.host.name, "command", MAX_COMMAND_OUTPUT))
+            limit = None if on_output else max_command_output()  # streamed output is handed on, not kept
+            reader = ChannelReader(channel, on_output=on_output, max_out=limit,
+                                   too_much=lambda: output_too_large(self.host.name, "command", limit or 0))
             reader.drain(deadline, lambda: CommandTimeout(
                 f"{self.host.name}: command timed out after {timeout:g}s and was cut off"), cancel)
             code = channel.recv_exit_status()
@@ -167,7 +167,7 @@ class Session:
                 agent = self._agent = open_agent(self.transport, self.host, self._residents, timeout)
                 self.agent_mode = "resident" if agent.resident else "started"
             line = agent.request(request, deadline, timeout)
-        except TransportError:  # timed out, or an answer past MAX_AGENT_ANSWER: this agent is done
+        except TransportError:  # timed out, or an answer past max_agent_answer(): this agent is done
             self._drop_agent()
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:

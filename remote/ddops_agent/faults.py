@@ -1,4 +1,8 @@
-"""Fault injection, for tests: kill the connection or the agent at an exact point of a write (remote/README.md)."""
+"""Fault injection, for tests: kill the connection or the agent at an exact point of a write (remote/README.md).
+
+Shipped only in test bundles (ddops.transport.agent.build_program(test_bundle=True)); the production agent reaches
+it only through protocol's hooks, which do nothing without it.
+"""
 
 import json
 import os

@@ -6,8 +6,7 @@ import os
 import posixpath
 import stat
 
-from ddops_agent.protocol import AgentFault, bad_request, record_type, require_str
-from ddops_agent.faults import fault_point
+from ddops_agent.protocol import AgentFault, bad_request, fault_point, record_type, require_str
 
 
 MAX_FILE_BYTES = 16 * 1024 * 1024

@@ -8,8 +8,7 @@ import stat
 import time
 import uuid
 
-from ddops_agent.protocol import AgentFault, optional_number, within_deadline
-from ddops_agent.faults import WRITE_TARGETS, fault_point
+from ddops_agent.protocol import AgentFault, fault_point, note_write_target, optional_number, within_deadline
 from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
                                resolve_target, sha256_hex, verify_written, write_all, write_like)
 from ddops_agent.checks import run_quiet
@@ -414,7 +413,7 @@ def journalled_write(state, target, rel, data, original, entries):
     note = os.path.join(folder, entries[0]["id"] + ".json")
     after = sha256_hex(data)
     atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
-    WRITE_TARGETS[target] = rel
+    note_write_target(target, rel)
     fault_point("pending", target)
     write_like(target, data, original)
     verify_written(target, rel, after)

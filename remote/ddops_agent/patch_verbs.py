@@ -3,10 +3,9 @@
 import os
 import stat
 
-from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, identity,
-                                  record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
+from ddops_agent.protocol import (AgentFault, arm_faults, b64_text, bad_request, decode_b64, describe_error,
+                                  fault_point, identity, record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
                                   verb)
-from ddops_agent.faults import arm_faults, fault_point
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
 from ddops_agent.facts import collect_facts

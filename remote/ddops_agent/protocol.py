@@ -49,8 +49,50 @@ def is_hex(value, *lengths):
             and (not lengths or len(value) in lengths))
 
 
+# Every kind of error an answer may carry (`{"ok": false, "error": {"kind", "message"}}`), and what it means. The
+# controller matches some of these names (ddops/tasks/: conflict, journal_moved, no_run, ...): a kind is raised only
+# if it is here, and tests/unit/test_architecture.py checks both ways.
+ERROR_KINDS = {
+    "bad_request": "the request or one of its payload fields is malformed",
+    "unknown_verb": "this agent has no such verb",
+    "timeout": "stopped at the request's deadline (or a git command ran past its own)",
+    "internal": "a bug in the agent, or a result that is not JSON",
+    "io": "the operating system refused a read or write",
+    "bootstrap": "the bundle did not arrive whole or does not load (remote/bootstrap.py)",
+    "unsafe_path": "a path that leaves the repo, or a directory that is not one",
+    "symlink": "ddops never reads or writes through a symlink",
+    "not_file": "not a regular file",
+    "too_large": "a file or a listing over the agent's limits",
+    "conflict": "the file changed since it was read (compare-and-swap)",
+    "locked": "another ddops holds the repo's lock",
+    "not_writable": "the file cannot be written in place with its owner and mode kept",
+    "verify_failed": "a written file does not read back as written",
+    "revert_failed": "a failed commit could not put the originals back",
+    "bad_journal": "a journal line that does not parse",
+    "journal_moved": "the journal changed since the rollback was planned",
+    "no_backup": "the backup a restore needs is missing",
+    "corrupt_backup": "a backup does not match its hash",
+    "no_repo": "the repo is not there (or not a directory)",
+    "no_git": "git is not installed on the host",
+    "not_git": "the repo folder is not a git checkout and not empty",
+    "git_failed": "a git command failed",
+    "init_failed": "git init or remote add failed",
+    "fetch_failed": "git fetch failed",
+    "checkout_failed": "git checkout failed or left another HEAD",
+    "save_failed": "stashing local edits failed",
+    "dirty": "tracked files have local changes",
+    "no_bundle": "the uploaded git bundle is missing",
+    "checksum": "the uploaded git bundle does not have the sha256 the controller sent",
+    "no_run": "no such bench run",
+    "run_exists": "a bench run of that id already exists",
+    "no_workdir": "the bench run's workdir is not a directory in the repo",
+    "not_slurm": "the bench run was not submitted to Slurm",
+    "slurm": "sbatch or scancel refused",
+}
+
+
 class AgentFault(Exception):
-    """A failure the agent answers as {"kind", "message"} instead of a traceback."""
+    """A failure the agent answers as {"kind", "message"} instead of a traceback; `kind` is one of ERROR_KINDS."""
 
     def __init__(self, kind, message):
         super().__init__(message)
@@ -285,11 +327,49 @@ def encode_response(response):
 def shipped_bundle():
     """(bundle bytes, bootstrap source) as the controller shipped them, for a verb that starts this agent again
     detached; None when the agent was not loaded from a bundle (`python -m ddops_agent`)."""
+    import zlib
+
     loader = globals().get("__loader__")
     bundle = getattr(loader, "bundle", None)
     if not bundle:
         return None
-    return bundle, json.loads(bundle.decode("utf-8"))["bootstrap"]
+    return bundle, json.loads(zlib.decompress(bundle).decode("utf-8"))["bootstrap"]
+
+
+# -- fault injection: only test bundles ship ddops_agent.faults (remote/README.md, "Fault injection") -------------
+
+
+def test_faults():
+    """The fault injection module where a test bundle shipped it, else None."""
+    return sys.modules.get("ddops_agent.faults")
+
+
+def arm_faults(state, verb_name):
+    """Arm this verb's test faults from <repo>/.ddops/faults.json; nothing in a production bundle."""
+    faults = test_faults()
+    if faults is not None:
+        faults.arm_faults(state, verb_name)
+
+
+def note_write_target(target, rel):
+    """Tell the fault points that `target` is the repo's file `rel` (a `stage:rel` fault names it so)."""
+    faults = test_faults()
+    if faults is not None:
+        faults.WRITE_TARGETS[target] = rel
+
+
+def fault_point(stage, target=None):
+    """Where an armed test fault strikes; nothing in a production bundle."""
+    faults = test_faults()
+    if faults is not None:
+        faults.fault_point(stage, target)
+
+
+def note_ssh_session(pid):
+    """The sshd process at the other end of a resident's session, for the faults that cut the connection."""
+    faults = test_faults()
+    if faults is not None:
+        faults.SSH_SESSION_PID = pid
 
 
 def main():

@@ -478,6 +478,6 @@ def serve_connection(connection, load, secret):
         if not line:
             break
         agent = load()  # as in the bootstrap: every request gets a freshly loaded agent
-        agent.faults.SSH_SESSION_PID = pid
+        agent.protocol.note_ssh_session(pid)
         answer_line = agent.protocol.encode_response(agent.protocol.answer(line))
         connection.sendall(answer_line.encode("utf-8"))

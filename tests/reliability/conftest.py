@@ -25,6 +25,17 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fault_injection() -> Iterator[None]:
+    """In-process ddops ships the agent as test bundles do, with fault injection (the production bundle has none)."""
+    from ddops.transport import agent
+
+    program = agent.build_program(test_bundle=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agent, "agent_program", lambda: program)
+        yield
+
+
 @pytest.fixture(scope="session")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mini-DDTree as a one-commit git checkout: what every host starts from."""

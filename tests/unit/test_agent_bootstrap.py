@@ -9,6 +9,7 @@ import marshal
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,7 @@ def plant(cache: Path, tmp_path: Path) -> Path:
     """Write, at `cache`, the compiled form of an agent that also runs PLANTED; the marker it would create."""
     poisoned = build_program({"ddops_agent.planted": PLANTED}).bundle
     compiled = [(name, filename, is_package, compile(source, filename, "exec"))
-                for name, filename, is_package, source in json.loads(poisoned)["modules"]]
+                for name, filename, is_package, source in json.loads(zlib.decompress(poisoned))["modules"]]
     cache.write_bytes(marshal.dumps(compiled))
     return tmp_path / "planted-ran"
 

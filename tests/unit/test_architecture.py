@@ -220,3 +220,85 @@ def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
                 formats.append(name)
     assert tuples == {("auto", "remote", "push"): ["ddops.inventory"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
     assert formats == []
+
+
+def test_the_production_agent_bundle_ships_no_test_only_module():
+    # Fault injection can SIGKILL the host's sshd session: only test bundles carry it, and no shipped module imports
+    # it (the agent reaches it through protocol's hooks, which do nothing without it).
+    import json
+    import zlib
+
+    from ddops.resources import remote_dir
+    from ddops.transport.agent import TEST_ONLY_MODULES, agent_program, build_program
+
+    def shipped(bundle: bytes) -> set[str]:
+        return {entry[0] for entry in json.loads(zlib.decompress(bundle))["modules"]}
+
+    assert TEST_ONLY_MODULES <= shipped(build_program(test_bundle=True).bundle)
+    assert not shipped(agent_program().bundle) & TEST_ONLY_MODULES
+    folder = remote_dir() / "ddops_agent"
+    for path in sorted(folder.glob("*.py")):
+        name = f"ddops_agent.{path.stem}"
+        if name not in TEST_ONLY_MODULES:
+            assert not imports_in(path.read_text(), name) & TEST_ONLY_MODULES, f"{path.name} imports a test-only module"
+
+
+def agent_error_kinds() -> dict[str, str]:
+    """protocol.ERROR_KINDS, read from the agent's source (the controller never imports the agent)."""
+    from ddops.resources import remote_dir
+
+    tree = ast.parse((remote_dir() / "ddops_agent" / "protocol.py").read_text())
+    (table,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["ERROR_KINDS"]]
+    return ast.literal_eval(table)
+
+
+def kinds_raised_by_the_agent() -> dict[str, str]:
+    """Each error kind the agent's code names (AgentFault/failure/fail's first argument, a `kind=` argument or
+    default, a {"kind": ...} record) -> where."""
+    from ddops.resources import remote_dir
+
+    found: dict[str, str] = {}
+    for path in [remote_dir() / "bootstrap.py", *sorted((remote_dir() / "ddops_agent").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = []
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("AgentFault", "failure", "fail"):
+                named += node.args[:1]
+            if isinstance(node, ast.Call):
+                named += [k.value for k in node.keywords if k.arg == "kind"]
+            if isinstance(node, ast.Dict):
+                named += [v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "kind"]
+            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+                arguments = node.args.args[len(node.args.args) - len(node.args.defaults):]
+                named += [d for a, d in zip(arguments, node.args.defaults) if a.arg == "kind"]
+            for value in named:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    found.setdefault(value.value, f"{path.name}:{value.lineno}")
+    return found
+
+
+def kinds_the_controller_matches() -> dict[str, str]:
+    """Each string the controller compares an error's `.kind` with (directly or through a module-level tuple)."""
+    found: dict[str, str] = {}
+    for name, path in all_modules().items():
+        if name.startswith("ddops.patching"):
+            continue  # transform and check kinds, not agent errors
+        tree = ast.parse(path.read_text())
+        constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                     for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
+                for other in node.comparators:
+                    other = constants.get(other.id, other) if isinstance(other, ast.Name) else other
+                    values = other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
+                    for value in values:
+                        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                            found.setdefault(value.value, f"{name}:{node.lineno}")
+    return found
+
+
+def test_agent_error_kinds_come_from_one_table_that_the_agent_raises_and_the_controller_matches():
+    table, raised, matched = agent_error_kinds(), kinds_raised_by_the_agent(), kinds_the_controller_matches()
+    assert {k: w for k, w in raised.items() if k not in table} == {}, "kinds raised but not in protocol.ERROR_KINDS"
+    assert [k for k in table if k not in raised] == [], "kinds in protocol.ERROR_KINDS that nothing raises"
+    assert matched and {k: w for k, w in matched.items() if k not in table} == {}, "kinds matched, never raised"

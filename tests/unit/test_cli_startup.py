@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import subprocess
 import sys
 
-import pytest
 
 HEAVY = ("torch", "transformers", "libcst", "paramiko", "cryptography", "yaml", "matplotlib")
 
@@ -87,13 +85,3 @@ def test_a_bad_option_or_value_is_a_usage_error_not_a_traceback():
 def test_help_is_rendered_without_rich_s_markdown_and_syntax_machinery():
     # typer's rich help formatter imports a markdown parser, pygments and rich's traceback: ~0.1 s of `--help` here.
     assert modules_loaded_by(["--help"], ("markdown_it", "pygments", "typer.rich_utils")) == []
-
-
-def test_a_command_that_connects_loads_paramiko_but_not_invoke(tmp_path):
-    # paramiko imports invoke for ssh_config's `Match exec` where invoke is installed (the `fabric` extra): ~50 ms
-    # of every command, for a parser the CLI never uses (it reads ssh_config through `ssh -G`).
-    if importlib.util.find_spec("invoke") is None:
-        pytest.skip("invoke is not installed here: nothing to keep out")
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f"ssh_config: /dev/null\nhosts:\n  h1: {{address: 127.0.0.1, port: {free_port()}}}\n")
-    assert modules_loaded_by(["-i", str(inventory), "ping", "--all"], ("paramiko", "invoke")) == ["paramiko"]

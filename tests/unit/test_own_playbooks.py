@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,34 @@ def test_playbook_lint_tries_the_transform_and_checks_on_a_sample_file(tmp_path)
     assert proc.returncode == 1 and "FAIL" in proc.stdout and "cpu-timing: drifted" in proc.stdout
     proc = run_ddops("playbook", "lint", str(playbook), "--sample", str(MINI_DDTREE / "ddtree.py"))
     assert proc.returncode == 2 and "none of the files cpu-timing patches is named ddtree.py" in proc.stderr
+
+
+@pytest.mark.parametrize("source", ["playbook_dirs", "DDOPS_PLAYBOOK_PATH"])
+def test_bench_checks_a_required_patch_of_a_teams_own_playbook_against_the_files_not_the_journal(tmp_path, source):
+    from tests.conftest import git_seed
+
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "team-timing.yaml").write_text(OWN_PLAYBOOK.format(name="team-timing", id="team-timing"))
+    checkout = git_seed(MINI_DDTREE, tmp_path / "checkout")
+    plan = tmp_path / "needs-team-timing.yaml"
+    plan.write_text("name: needs-team-timing\nsummarizer: ddtree\nresults: '*.pt'\ncommand: 'true'\n"
+                    "requires_patches: [team-timing]\n")
+    head = ("playbook_dirs: [ours]\n" if source == "playbook_dirs" else "") + "patches: [team-timing]\n"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"ssh_config: /dev/null\nknown_hosts: {tmp_path / 'known_hosts'}\n{head}"
+                    f"hosts:\n  here: {{connection: local, repo: {json.dumps(str(checkout))}}}\n")
+    env = {"SSH_AUTH_SOCK": "", **({PLAYBOOK_PATH_ENV: str(tmp_path / "ours")} if source != "playbook_dirs" else {})}
+
+    def check() -> tuple[int, dict]:
+        proc = run_ddops("--json", "bench", str(plan), "--check", "--all", inventory=path, env=env)
+        return proc.returncode, json.loads(proc.stdout)["hosts"][0]
+
+    code, host = check()
+    assert code == 1 and host["data"]["patches"] == {"team-timing": "pending"}, host  # read from the files
+    assert run_ddops("patch", "--all", inventory=path, env=env).returncode == 0
+    code, host = check()
+    assert code == 0 and host["status"] == "ok", host
+    dflash = checkout / "dflash.py"
+    dflash.write_text(dflash.read_text().replace("if torch.cuda.is_available():", "if True:", 1))
+    code, host = check()
+    assert code == 1 and host["data"]["patches"]["team-timing"] not in ("applied", "pending"), host

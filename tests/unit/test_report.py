@@ -333,3 +333,11 @@ def test_bench_report_of_two_runs_with_different_patches_says_so_and_shows_them_
     doc = json.loads(run_ddops("bench", "report", "r1", "r2", "--format", "json", "--results-dir",
                                str(tmp_path)).stdout)
     assert doc["pooling"].startswith("not pooled") and len(doc["by_method"]) == 4
+
+
+def test_the_plot_gives_each_code_its_own_bars():
+    from ddops.bench.plot import plot_series
+
+    series = plot_series(aggregate(build_report(two_runs()), "method"))
+    assert set(series) == {"73068c9 no patches", "73068c9 +hybrid-tree-verify"}
+    assert series["73068c9 +hybrid-tree-verify"]["ddtree_tb32"].code == VERIFIED
