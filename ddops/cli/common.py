@@ -66,7 +66,7 @@ class AppState:
     inventory: str | None = None
     json: bool = False
     verbose: int = 0
-    forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
+    forks: int | None = None  # None: the fleet's DEFAULT_FORKS (ddops.fleet loads only when hosts are worked on)
     accept_new: bool = False
     ask_key_passphrase: bool = False
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
@@ -336,7 +336,8 @@ def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: C
     try:
         connector.prepare(hosts)  # key files read and unlocked before the progress view starts and anything connects
         with view:
-            return run_fleet(hosts, task, connector.connect, forks=st.forks, on_event=view.event, interrupt=interrupt)
+            return run_fleet(hosts, task, connector.connect, forks=st.forks or _fleet().DEFAULT_FORKS,
+                             on_event=view.event, interrupt=interrupt)
     finally:
         connector.close()
 
