@@ -16,14 +16,14 @@ published shape, not read from a config.json); when it does not fit, fewer layer
 how many. --time-limit stops before starting a measurement that would run past it, and reports what it has.
 """
 
+from __future__ import annotations
+
 import argparse
 import copy
 import json
 import statistics
 import sys
 import time
-
-import torch
 
 sys.path.insert(0, ".")
 
@@ -74,6 +74,7 @@ def config_for(layout: str, layers: int | None):
 
 def build_target(args, device, dtype):
     """The largest model of the layout that fits: the full layer count first, then 3/4, 1/2, ... of it."""
+    import torch
     from transformers import Qwen3_5ForCausalLM
 
     layers = args.layers or LAYOUTS[args.layout]["num_hidden_layers"]
@@ -101,6 +102,8 @@ def build_target(args, device, dtype):
 def peaked_draft_logits(depth: int, vocab: int, generator) -> torch.Tensor:
     """Draft logits shaped like a trained draft's: at each position 8 candidates, probabilities falling ~4.5x per
     rank, so that the best-first tree grows both deep (along the top choices) and wide, as DDTree's do."""
+    import torch
+
     logits = torch.full((depth, vocab), -30.0)
     for position in range(depth):
         candidates = torch.randperm(vocab, generator=generator)[:8]
@@ -109,13 +112,16 @@ def peaked_draft_logits(depth: int, vocab: int, generator) -> torch.Tensor:
 
 
 def synchronize(device):
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def main() -> None:
     began = time.monotonic()
-    args = parse_args()
+    args = parse_args()  # before torch: bad arguments fail in a moment
+    import torch
     from transformers import DynamicCache
 
     import ddtree
