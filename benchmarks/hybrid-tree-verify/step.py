@@ -70,10 +70,10 @@ with torch.inference_mode():
 
         def new(c):
             ddtree._ddops_verify_tree(target, vin, vpos, vmask, c, parents)
-            assert c._ddops_tree["mode"] in ("one forward", "single") or not ddtree._ddops_linear_layers(c)
+            assert not hybrid or c._ddops_tree["mode"] in ("one forward", "single")
             ddtree._ddops_commit_tree(target, c, start, accepted, vin)
 
-        return {"lossy": lossy, "paths": paths, "new": new}
+        return {"lossy": lossy, "paths": paths, "new": new} if hybrid else {"lossy": lossy, "new": new}
 
     def chain_steps(kept):
         kwargs = dict(position_ids=chain_positions, past_key_values=None, use_cache=True, output_hidden_states=True)
@@ -95,8 +95,10 @@ with torch.inference_mode():
             dflash._ddops_verify_chain(target, c)(block, **{**kwargs, "past_key_values": c})
             dflash._ddops_crop_to(c, start + kept)
 
-        return {"lossy": lossy, "paths": paths, "new": new}
+        return {"lossy": lossy, "paths": paths, "new": new} if hybrid else {"lossy": lossy, "new": new}
 
+    # Without linear layers the playbook never takes the reference path: only lossy and new are timed there.
+    hybrid = bool(ddtree._ddops_linear_layers(cache))
     cases = []
     for budget in budgets:
         node_ids, depths, parents, child_maps, visibility, _ = ddtree.build_ddtree_tree(draft_logits, budget)
