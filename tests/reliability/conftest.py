@@ -251,6 +251,13 @@ def make_fleet(tmp_path_factory: pytest.TempPathFactory, seed: Path, books: list
                                               planner, patched, {})
 
 
+@pytest.fixture
+def clean(fleet: Fleet) -> Fleet:
+    """The test module's own `fleet` fixture, every host's repo reset to the seed first."""
+    fleet.reset()
+    return fleet
+
+
 def with_inventory(fleet: Fleet, path: Path, extra_hosts: str = "", **replacements: str) -> Path:
     """A copy of the testbed inventory with text replaced and host lines appended."""
     text = fleet.bed.inventory_path.read_text()
