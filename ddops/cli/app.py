@@ -50,9 +50,7 @@ def main_callback(
                                           help="Show the version and exit.")] = False,
 ) -> None:
     ctx.obj = AppState(inventory=inventory, json=json_out, verbose=verbose, accept_new=accept_new,
-                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts, all_rows=all_rows)
-    if forks is not None:
-        ctx.obj.forks = forks
+                       ask_key_passphrase=ask_key_passphrase, adhoc_hosts=adhoc_hosts, all_rows=all_rows, forks=forks)
 
 
 hosts_cmds.register(app)

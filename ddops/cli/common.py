@@ -66,7 +66,7 @@ class AppState:
     inventory: str | None = None
     json: bool = False
     verbose: int = 0
-    forks: int = field(default_factory=lambda: _fleet().DEFAULT_FORKS)
+    forks: int | None = None  # None: the fleet's DEFAULT_FORKS (ddops.fleet loads only when hosts are worked on)
     accept_new: bool = False
     ask_key_passphrase: bool = False
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
@@ -336,7 +336,8 @@ def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: C
     try:
         connector.prepare(hosts)  # key files read and unlocked before the progress view starts and anything connects
         with view:
-            return run_fleet(hosts, task, connector.connect, forks=st.forks, on_event=view.event, interrupt=interrupt)
+            return run_fleet(hosts, task, connector.connect, forks=st.forks or _fleet().DEFAULT_FORKS,
+                             on_event=view.event, interrupt=interrupt)
     finally:
         connector.close()
 
@@ -446,7 +447,8 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
 
     view = _fleet().fold_recap(results, lambda r: tuple(fn(r) for _, fn in columns), all_rows=_all_rows())
     table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("host", no_wrap=len(view.rows) == len(results), overflow="fold")
+    grouped = len(view.rows) != len(results) or bool(view.folded)
+    table.add_column("host", no_wrap=not grouped, overflow="fold" if grouped else "ellipsis")
     table.add_column("status", no_wrap=True)
     for name, _ in columns:
         table.add_column(name)

@@ -109,3 +109,23 @@ def test_ctrl_c_during_a_commit_lets_it_finish_and_starts_no_other_host(make_tes
     for host in bed.hosts[1:]:
         assert ORIGINAL_LINE in (host.repo_dir / "ddtree.py").read_text()
         assert not (host.repo_dir / ".ddops" / "journal.jsonl").exists()
+
+
+def test_a_second_ctrl_c_abandons_the_hosts_in_flight_at_once(make_testbed, seed):
+    bed = make_testbed(2, seed=seed, patches=("hybrid-cache",))
+    state = bed.hosts[0].repo_dir / ".ddops"
+    state.mkdir(mode=0o700)
+    with open(state / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # host1's commit waits here for as long as the test holds it
+        proc = start_ddops("-i", str(bed.inventory_path), "patch", "--all", "--forks", "1", "--lock-timeout", "300")
+        try:
+            wait_until(lambda: processes_with(bed, "host1", has_open("/.ddops/lock")), timeout=60)
+            proc.send_signal(signal.SIGINT)
+            wait_until(lambda: "no new host starts" in proc.stderr.readline(), timeout=60)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)  # gone while the lock is still held: it waited for nothing
+        finally:
+            proc.kill()
+        assert proc.returncode == 130
+        assert "abandoned" in err
+    assert ORIGINAL_LINE in (bed.hosts[1].repo_dir / "ddtree.py").read_text()  # never started

@@ -44,10 +44,12 @@ def test_global_options_given_after_the_command_count_as_if_given_before():
     wrapped = with_global_options(probe)
     st = AppState(inventory="before.yaml", forks=32)
     ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
-    wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True, all_rows=True)
+    wrapped(ctx, inventory="after.yaml", json_out=True, verbose=2, forks=4, accept_new=True, ask_key_passphrase=True,
+            all_rows=True)
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
-    assert st.ask_key_passphrase
-    wrapped(ctx, inventory=None, json_out=False, verbose=0, forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False)
+    assert st.ask_key_passphrase and st.all_rows
+    wrapped(ctx, inventory=None, json_out=False, verbose=0, forks=None, accept_new=False, ask_key_passphrase=False,
+            all_rows=False)
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
 
 

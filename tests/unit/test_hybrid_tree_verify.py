@@ -1,14 +1,19 @@
-"""hybrid-tree-verify: DDTree's tree verification made exact on hybrid (Gated DeltaNet + full attention) targets.
+"""hybrid-tree-verify: DDTree's and DFlash's verification made exact on hybrid (Gated DeltaNet + full attention)
+targets, in one forward.
 
 The playbook on DDTree-shaped files (before -> after, applied twice, composed with the other built-ins in either
-order, the real upstream sites), and the patched mini DDTree on the trained mini models: on the hybrid target its
-greedy output equals the baseline's for every response at tree budgets 4, 8 and 16, where the unpatched one does
-not; on the pure-attention target nothing changes.
+order, the real upstream sites); the one-forward verifier the playbook inserts against the batch-of-paths reference
+on tiny random-initialised targets (trees of every shape, grouped-query heads, caches with and without recorded conv
+windows), each fallback guard taken on purpose; and the patched mini DDTree and DFlash on the trained mini models:
+on the hybrid target their greedy output equals the baseline's for every response, where the unpatched ones do not;
+on the pure-attention target nothing changes.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -25,69 +30,407 @@ FIXTURES = Path(__file__).parent / "fixtures" / "ddtree" / "hybrid-tree-verify"
 REPO = Path(__file__).resolve().parents[2]
 MINI = REPO / "examples" / "mini-ddtree"
 NAME = "hybrid-tree-verify"
+FILES = ("ddtree.py", "dflash.py", "model/dflash.py")
+SITES = {"ddtree.py": 4, "dflash.py": 3, "model/dflash.py": 3}  # the playbook's patches that touch each file
 
 
 def patches(name: str, path: str = "ddtree.py") -> list:
     return [p for p in load_playbook(name).patches if path in p.files]
 
 
-def apply(source: bytes, *names: str) -> bytes:
-    plan = plan_file("ddtree.py", source, [p for name in names for p in patches(name)])
+def apply(source: bytes, *names: str, path: str = "ddtree.py") -> bytes:
+    plan = plan_file(path, source, [p for name in names for p in patches(name, path)])
     assert all(r.outcome.ok for r in plan.results), [r.outcome.message for r in plan.results]
     return plan.new
 
 
 # --- the playbook on files --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("before", [FIXTURES / "before" / "ddtree.py", MINI / "ddtree.py"],
-                         ids=["upstream-shaped fixture", "mini-ddtree"])
-def test_the_playbook_is_pending_on_upstream_shaped_sites_then_applied_and_changes_nothing_twice(before):
-    source = before.read_bytes()
-    first = plan_file("ddtree.py", source, patches(NAME))
-    assert [r.state for r in first.results] == [PENDING] * 3, [r.outcome.message for r in first.results]
-    for patch in patches(NAME):
-        results = run_checks("ddtree.py", source, first.new, patch.checks)
+@pytest.mark.parametrize("path", FILES)
+@pytest.mark.parametrize("root", [FIXTURES / "before", MINI], ids=["upstream-shaped fixture", "mini-ddtree"])
+def test_the_playbook_is_pending_on_upstream_shaped_sites_then_applied_and_changes_nothing_twice(root, path):
+    source = (root / path).read_bytes()
+    first = plan_file(path, source, patches(NAME, path))
+    assert [r.state for r in first.results] == [PENDING] * SITES[path], [r.outcome.message for r in first.results]
+    for patch in patches(NAME, path):
+        results = run_checks(path, source, first.new, patch.checks)
         assert results and all(r.ok for r in results), [(r.name, r.message) for r in results if not r.ok]
-        assert not all(r.ok for r in run_checks("ddtree.py", source, source, patch.checks))
-    second = plan_file("ddtree.py", first.new, patches(NAME))
-    assert [r.state for r in second.results] == [APPLIED] * 3
+        assert not all(r.ok for r in run_checks(path, source, source, patch.checks))
+    second = plan_file(path, first.new, patches(NAME, path))
+    assert [r.state for r in second.results] == [APPLIED] * SITES[path]
     assert second.new == first.new and not second.changed
 
 
-def test_the_fixture_turns_into_the_after_fixture():
-    before = (FIXTURES / "before" / "ddtree.py").read_bytes()
-    assert apply(before, NAME) == (FIXTURES / "after" / "ddtree.py").read_bytes()
+@pytest.mark.parametrize("path", FILES)
+def test_the_fixture_turns_into_the_after_fixture(path):
+    before = (FIXTURES / "before" / path).read_bytes()
+    assert apply(before, NAME, path=path) == (FIXTURES / "after" / path).read_bytes()
 
 
-def test_only_the_verify_forward_and_the_target_compaction_change_in_ddtree_generate():
+def test_only_the_verify_forwards_and_the_target_compaction_change_at_the_call_sites():
     after = (FIXTURES / "after" / "ddtree.py").read_text()
     assert "output = _ddops_verify_tree(target, verify_input_ids, verify_position_ids, verify_attention_mask" in after
     assert "_ddops_commit_tree(target, past_key_values_target, start, accepted_indices, verify_input_ids)" in after
     # The hidden states for the draft are still read the upstream way, from the (now exact) verify output.
     assert ".index_select(1, accepted_index_tensor)" in after
     assert "def compact_dynamic_cache(" in after
+    for path in ("dflash.py", "model/dflash.py"):
+        after = (FIXTURES / "after" / path).read_text()
+        assert ("output = _ddops_verify_chain(target, past_key_values_target)(block_output_ids, "
+                "position_ids=block_position_ids, past_key_values=past_key_values_target, use_cache=True") in after
+        # The commit rides on DFlash's own crop, which stays as upstream wrote it (crop-relative may rewrite it).
+        assert "    past_key_values_target.crop(start)\n" in after
 
 
+@pytest.mark.parametrize("path", FILES)
 @pytest.mark.parametrize("order", [("hybrid-cache", "crop-relative", NAME), (NAME, "hybrid-cache", "crop-relative")])
-def test_it_composes_with_the_other_builtins_in_either_order(order):
-    source = (MINI / "ddtree.py").read_bytes()
-    new = apply(source, *order)
-    compile(new, "ddtree.py", "exec")
-    # crop-relative still finds exactly its 4 crops: the helper's own crop is spelled so that it does not match.
-    again = plan_file("ddtree.py", new, [p for name in order for p in patches(name)])
+def test_it_composes_with_the_other_builtins_in_either_order(order, path):
+    source = (MINI / path).read_bytes()
+    new = apply(source, *order, path=path)
+    compile(new, path, "exec")
+    # crop-relative still finds exactly its crops: the helpers' own crops are spelled so that they do not match.
+    again = plan_file(path, new, [p for name in order for p in patches(name, path)])
     assert {r.state for r in again.results} == {APPLIED}
     for name in order:
-        for patch in patches(name):
-            assert all(r.ok for r in run_checks("ddtree.py", source, new, patch.checks)), (name, patch.id)
+        for patch in patches(name, path):
+            assert all(r.ok for r in run_checks(path, source, new, patch.checks)), (name, patch.id)
 
 
-# --- the patched mini DDTree on the trained models ---------------------------------------------------------------
+# --- the one-forward verifier against the batch-of-paths reference (tiny random targets, CPU) -------------------
+
+VOCAB, PROMPT = 64, 11
+
+
+def inserted_helpers(compacted: list | None = None) -> dict:
+    """The functions the playbook inserts, executed from its own statements (compact_dynamic_cache: a recorder)."""
+    import torch
+
+    namespace = {"torch": torch, "compact_dynamic_cache": lambda *args: compacted.append(args)}
+    for patch_id in ("gdn-route", "tree-helpers", "chain-helper"):
+        exec(load_playbook(NAME).patch(patch_id).transform.params["statement"], namespace)
+    return namespace
+
+
+def tiny_target(layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention"),
+                key_heads=2, value_heads=4, seed=0):
+    """A random-initialised Qwen3.5-layout target; grouped heads in both kinds of layer by default."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=list(layer_types),
+        linear_num_key_heads=key_heads, linear_num_value_heads=value_heads, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4)
+    return Qwen3_5ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def torch_():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers", minversion="5.0")
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
+
+
+@pytest.fixture(scope="module")
+def hybrid(torch_):
+    return tiny_target()
+
+
+def prefilled(torch_, target, record: bool, batch: int = 1):
+    """A target cache after a prompt; record=True as crop-relative leaves it (conv windows recorded)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    if record:
+        cache.activate_past_recording()
+    ids = torch_.randint(0, VOCAB, (1, PROMPT), generator=torch_.Generator().manual_seed(7)).expand(batch, PROMPT)
+    with torch_.inference_mode():
+        target(ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+def tree_inputs(torch_, parents, seed=0):
+    """DDTree's verify inputs for a tree: ids, positions PROMPT + depth, and the additive tree mask."""
+    size = len(parents)
+    visible = torch_.zeros(size, size, dtype=torch_.bool)
+    depth = [0] * size
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            visible[node], depth[node] = visible[parent], depth[parent] + 1
+        visible[node, node] = True
+    ids = torch_.randint(0, VOCAB, (1, size), generator=torch_.Generator().manual_seed(seed))
+    mask = torch_.zeros(1, 1, size, PROMPT + size)
+    mask[0, 0, :, PROMPT:].masked_fill_(~visible, torch_.finfo(torch_.float32).min)
+    return ids, torch_.tensor([depth]) + PROMPT, mask
+
+
+def path_to(parents, node):
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def cache_states(cache) -> list:
+    """Every tensor a commit leaves: attention keys/values, linear conv windows and recurrent states."""
+    states = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):
+            states += [layer.recurrent_states[0], layer.conv_states[0]]
+        else:
+            states += [layer.keys, layer.values]
+    return states
+
+
+def assert_states_close(cache, reference, tolerance=1e-5):
+    for got, want in zip(cache_states(cache), cache_states(reference), strict=True):
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() <= tolerance
+
+
+def verify_and_commit(torch_, helpers, target, cache, parents, accepted, mode=None):
+    """_ddops_verify_tree, then _ddops_commit_tree of the accepted path; returns (logits, the verify's mode)."""
+    ids, positions, mask = tree_inputs(torch_, parents)
+    with torch_.inference_mode():
+        output = helpers["_ddops_verify_tree"](target, ids, positions, mask, cache, parents)
+        taken = cache._ddops_tree if mode is None else mode
+        helpers["_ddops_commit_tree"](target, cache, PROMPT, accepted, ids)
+    return output.logits, taken
+
+
+def reference(torch_, helpers, target, cache, parents, accepted):
+    """The batch-of-paths verifier and the chain re-run of the accepted path."""
+    ids, positions, _ = tree_inputs(torch_, parents)
+    with torch_.inference_mode():
+        output = helpers["_ddops_verify_tree_by_paths"](target, ids, positions, cache, parents)
+        cache._ddops_tree = {"mode": "paths"}
+        helpers["_ddops_commit_tree"](target, cache, PROMPT, accepted, ids)
+    return output.logits
+
+
+def random_tree(size: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [-1] + [rng.randrange(node) for node in range(1, size)]
+
+
+TREES = {
+    "one node": [-1],
+    "chain": list(range(-1, 8)),
+    "root and two children": [-1, 0, 0],
+    "random 17": random_tree(17, 1),
+    "bushy 70 (more than a 64-token chunk)": [-1] + [max(0, (node - 1) // 3) for node in range(1, 70)],
+    "deep 70": random_tree(70, 2),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("record", [False, True], ids=["conv window only", "recorded conv windows"])
+@pytest.mark.parametrize("tree", list(TREES), ids=list(TREES))
+def test_one_forward_verify_matches_the_batch_of_paths_reference(torch_, hybrid, tree, record):
+    helpers, parents = inserted_helpers(), TREES[tree]
+    for node in sorted({len(parents) - 1, len(parents) // 2, 0}):
+        accepted = path_to(parents, node)
+        cache, expected = prefilled(torch_, hybrid, record), prefilled(torch_, hybrid, record)
+        logits, taken = verify_and_commit(torch_, helpers, hybrid, cache, parents, accepted)
+        assert taken["mode"] == ("single" if len(parents) == 1 else "one forward")
+        want = reference(torch_, helpers, hybrid, expected, parents, accepted)
+        assert (logits - want).abs().max().item() <= 1e-4
+        assert torch_.equal(logits.argmax(-1), want.argmax(-1))
+        assert_states_close(cache, expected)
+        assert cache.get_seq_length() == PROMPT + len(accepted)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("layout", ["linear first, one key head per value head", "linear first, grouped"])
+def test_one_forward_verify_matches_the_reference_on_qwen3_5_layouts(torch_, layout):
+    key_heads = 4 if layout.endswith("value head") else 1
+    target = tiny_target(("linear_attention",) * 3 + ("full_attention",), key_heads=key_heads, value_heads=4, seed=3)
+    helpers, parents = inserted_helpers(), TREES["random 17"]
+    accepted = path_to(parents, 16)
+    cache, expected = prefilled(torch_, target, True), prefilled(torch_, target, True)
+    logits, taken = verify_and_commit(torch_, helpers, target, cache, parents, accepted)
+    assert taken["mode"] == "one forward"
+    want = reference(torch_, helpers, target, expected, parents, accepted)
+    assert (logits - want).abs().max().item() <= 1e-4
+    assert_states_close(cache, expected)
+
+
+@pytest.mark.torch
+def test_consecutive_rounds_stay_on_the_reference(torch_, hybrid):
+    helpers = inserted_helpers()
+    cache, expected = prefilled(torch_, hybrid, True), prefilled(torch_, hybrid, True)
+    past = PROMPT
+    for round_, parents in enumerate([TREES["random 17"], TREES["chain"], TREES["root and two children"]]):
+        ids, positions, mask = tree_inputs(torch_, parents, seed=round_)
+        positions, mask = positions - PROMPT + past, torch_.cat(
+            [torch_.zeros(1, 1, len(parents), past - PROMPT), mask], dim=-1)
+        accepted = path_to(parents, len(parents) - 1)
+        with torch_.inference_mode():
+            got = helpers["_ddops_verify_tree"](hybrid, ids, positions, mask, cache, parents).logits
+            helpers["_ddops_commit_tree"](hybrid, cache, past, accepted, ids)
+            want = helpers["_ddops_verify_tree_by_paths"](hybrid, ids, positions, expected, parents).logits
+            helpers["_ddops_commit_tree"](hybrid, expected, past, accepted, ids)
+        assert (got - want).abs().max().item() <= 1e-4
+        assert_states_close(cache, expected)
+        past += len(accepted)
+
+
+def chain_verify(torch_, helpers, target, cache, size, seed=0):
+    ids = torch_.randint(0, VOCAB, (cache.layers[-1].keys.shape[0], size), generator=torch_.Generator().manual_seed(seed))
+    positions = torch_.arange(PROMPT, PROMPT + size).expand(ids.shape[0], size)
+    with torch_.inference_mode():
+        output = helpers["_ddops_verify_chain"](target, cache)(ids, position_ids=positions, past_key_values=cache,
+                                                               use_cache=True, output_hidden_states=True)
+    return ids, positions, output
+
+
+def chain_reference(torch_, target, cache, ids, positions, kept, record):
+    with torch_.inference_mode():
+        output = target(ids[:, :kept], position_ids=positions[:, :kept], past_key_values=cache, use_cache=True)
+        if record:
+            cache.crop(0)
+    return output.logits
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("crop", ["absolute crop(n)", "relative crop(-excess)"])
+@pytest.mark.parametrize("record", [False, True], ids=["conv window only", "recorded conv windows"])
+@pytest.mark.parametrize("kept", [1, 3, 8])
+def test_dflash_chain_verify_commits_on_the_next_crop_what_running_the_accepted_prefix_gives(
+        torch_, hybrid, record, crop, kept):
+    helpers = inserted_helpers()
+    cache, expected = prefilled(torch_, hybrid, record), prefilled(torch_, hybrid, record)
+    ids, positions, output = chain_verify(torch_, helpers, hybrid, cache, size=8)
+    assert cache._ddops_verify["mode"] == "one forward"
+    with torch_.inference_mode():
+        cache.crop(PROMPT + kept) if crop.startswith("absolute") else cache.crop(kept - 8)
+    want = chain_reference(torch_, hybrid, expected, ids, positions, kept, record)
+    assert (output.logits[:, :kept] - want).abs().max().item() <= 1e-4
+    assert_states_close(cache, expected)
+    assert "crop" not in vars(cache) and "_ddops_verify" not in vars(cache)  # the next crop is a plain crop again
+
+
+# --- each fallback guard, taken on purpose -----------------------------------------------------------------------
+
+def modeling_module():
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    return modeling_qwen3_5
+
+
+def other_conv_signature(x, w, bias=None, activation=None, **kwargs):
+    """A conv with other parameter names: as if a transformers release renamed them."""
+    return ORIGINAL_CONV(x, w, bias, activation=activation, **kwargs)
+
+
+def replaced_forward(self, *args, **kwargs):
+    """A forward from outside the modeling module: as kernels' kernelize installs one."""
+    return ORIGINAL_FORWARD(self, *args, **kwargs)
+
+
+ORIGINAL_CONV = ORIGINAL_FORWARD = None
+
+
+def guard(name, monkeypatch, target):
+    global ORIGINAL_CONV, ORIGINAL_FORWARD
+    module = modeling_module()
+    if name == "conv signature":
+        ORIGINAL_CONV = module.causal_conv1d_fn
+        monkeypatch.setattr(module, "causal_conv1d_fn", other_conv_signature)
+        return "causal_conv1d_fn takes"
+    if name == "kernel forward":
+        ORIGINAL_FORWARD = module.Qwen3_5GatedDeltaNet.forward
+        monkeypatch.setattr(module.Qwen3_5GatedDeltaNet, "forward", replaced_forward)
+        return "a kernel replaced it"
+    if name == "instance forward":
+        layer = next(m for m in target.modules() if isinstance(m, module.Qwen3_5GatedDeltaNet))
+        monkeypatch.setattr(layer, "forward", layer.forward, raising=False)
+        return "forward was replaced on the instance"
+    raise AssertionError(name)
+
+
+GUARDS = ["conv signature", "kernel forward", "instance forward"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", GUARDS)
+def test_each_guard_falls_back_to_the_batch_of_paths_and_stays_exact(torch_, name, monkeypatch):
+    target = tiny_target()
+    helpers, parents = inserted_helpers(), TREES["random 17"]
+    accepted = path_to(parents, 16)
+    expected = prefilled(torch_, target, True)
+    want = reference(torch_, helpers, target, expected, parents, accepted)
+    why = guard(name, monkeypatch, target)
+    cache = prefilled(torch_, target, True)
+    logits, taken = verify_and_commit(torch_, helpers, target, cache, parents, accepted)
+    assert taken["mode"] == "paths" and why in taken["why"], taken
+    assert (logits - want).abs().max().item() <= 1e-4
+    assert_states_close(cache, expected)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", GUARDS)
+def test_each_guard_falls_back_to_the_saved_states_for_a_dflash_block_and_stays_exact(torch_, name, monkeypatch):
+    target = tiny_target()
+    helpers = inserted_helpers()
+    guard(name, monkeypatch, target)
+    cache, expected = prefilled(torch_, target, True), prefilled(torch_, target, True)
+    ids, positions, output = chain_verify(torch_, helpers, target, cache, size=6)
+    assert cache._ddops_verify["mode"] == "paths"
+    with torch_.inference_mode():
+        cache.crop(-3)
+    want = chain_reference(torch_, target, expected, ids, positions, 3, True)
+    assert (output.logits[:, :3] - want).abs().max().item() <= 1e-4
+    assert_states_close(cache, expected)
+
+
+@pytest.mark.torch
+def test_a_batch_of_more_than_one_is_verified_by_the_reference(torch_, hybrid):
+    helpers = inserted_helpers()
+    cache, expected = prefilled(torch_, hybrid, True, batch=2), prefilled(torch_, hybrid, True, batch=2)
+    assert helpers["_ddops_route_plan"](hybrid, cache, 2) == "batch of 2, not 1"
+    ids, positions, output = chain_verify(torch_, helpers, hybrid, cache, size=5)
+    assert cache._ddops_verify == {"mode": "paths", "why": "batch of 2, not 1"}
+    with torch_.inference_mode():
+        cache.crop(-1)
+    want = chain_reference(torch_, hybrid, expected, ids, positions, 4, True)
+    assert (output.logits[:, :4] - want).abs().max().item() <= 1e-4
+    assert_states_close(cache, expected)
+
+
+@pytest.mark.torch
+def test_without_linear_layers_the_original_calls_run_untouched(torch_):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch_.manual_seed(0)
+    target = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=8)).eval()
+    compacted: list = []
+    helpers, parents = inserted_helpers(compacted), TREES["random 17"]
+    ids, positions, mask = tree_inputs(torch_, parents)
+    cache, plain = prefilled(torch_, target, False), prefilled(torch_, target, False)
+    with torch_.inference_mode():
+        got = helpers["_ddops_verify_tree"](target, ids, positions, mask, cache, parents)
+        want = target(ids, position_ids=positions, attention_mask=mask, past_key_values=plain, use_cache=True)
+        helpers["_ddops_commit_tree"](target, cache, PROMPT, [0, 3], ids)
+        chain = helpers["_ddops_verify_chain"](target, cache)(ids[:, :3], past_key_values=cache, use_cache=True)
+    assert torch_.equal(got.logits, want.logits)
+    assert compacted == [(cache, PROMPT, [0, 3])]  # DDTree's own compaction, with DDTree's own arguments
+    assert chain.logits.shape[1] == 3 and "crop" not in vars(cache) and not hasattr(cache, "_ddops_tree")
+
+
+# --- the patched mini DDTree and DFlash on the trained models ---------------------------------------------------
 
 COMPARE = r"""
 import importlib.util, json, sys, torch
 sys.path.insert(0, ".")
 from transformers import AutoModelForCausalLM
-from dflash import dflash_generate
 from model import ByteTokenizer, DFlashDraftModel, load_and_process_dataset
 
 torch.set_num_threads(1)
@@ -100,8 +443,8 @@ def load(module, path):
     spec.loader.exec_module(mod)
     return mod
 
-generators = {"unpatched": load("ddtree_unpatched", "ddtree_unpatched.py").ddtree_generate,
-              "patched": load("ddtree", "ddtree.py").ddtree_generate}
+dflash = {"unpatched": load("dflash_unpatched", "dflash_unpatched.py"), "patched": load("dflash", "dflash.py")}
+ddtree = {"unpatched": load("ddtree_unpatched", "ddtree_unpatched.py"), "patched": load("ddtree", "ddtree.py")}
 target = AutoModelForCausalLM.from_pretrained(f"models/{name}", dtype=torch.float32).eval()
 draft = DFlashDraftModel.from_pretrained(f"models/{name}-draft", dtype=torch.float32).eval()
 tokenizer = ByteTokenizer.from_pretrained(f"models/{name}")
@@ -109,26 +452,34 @@ prompts = [sample["turns"][0] for sample in load_and_process_dataset("mini")][:s
 common = dict(model=draft, target=target, mask_token_id=draft.mask_token_id, max_new_tokens=tokens,
               stop_token_ids=[tokenizer.eos_token_id], temperature=0.0)
 report = {}
+
+def record(key, out, baseline):
+    row = report.setdefault(key, {"equal": 0, "responses": 0, "lengths": []})
+    row["equal"] += int(torch.equal(out.output_ids, baseline))
+    row["responses"] += 1
+    row["lengths"].append(out.acceptance_lengths)
+
 for prompt in prompts:
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True, enable_thinking=False)
     ids = tokenizer.encode(text, return_tensors="pt")
-    baseline = dflash_generate(input_ids=ids, block_size=1, **common).output_ids
-    for budget in budgets:
-        for label, generate in generators.items():
-            out = generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget, **common)
-            row = report.setdefault(f"{label}_tb{budget}", {"equal": 0, "responses": 0, "lengths": []})
-            row["equal"] += int(torch.equal(out.output_ids, baseline))
-            row["responses"] += 1
-            row["lengths"].append(out.acceptance_lengths)
+    baseline = dflash["patched"].dflash_generate(input_ids=ids, block_size=1, **common).output_ids
+    for label in ("unpatched", "patched"):
+        record(f"{label}_dflash", dflash[label].dflash_generate(input_ids=ids, block_size=draft.block_size, **common),
+               baseline)
+        for budget in budgets:
+            out = ddtree[label].ddtree_generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget, **common)
+            record(f"{label}_tb{budget}", out, baseline)
+    spec = draft.spec_generate(target, ids, tokens, [tokenizer.eos_token_id], 0.0)
+    record("patched_spec_generate", type("Out", (), {"output_ids": spec, "acceptance_lengths": [1]}), baseline)
 print(json.dumps(report))
 """
 
 
 @pytest.fixture(scope="module")
 def trained_repo(tmp_path_factory) -> Path:
-    """A copy of mini-ddtree with the trained models, the mini bench plan's playbooks, and ddtree.py twice: with
-    hybrid-tree-verify (ddtree.py) and without (ddtree_unpatched.py)."""
+    """A copy of mini-ddtree with the trained models and the mini bench plan's playbooks, with hybrid-tree-verify in
+    ddtree.py, dflash.py and model/dflash.py, and without it in ddtree_unpatched.py and dflash_unpatched.py."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers", minversion="5.0")
     from tests.conftest import mini_ddtree_models
@@ -139,11 +490,11 @@ def trained_repo(tmp_path_factory) -> Path:
     (repo / "models").symlink_to(models, target_is_directory=True)
     for name in ("hybrid-cache", "crop-relative", "cpu-timing"):
         for path in load_playbook(name).files:
-            plan = plan_file(path, (repo / path).read_bytes(), patches(name, path))
-            assert all(r.outcome.ok for r in plan.results), [r.outcome.message for r in plan.results]
-            (repo / path).write_bytes(plan.new)
-    (repo / "ddtree_unpatched.py").write_bytes((repo / "ddtree.py").read_bytes())
-    (repo / "ddtree.py").write_bytes(apply((repo / "ddtree.py").read_bytes(), NAME))
+            (repo / path).write_bytes(apply((repo / path).read_bytes(), name, path=path))
+    for path in ("ddtree.py", "dflash.py"):
+        (repo / path.replace(".py", "_unpatched.py")).write_bytes((repo / path).read_bytes())
+    for path in FILES:
+        (repo / path).write_bytes(apply((repo / path).read_bytes(), NAME, path=path))
     return repo
 
 
@@ -161,20 +512,65 @@ def tau(row: dict) -> float:
 
 
 @pytest.mark.torch
-def test_patched_ddtree_reproduces_the_baseline_on_the_hybrid_target_at_every_tree_budget(trained_repo):
+def test_patched_ddtree_and_dflash_reproduce_the_baseline_on_the_hybrid_target(trained_repo):
     report = compare(trained_repo, "qwen3.5-hybrid", samples=3, tokens=40, budgets="4,8,16")
-    for budget in (4, 8, 16):
-        patched, unpatched = report[f"patched_tb{budget}"], report[f"unpatched_tb{budget}"]
-        assert patched["equal"] == patched["responses"] == 3, (budget, patched["equal"])
+    for method in ("dflash", "tb4", "tb8", "tb16", "spec_generate"):
+        patched = report[f"patched_{method}"]
+        assert patched["equal"] == patched["responses"] == 3, (method, patched["equal"])
+    for method in ("dflash", "tb4", "tb8", "tb16"):
         # Exact verification keeps the target on its own path, where the draft was trained: tau rises (the bench's
         # own tau, measured as the benchmark measures it).
-        assert tau(patched) > tau(unpatched), (budget, tau(patched), tau(unpatched))
-    # Without the playbook the tree leaks into the Gated DeltaNet state and the output leaves the baseline.
-    assert sum(report[f"unpatched_tb{b}"]["equal"] for b in (4, 8, 16)) < 9, report
+        assert tau(report[f"patched_{method}"]) > tau(report[f"unpatched_{method}"]), method
+    # Without the playbook the tree and the rejected tokens leak into the Gated DeltaNet state: the output leaves
+    # the baseline.
+    assert sum(report[f"unpatched_{m}"]["equal"] for m in ("dflash", "tb4", "tb8", "tb16")) < 12, report
 
 
 @pytest.mark.torch
-def test_patched_ddtree_changes_nothing_on_the_pure_attention_target(trained_repo):
+def test_patched_ddtree_and_dflash_change_nothing_on_the_pure_attention_target(trained_repo):
     report = compare(trained_repo, "qwen3-attn", samples=2, tokens=40, budgets="8")
-    assert report["patched_tb8"]["equal"] == report["unpatched_tb8"]["equal"] == 2
-    assert report["patched_tb8"]["lengths"] == report["unpatched_tb8"]["lengths"]
+    for method in ("dflash", "tb8"):
+        assert report[f"patched_{method}"]["equal"] == report[f"unpatched_{method}"]["equal"] == 2
+        assert report[f"patched_{method}"]["lengths"] == report[f"unpatched_{method}"]["lengths"]
+    assert report["patched_spec_generate"]["equal"] == 2
+
+
+# --- the benchmark's GPU mode, checked at toy size on the CPU ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def exact_repo(tmp_path_factory) -> Path:
+    """A copy of mini-ddtree (no models) with the mini bench plan's playbooks and hybrid-tree-verify."""
+    repo = tmp_path_factory.mktemp("hybrid-tree-verify-gpu") / "ddtree"
+    shutil.copytree(MINI, repo, ignore=shutil.ignore_patterns("models", "runs", "logs", "__pycache__"))
+    for name in ("hybrid-cache", "crop-relative", "cpu-timing", NAME):
+        for path in load_playbook(name).files:
+            (repo / path).write_bytes(apply((repo / path).read_bytes(), name, path=path))
+    return repo
+
+
+GPU_SCRIPT = REPO / "benchmarks" / "hybrid-tree-verify" / "gpu.py"
+
+
+@pytest.mark.torch
+def test_the_gpu_mode_builds_its_qwen3_5_shaped_target_and_times_the_three_verifiers(torch_, exact_repo):
+    from tests.unit.test_mini_ddtree import bench_env
+
+    result = subprocess.run([sys.executable, str(GPU_SCRIPT), "--device", "cpu", "--layout", "tiny", "--contexts",
+                             "40", "--budgets", "8", "--repeats", "1", "--prefill-chunk", "16"], cwd=exact_repo,
+                            env=bench_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    header, row, total = (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{"))
+    assert header["layout"] == "tiny" and header["layers"] == 4
+    assert row["context"] == 40 and row["nodes"] == 9 and row["new_mode"] == "one forward"
+    assert row["max_logit_diff_vs_paths"] <= 1e-4 and row["same_argmax_as_paths"]
+    assert all(isinstance(row[f"{m}_ms"], float) for m in ("lossy", "paths", "new")), row
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layers", "6"], "--layers must be a positive multiple of 4"),
+    (["--budgets", "0"], "must be positive"),
+    (["--layout", "70b"], "invalid choice: '70b'"),
+])
+def test_the_gpu_mode_refuses_bad_arguments_before_building_anything(argv, message):
+    result = subprocess.run([sys.executable, str(GPU_SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
