@@ -163,11 +163,7 @@ def measure_rows(runner: Runner, tools: list[Tool], sizes: list[int], repeats: i
 def start_bed(count: int, host_python: str) -> tuple[Bed, Path]:
     work = Path(tempfile.mkdtemp(prefix="ddops-fleet-speed-"))
     seed = work / "seed"
-    seed.mkdir()
-    originals = {}
-    for name in run.SEED_FILES:
-        originals[name] = (run.REPO / "examples" / "mini-ddtree" / name).read_bytes()
-        (seed / name).write_bytes(originals[name])
+    originals = run.write_seed(seed)
     prefix = f"127.{random.randint(60, 99)}.{random.randint(1, 250)}."
     log(f"fleet mode: {count} testbed hosts on {prefix}2.., work dir {work}")
     tb = run.testbed.up(count, root=work / "testbed", seed=seed, address_prefix=prefix, python=host_python)

@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:
 
 from ddops import testbed  # noqa: E402
 
-SEED_FILES = ("ddtree.py", "dflash.py")
+SEED_FILES = ("ddtree.py", "dflash.py", "model/dflash.py")  # the files playbooks/hybrid-cache.yaml patches
 OLD = "past_key_values_target = DynamicCache()"
 NEW = 'past_key_values_target = DynamicCache(config=target.config if hasattr(target, "config") else None)'
 PLAYBOOK = "hybrid-cache"
@@ -175,10 +175,11 @@ class Bed:
                 if entry.name in self.originals or entry.name == "sim":
                     continue
                 if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
+                    shutil.rmtree(entry)  # model/ too: written again below, without a one-liner's .bak
                 else:
                     entry.unlink()
             for name, data in self.originals.items():
+                (repo / name).parent.mkdir(exist_ok=True)
                 (repo / name).write_bytes(data)
 
     def patched(self, n: int) -> bool:
@@ -232,6 +233,16 @@ class Bed:
                     "hosts": [{"address": h.address, "port": h.port} for h in self.hosts[:n]]}
             path.write_text(json.dumps(spec, indent=1))
         return path
+
+
+def write_seed(seed: Path) -> dict[str, bytes]:
+    """The seed folder every host's repo starts as: SEED_FILES from examples/mini-ddtree; their bytes by name."""
+    originals = {}
+    for name in SEED_FILES:
+        originals[name] = (REPO / "examples" / "mini-ddtree" / name).read_bytes()
+        (seed / name).parent.mkdir(parents=True, exist_ok=True)
+        (seed / name).write_bytes(originals[name])
+    return originals
 
 
 def one_liner(repo: str) -> str:
@@ -895,10 +906,10 @@ def targets_section(stats: dict[str, dict[int, dict[str, Any]]], tools: list[Too
             lines.append(f"| {key}: {want} round trip{'s' if want > 1 else ''} per host after connecting (every N) | "
                          f"{fmt_rt(seen)} | {'yes' if seen == [want] else 'NO'} |")
     big = max((size for size in stats.get("ddops", {})), default=None)
-    if big is not None:
-        rss = max(stats[k][big]["rss"] for k in ("ddops", "ddops-cold", "ddops-fresh", "ddops-rerun", "ddops-check",
-                                                  "ddops-rollback") if k in stats and big in stats[k]
-                  and stats[k][big].get("ok"))
+    rss = None if big is None else max((stats[k][big]["rss"] for k in ("ddops", "ddops-cold", "ddops-fresh",
+                                                                          "ddops-rerun", "ddops-check", "ddops-rollback")
+                                        if k in stats and big in stats[k] and stats[k][big].get("ok")), default=None)
+    if rss is not None:
         lines.append(f"| controller peak RSS < 100 MB at N={big} | {rss:.0f} MB | {'yes' if rss < 100 else 'NO'} |")
     return lines + [""]
 
@@ -985,11 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load_text()
     work = Path(tempfile.mkdtemp(prefix="ddops-fleet-speed-"))
     seed = work / "seed"
-    seed.mkdir()
-    originals = {}
-    for name in SEED_FILES:
-        originals[name] = (REPO / "examples" / "mini-ddtree" / name).read_bytes()
-        (seed / name).write_bytes(originals[name])
+    originals = write_seed(seed)
     count = max(([] if args.no_matrix else args.sizes)
                 + ([min(SCALING_HOSTS, max(args.scaling_hosts))] if not args.no_scaling else []) + [1])
     prefix = f"127.{random.randint(60, 99)}.{random.randint(1, 250)}."  # the tests use 127.100-250.x
