@@ -35,33 +35,54 @@ class TestbedError(DdopsError):
     __test__ = False  # not a pytest test class despite the name
 
 
-class TransportError(DdopsError):
+class HostError(DdopsError):
+    """A fault on one host. `host` names it and `kind` says what went wrong; the host is shown once, as the prefix
+    str() gives the message (`host1: connection lost: ...`), so that no message spells it itself."""
+
+    kind = "error"
+
+    def __init__(self, message: str, kind: str | None = None, *, host: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.host = host
+        if kind is not None:
+            self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.message}" if self.host else self.message
+
+
+class TransportError(HostError):
     """A host could not be reached or stopped answering."""
+
+    kind = "transport"
 
 
 class HostKeyError(TransportError):
     """A host presented an unknown or changed host key."""
 
+    kind = "host_key"
+
 
 class ConnectionLost(TransportError):
     """The connection to a host died while something ran on it; the host counts as unreachable."""
+
+    kind = "connection_lost"
 
 
 class Cancelled(TransportError):
     """The user interrupted (Ctrl-C) a command that was only running: it was ended on the host."""
 
     exit_code = EXIT_INTERRUPTED
+    kind = "cancelled"
 
 
 class CommandTimeout(TransportError):
     """A remote command ran past its timeout and was cut off."""
 
-
-class AgentError(DdopsError):
-    """The remote agent failed or answered something that is not its protocol."""
-
-    def __init__(self, message: str, kind: str = "error") -> None:
-        super().__init__(message)
-        self.kind = kind
+    kind = "timeout"
 
 
+class AgentError(HostError):
+    """The remote agent failed or answered something that is not its protocol; `kind` is the agent's error kind
+    (remote/ddops_agent/protocol.py, ERROR_KINDS) or one of the controller's own (no_agent_source, error)."""

@@ -78,7 +78,7 @@ class AgentChannel:
         send_all(self.channel, data, deadline, self.host_name)
 
         def timed_out() -> Exception:
-            return CommandTimeout(f"{self.host_name}: agent request timed out after {timeout:g}s and was cut off")
+            return CommandTimeout(f"agent request timed out after {timeout:g}s and was cut off", host=self.host_name)
 
         while True:
             line = self.reader.next_line(deadline, timed_out)
@@ -166,10 +166,10 @@ def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str,
     except ValueError:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         if result.exit_code == 127 or "not found" in tail[0]:
-            raise AgentError(f"{host}: agent could not start (is the host's python installed?): {tail[0]}") from None
-        raise AgentError(f"{host}: agent {verb} failed (exit {result.exit_code}): {tail[0]}") from None
+            raise AgentError(f"agent could not start (is the host's python installed?): {tail[0]}", host=host) from None
+        raise AgentError(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}", host=host) from None
     if not isinstance(reply, dict) or "ok" not in reply:
-        raise AgentError(f"{host}: agent {verb} answered something that is not its protocol")
+        raise AgentError(f"agent {verb} answered something that is not its protocol", host=host)
     return reply
 
 
@@ -177,5 +177,5 @@ def agent_result(host: str, reply: dict[str, Any]) -> dict[str, Any]:
     """The `result` of a decoded reply, or the AgentError it reports."""
     if not reply["ok"]:
         error = reply.get("error") or {}
-        raise AgentError(f"{host}: {error.get('message', 'agent error')}", kind=error.get("kind", "error"))
+        raise AgentError(error.get('message', 'agent error'), kind=error.get("kind", "error"), host=host)
     return reply.get("result") or {}

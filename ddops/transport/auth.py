@@ -240,7 +240,7 @@ class OpenSshOrder(AuthStrategy):
             yield InMemoryPrivateKey(self.host.user, key)
 
     def failure(self, exc: BaseException) -> str:
-        """One line: what was tried for this host, and what to set."""
+        """One line: what was tried for this host, and what to set (the host itself is the error's to name)."""
         host = self.host
         who = f"{host.user}@{host.address}"
         tried = [what for what, _ in self.offers()]
@@ -252,9 +252,9 @@ class OpenSshOrder(AuthStrategy):
                      else "no ssh-agent ($SSH_AUTH_SOCK unset)")
             files = ", ".join(skipped + unusable) or (
                 "no identity_file set" if not host.identity_file else f"identity_file {host.identity_file}")
-            return (f"{host.name}: no authentication method for {who}: {agent}, {files}; set `identity_file:` in "
+            return (f"no authentication method for {who}: {agent}, {files}; set `identity_file:` in "
                     "the inventory (or IdentityFile in ~/.ssh/config), or load a key with `ssh-add`")
         detail = "; not tried: " + ", ".join(skipped + unusable) if skipped or unusable else ""
         reason = "" if isinstance(exc, AuthFailure) else f" ({exc})"
-        return (f"{host.name}: authentication failed for {who}: the host accepted none of {', '.join(tried)}"
+        return (f"authentication failed for {who}: the host accepted none of {', '.join(tried)}"
                 f"{detail}{reason}")

@@ -45,7 +45,7 @@ def max_command_output() -> int:
 
 def output_too_large(host_name: str, what: str, limit: int) -> TransportError:
     size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
-    return TransportError(f"{host_name}: the {what} sent more than {size} of output: refused (cut off)")
+    return TransportError(f"the {what} sent more than {size} of output: refused (cut off)", host=host_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def send_all(channel: paramiko.Channel, data: bytes, deadline: float, host_name:
     view = memoryview(data)
     while view:
         if time.monotonic() > deadline:
-            raise CommandTimeout(f"{host_name}: timed out sending input")
+            raise CommandTimeout("timed out sending input", host=host_name)
         if channel.send_ready():
             sent = channel.send(view[:READ_CHUNK])
             view = view[sent:]

@@ -69,8 +69,8 @@ class Connector:
         try:
             unusable = [f for f in auth.files if f.problem]
             if host.identity_file and unusable and not auth.offers():
-                raise TransportError(f"{host.name}: identity_file {host.identity_file} is not a usable private "
-                                     f"key: {unusable[0].problem}")
+                raise TransportError(f"identity_file {host.identity_file} is not a usable private "
+                                     f"key: {unusable[0].problem}", host=host.name)
             return self._connect_with(host, via, auth, started, timeout)
         finally:
             auth.close()
@@ -98,21 +98,20 @@ class Connector:
             sock.close()
             revoked = entries.revocation(exc.key)
             if revoked is not None:
-                raise HostKeyError(revoked_message(host, exc.hostname, exc.key, revoked)) from None
+                raise HostKeyError(revoked_message(exc.hostname, exc.key, revoked), host=host.name) from None
             raise HostKeyError(
-                f"{host.name}: host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
+                f"host key CHANGED for {exc.hostname} (got {exc.key.get_name()}); refusing to connect. "
                 f"If the host was reinstalled, remove the old key with: ssh-keygen -f {known.path} "
-                f"-R '{name}'"
-            ) from None
+                f"-R '{name}'", host=host.name) from None
         except HostKeyError:
             sock.close()
             raise
         except paramiko.AuthenticationException as exc:
             sock.close()
-            raise TransportError(auth.failure(exc)) from None
+            raise TransportError(auth.failure(exc), host=host.name) from None
         except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
             sock.close()
-            raise TransportError(_handshake_failure(host, timeout, exc)) from None
+            raise TransportError(_handshake_failure(host, timeout, exc), host=host.name) from None
         transport = client.get_transport()
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started, self.residents)
@@ -136,8 +135,8 @@ class Connector:
             return jump.transport.open_channel(
                 "direct-tcpip", (host.address, host.port), ("127.0.0.1", 0), timeout=timeout)
         except (paramiko.SSHException, OSError) as exc:
-            raise TransportError(f"{host.name}: jump host {jump.host.name} cannot reach "
-                                 f"{host.address}:{host.port}: {exc or type(exc).__name__}") from None
+            raise TransportError(f"jump host {jump.host.name} cannot reach "
+                                 f"{host.address}:{host.port}: {exc or type(exc).__name__}", host=host.name) from None
 
     def _jump_session(self, hops: tuple[str, ...], for_host: Host, via: tuple[str, ...]) -> Session:
         """The session to the last of `hops`, reached through the ones before it, as OpenSSH's `-J a,b,c` does."""
@@ -147,7 +146,7 @@ class Connector:
                 return self._jumps[key]
             hop = self._hop_host(hops[-1], for_host)
             if hop.name in via:
-                raise TransportError(f"{via[0]}: ProxyJump loop: {' -> '.join((*via, hop.name))}")
+                raise TransportError(f"ProxyJump loop: {' -> '.join((*via, hop.name))}", host=via[0])
             if len(hops) > 1:  # the chain decides how this hop is reached, not the hop's own proxy_jump
                 hop = replace(hop, proxy_jump=",".join(hops[:-1]))
             session = self._connect(hop, via)
@@ -183,5 +182,5 @@ def _handshake_failure(host: Host, timeout: float, exc: BaseException) -> str:
     where = f"{host.address}:{host.port}"
     # A listener that never sends the SSH banner makes paramiko give up with one of these.
     if "banner" in text.lower() or text == "No existing session" or isinstance(exc, (EOFError, socket.timeout)):
-        return f"{host.name}: {where} accepted the connection but did not speak SSH within {timeout:g}s"
-    return f"{host.name}: SSH handshake with {where} failed: {text}"
+        return f"{where} accepted the connection but did not speak SSH within {timeout:g}s"
+    return f"SSH handshake with {where} failed: {text}"

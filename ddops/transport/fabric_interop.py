@@ -31,10 +31,10 @@ class RefuseUnknownHostKey(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         revoked = self.entries.revocation(key)
         if revoked is not None:
-            raise HostKeyError(revoked_message(self.host, hostname, key, revoked))
-        raise HostKeyError(f"{self.host.name}: unknown host key {key.get_name()} {key.fingerprint} for {hostname} "
+            raise HostKeyError(revoked_message(hostname, key, revoked), host=self.host.name)
+        raise HostKeyError(f"unknown host key {key.get_name()} {key.fingerprint} for {hostname} "
                            f"(not in {self.known_hosts}); check it, then record it with "
-                           f"`ddops --accept-new ping --host {self.host.name}`")
+                           f"`ddops --accept-new ping --host {self.host.name}`", host=self.host.name)
 
 
 def connection(inventory: Inventory, host: Host, *, config: Any = None) -> Any:

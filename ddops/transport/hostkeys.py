@@ -72,28 +72,27 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:16]
         revoked = self.entries.revocation(key)
         if revoked is not None:
-            raise HostKeyError(revoked_message(self.host, hostname, key, revoked))
+            raise HostKeyError(revoked_message(hostname, key, revoked), host=self.host.name)
         if self.entries.authorities:
             # paramiko negotiates no host certificates, so the host showed a plain key the CA cannot vouch for;
             # recording it on first use would replace the CA's word with a guess.
             raise HostKeyError(
-                f"{self.host.name}: {self.entries.authorities[0]} trusts a certificate authority for {hostname}, "
+                f"{self.entries.authorities[0]} trusts a certificate authority for {hostname}, "
                 f"but ddops cannot check host certificates, and the plain key it offered ({key.get_name()} "
                 f"{fingerprint}) is not listed; after checking it, add that key itself to {self.known_hosts} "
-                f"(ssh-keyscan -p {self.host.port} {self.host.address})")
+                f"(ssh-keyscan -p {self.host.port} {self.host.address})", host=self.host.name)
         if not self.accept_new:
             raise HostKeyError(
-                f"{self.host.name}: unknown host key {key.get_name()} {fingerprint} for {hostname} "
-                f"(not in {self.known_hosts}); check it, then re-run with --accept-new to record it"
-            )
+                f"unknown host key {key.get_name()} {fingerprint} for {hostname} "
+                f"(not in {self.known_hosts}); check it, then re-run with --accept-new to record it",
+                host=self.host.name)
         append_known_host(self.known_hosts, hostname, key)
         client.get_host_keys().add(client_name, key.get_name(), key)
 
 
-def revoked_message(host: Host, hostname: str, key: paramiko.PKey, where: str) -> str:
+def revoked_message(hostname: str, key: paramiko.PKey, where: str) -> str:
     fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:16]
-    return (f"{host.name}: host key {key.get_name()} {fingerprint} for {hostname} is REVOKED ({where}); "
-            "refusing to connect")
+    return f"host key {key.get_name()} {fingerprint} for {hostname} is REVOKED ({where}); refusing to connect"
 
 
 class KnownHosts:
@@ -130,7 +129,7 @@ class KnownHosts:
                     else:
                         self._error = str(exc)
         if self._error is not None:
-            raise HostKeyError(f"{host.name}: cannot read known_hosts {self.path}: {self._error}")
+            raise HostKeyError(f"cannot read known_hosts {self.path}: {self._error}", host=host.name)
         trusted, revoked, authorities = [], [], []
         for number, line in enumerate(self._lines or (), 1):
             fields = line.split()
@@ -144,12 +143,12 @@ class KnownHosts:
                 authorities.append(where)
                 continue
             if marker not in (None, "@revoked"):
-                raise HostKeyError(f"{host.name}: known_hosts {where}: unknown marker {marker}")
+                raise HostKeyError(f"known_hosts {where}: unknown marker {marker}", host=host.name)
             try:
                 entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]))
             except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError) as exc:
-                raise HostKeyError(f"{host.name}: known_hosts {self.path} has a bad entry for {name}: "
-                                   f"{exc or type(exc).__name__}") from None
+                raise HostKeyError(f"known_hosts {self.path} has a bad entry for {name}: "
+                                   f"{exc or type(exc).__name__}", host=host.name) from None
             if entry is None or entry.key is None:
                 continue
             if marker == "@revoked":

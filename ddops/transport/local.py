@@ -98,10 +98,11 @@ class LocalSession:
                     selector.register(fd, selectors.EVENT_READ)
                 while names:
                     if cancel is not None and cancel.is_set():  # the group is ended below
-                        raise Cancelled(f"{self.host.name}: interrupted: the command was ended on the host")
+                        raise Cancelled("interrupted: the command was ended on the host", host=self.host.name)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off")
+                        raise CommandTimeout(f"command timed out after {timeout:g}s and was cut off",
+                                             host=self.host.name)
                     for key, _ in selector.select(min(remaining, 0.5)):
                         chunk = os.read(key.fd, 1 << 16)
                         if not chunk:
@@ -111,7 +112,7 @@ class LocalSession:
                             on_output(names[key.fd], chunk)
             return proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            raise CommandTimeout(f"{self.host.name}: command timed out after {timeout:g}s and was cut off") from None
+            raise CommandTimeout(f"command timed out after {timeout:g}s and was cut off", host=self.host.name) from None
         except Cancelled:
             # TERM first: a command under ddops' exec guard runs in a session of its own, which only the guard (on
             # this TERM) ends; a KILL here would end the guard and leave the command running.
@@ -138,7 +139,7 @@ class LocalSession:
         try:
             shutil.copyfile(local_path, remote_path)
         except OSError as exc:
-            raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
+            raise TransportError(f"cannot upload to {remote_path}: {exc}", host=self.host.name) from None
 
     def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
         self.round_trips += 1
@@ -149,7 +150,7 @@ class LocalSession:
             with open(remote_path, "rb") as src, open(local_path, "wb") as dst:
                 copy_limited(src, dst, max_bytes, f"{self.host.name}: {remote_path}")
         except OSError as exc:
-            raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
+            raise TransportError(f"cannot download {remote_path}: {exc}", host=self.host.name) from None
 
     # -- agent ------------------------------------------------------------------------------------------------
     def call_agent(self, verb: str, payload: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
@@ -178,18 +179,18 @@ class LocalSession:
             self._stderr.seek(0)
             err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
             self.close()
-            raise AgentError(f"{self.host.name}: agent {verb} ended without answering (exit {code}): "
-                             f"{(err or ['no output'])[-1]}")
+            raise AgentError(f"agent {verb} ended without answering (exit {code}): "
+                             f"{(err or ['no output'])[-1]}", host=self.host.name)
         try:
             reply = json.loads(line)
         except ValueError:
-            raise AgentError(f"{self.host.name}: agent {verb} answered something that is not its protocol") from None
+            raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name) from None
         if not isinstance(reply, dict) or "ok" not in reply:
-            raise AgentError(f"{self.host.name}: agent {verb} answered something that is not its protocol")
+            raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name)
         if not reply["ok"]:
             error = reply.get("error") or {}
-            raise AgentError(f"{self.host.name}: {error.get('message', 'agent error')}",
-                             kind=error.get("kind", "error"))
+            raise AgentError(error.get('message', 'agent error'),
+                             kind=error.get("kind", "error"), host=self.host.name)
         return reply.get("result") or {}
 
     def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:
@@ -202,7 +203,7 @@ class LocalSession:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.close()
-                    raise CommandTimeout(f"{self.host.name}: agent timed out after {timeout:g}s and was cut off")
+                    raise CommandTimeout(f"agent timed out after {timeout:g}s and was cut off", host=self.host.name)
                 if not selector.select(remaining):
                     continue
                 chunk = os.read(fd, 1 << 20)

@@ -21,7 +21,7 @@ __all__ = ["CommandResult", "Session"]
 
 
 def connection_lost(host: Host, exc: BaseException) -> ConnectionLost:
-    return ConnectionLost(f"{host.name}: connection lost: {exc or type(exc).__name__}")
+    return ConnectionLost(f"connection lost: {exc or type(exc).__name__}", host=host.name)
 
 
 class Session:
@@ -79,7 +79,7 @@ class Session:
             reader = ChannelReader(channel, on_output=on_output, max_out=limit,
                                    too_much=lambda: output_too_large(self.host.name, "command", limit or 0))
             reader.drain(deadline, lambda: CommandTimeout(
-                f"{self.host.name}: command timed out after {timeout:g}s and was cut off"), cancel)
+                f"command timed out after {timeout:g}s and was cut off", host=self.host.name), cancel)
             code = channel.recv_exit_status()
             if code == -1 and not channel.eof_received:
                 # Closed with neither EOF nor exit status: the connection died under the command, which may or
@@ -91,7 +91,7 @@ class Session:
                     send_all(channel, cancel_input, time.monotonic() + 5, self.host.name)
                 except Exception:  # noqa: BLE001 - a dead channel ended the command already
                     pass
-            raise Cancelled(f"{self.host.name}: interrupted: the command was ended on the host") from None
+            raise Cancelled("interrupted: the command was ended on the host", host=self.host.name) from None
         except CommandTimeout:
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -121,7 +121,7 @@ class Session:
                 sftp.chmod(temp, mode)
             sftp.posix_rename(temp, remote_path)
         except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{self.host.name}: cannot write {remote_path}: {exc}") from None
+            raise TransportError(f"cannot write {remote_path}: {exc}", host=self.host.name) from None
 
     def put_file(self, local_path: str | os.PathLike[str], remote_path: str,
                  callback: Callable[[int, int], None] | None = None) -> None:
@@ -131,7 +131,7 @@ class Session:
         try:
             sftp.put(str(local_path), remote_path, callback=callback)
         except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{self.host.name}: cannot upload to {remote_path}: {exc}") from None
+            raise TransportError(f"cannot upload to {remote_path}: {exc}", host=self.host.name) from None
 
     def get_file(self, remote_path: str, local_path: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
         """Download one file; DdopsError as soon as it holds more than max_bytes (a file that grows on the host)."""
@@ -146,7 +146,7 @@ class Session:
                 src.prefetch(min(size, max_bytes))
                 copy_limited(src, dst, max_bytes, f"{self.host.name}: {remote_path}")
         except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{self.host.name}: cannot download {remote_path}: {exc}") from None
+            raise TransportError(f"cannot download {remote_path}: {exc}", host=self.host.name) from None
 
     # -- agent ------------------------------------------------------------------------------------------------
     def call_agent(self, verb: str, payload: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:

@@ -13,10 +13,11 @@ def tcp_connect(host: Host, timeout: float) -> socket.socket:
     try:
         sock = socket.create_connection((host.address, host.port), timeout=timeout)
     except socket.timeout:
-        raise TransportError(f"{host.name}: connect to {host.address}:{host.port} timed out after {timeout:g}s") from None
+        raise TransportError(f"connect to {host.address}:{host.port} timed out after {timeout:g}s",
+                             host=host.name) from None
     except OSError as exc:
-        raise TransportError(f"{host.name}: cannot connect to {host.address}:{host.port}: "
-                             f"{exc.strerror or exc}") from None
+        raise TransportError(f"cannot connect to {host.address}:{host.port}: "
+                             f"{exc.strerror or exc}", host=host.name) from None
     # paramiko's small writes otherwise wait on Nagle's algorithm and the peer's delayed ACK, every round trip.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return quick_ack(sock)

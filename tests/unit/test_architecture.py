@@ -278,14 +278,14 @@ def kinds_raised_by_the_agent() -> dict[str, str]:
 
 
 def kinds_the_controller_matches() -> dict[str, str]:
-    """Each string the controller compares an error's `.kind` with (directly or through a module-level tuple)."""
+    """Each string the controller compares an error's `.kind` with (directly or through a module-level constant,
+    its own or one it imports)."""
     found: dict[str, str] = {}
-    for name, path in all_modules().items():
-        if name.startswith("ddops.patching"):
-            continue  # transform and check kinds, not agent errors
-        tree = ast.parse(path.read_text())
-        constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-                     for t in node.targets if isinstance(t, ast.Name)}
+    trees = {name: ast.parse(path.read_text()) for name, path in all_modules().items()
+             if not name.startswith("ddops.patching")}  # transform and check kinds, not agent errors
+    constants = {t.id: node.value for tree in trees.values() for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    for name, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
                 for other in node.comparators:
@@ -302,3 +302,21 @@ def test_agent_error_kinds_come_from_one_table_that_the_agent_raises_and_the_con
     assert {k: w for k, w in raised.items() if k not in table} == {}, "kinds raised but not in protocol.ERROR_KINDS"
     assert [k for k in table if k not in raised] == [], "kinds in protocol.ERROR_KINDS that nothing raises"
     assert matched and {k: w for k, w in matched.items() if k not in table} == {}, "kinds matched, never raised"
+
+
+def test_host_errors_get_their_host_as_a_field_not_baked_into_the_message():
+    # HostError.__str__ adds `host: ` once; a message that starts with `{host}: ` would show it twice.
+    from ddops import errors
+
+    classes = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, errors.HostError)}
+    baked = []
+    for name, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in classes and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.JoinedStr) and len(first.values) >= 2 \
+                        and isinstance(first.values[0], ast.FormattedValue) \
+                        and isinstance(first.values[1], ast.Constant) and str(first.values[1].value).startswith(": "):
+                    baked.append(f"{name}:{node.lineno}")
+    assert classes >= {"TransportError", "AgentError", "CommandTimeout"} and baked == []

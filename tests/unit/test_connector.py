@@ -43,3 +43,29 @@ def test_the_fleet_counts_a_host_unreachable_by_the_error_s_type_not_its_words()
     hosts = [Host(name="lost", address="127.0.0.1"), Host(name="wordy", address="127.0.0.2")]
     results = {r.host: r.status for r in run_fleet(hosts, task, lambda host: Idle())}
     assert results == {"lost": "unreachable", "wordy": "failed"}
+
+
+def test_a_host_error_carries_its_host_and_kind_and_shows_the_host_once():
+    import socket
+
+    from ddops.transport.sockets import tcp_connect
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(TransportError) as caught:
+        tcp_connect(Host(name="gpu7", address="127.0.0.1", port=port), timeout=5)
+    error = caught.value
+    assert (error.host, error.kind) == ("gpu7", "transport")
+    assert error.message.startswith(f"cannot connect to 127.0.0.1:{port}: ")
+    assert str(error) == f"gpu7: {error.message}"
+
+
+def test_an_agent_error_keeps_the_agent_s_kind_and_its_host_apart_from_the_message():
+    from ddops.errors import AgentError
+    from ddops.transport.agent_client import agent_result
+
+    with pytest.raises(AgentError) as caught:
+        agent_result("gpu7", {"ok": False, "error": {"kind": "conflict", "message": "ddtree.py changed"}})
+    assert (caught.value.host, caught.value.kind, caught.value.message) == ("gpu7", "conflict", "ddtree.py changed")
+    assert str(caught.value) == "gpu7: ddtree.py changed"
