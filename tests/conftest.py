@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -11,7 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -238,3 +239,18 @@ def run_ddops(*args: str, inventory: Path | str | None = None, input: str | None
         argv += ["-i", str(inventory)]
     return subprocess.run(argv + list(args), capture_output=True, text=True, input=input, timeout=timeout,
                           env={**os.environ, "COLUMNS": "200", **(env or {})}, cwd=REPO_ROOT)
+
+
+def one_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The one JSON document a --json command printed; an AssertionError showing both outputs when it is not."""
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+
+def run_ddops_json(*args: str, inventory: Path | str | None = None,
+                   env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """The real CLI with --json: its exit code and its one document."""
+    proc = run_ddops("--json", *args, inventory=inventory, env=env)
+    return proc.returncode, one_json(proc)

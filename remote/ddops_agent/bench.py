@@ -120,27 +120,23 @@ def proc_stat_fields(pid):
         return None
 
 
-def proc_start_time(pid):
-    """The process's start time in clock ticks since boot (field 22), to tell it from a recycled pid; else None."""
-    fields = proc_stat_fields(pid)
-    try:
-        return int(fields[19])
-    except (TypeError, IndexError, ValueError):
-        return None
+# Indices into proc_stat_fields: fields 3 (state), 4 (parent), 5 (process group) and 22 (start time, in clock ticks
+# since boot: what tells a process from a later one given a recycled pid) of proc(5)'s /proc/PID/stat.
+STAT_STATE, STAT_PPID, STAT_PGID, STAT_START_TIME = 0, 1, 2, 19
 
 
-def proc_pgid(pid):
-    """The process's group (field 5), or None when it is gone."""
-    fields = proc_stat_fields(pid)
+def stat_number(fields, index):
+    """fields[index] of proc_stat_fields as a whole number, or None (the process gone, or no such field)."""
     try:
-        return int(fields[2])
+        return int(fields[index])
     except (TypeError, IndexError, ValueError):
         return None
 
 
 def process_record(pid):
     """What stop checks later to know `pid` is still this process: pid, start time and process group."""
-    return {"pid": pid, "start_time": proc_start_time(pid), "pgid": proc_pgid(pid)}
+    fields = proc_stat_fields(pid)
+    return {"pid": pid, "start_time": stat_number(fields, STAT_START_TIME), "pgid": stat_number(fields, STAT_PGID)}
 
 
 def carries_run_tags(pid, run_id, run_dir):
@@ -166,11 +162,10 @@ def is_run_process(record, run_id, run_dir):
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     fields = proc_stat_fields(pid)
-    if fields is None or fields[0] == b"Z":
+    if not fields or fields[STAT_STATE] == b"Z":
         return False
-    try:
-        start_time, pgid = int(fields[19]), int(fields[2])
-    except (IndexError, ValueError):
+    start_time, pgid = stat_number(fields, STAT_START_TIME), stat_number(fields, STAT_PGID)
+    if start_time is None or pgid is None:
         return False
     if record.get("start_time") is None or start_time != record.get("start_time"):
         return False
@@ -181,22 +176,16 @@ def is_run_process(record, run_id, run_dir):
 
 def proc_state(pid):
     """The one-letter state of a process (R, S, Z ...), or None when it is gone or unknown."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0].decode("ascii", "replace")
-    except (OSError, IndexError):
-        return None
+    fields = proc_stat_fields(pid)
+    return fields[STAT_STATE].decode("ascii", "replace") if fields else None
 
 
 def same_process(record):
     """Whether the process recorded (by process_record) still runs, not a zombie, with the start time recorded."""
     fields = proc_stat_fields(record.get("pid"))
-    if fields is None or fields[0] == b"Z" or record.get("start_time") is None:
+    if not fields or fields[STAT_STATE] == b"Z" or record.get("start_time") is None:
         return False
-    try:
-        return int(fields[19]) == record["start_time"]
-    except (IndexError, ValueError):
-        return False
+    return stat_number(fields, STAT_START_TIME) == record["start_time"]
 
 
 def signal_process(record, sig):
@@ -231,7 +220,7 @@ def group_members(pgid):
     for name in names:
         if name.isdigit():
             fields = proc_stat_fields(int(name))
-            if fields is not None and fields[0] != b"Z" and fields[2] == str(pgid).encode():
+            if fields and fields[STAT_STATE] != b"Z" and stat_number(fields, STAT_PGID) == pgid:
                 members.append(int(name))
     return members
 
@@ -254,12 +243,9 @@ def children_map():
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as handle:
-                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
+        ppid = stat_number(proc_stat_fields(int(name)), STAT_PPID)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(name))
     return children
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from ddops.testbed import stop_host
 
 from tests import conftest
-from tests.conftest import host_processes, requires_sshd, run_ddops, wait_until
+from tests.conftest import host_processes, requires_sshd, run_ddops, run_ddops_json, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -27,11 +26,7 @@ def ddops_exec(bed, *args: str, inventory: Path | None = None):
 
 
 def exec_json(bed, *args: str) -> tuple[int, dict]:
-    proc = run_ddops("--json", "exec", *args, inventory=bed.inventory_path)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_ddops_json("exec", *args, inventory=bed.inventory_path)
 
 
 def test_exec_streams_each_hosts_output_prefixed_by_the_host(bed):

@@ -6,7 +6,6 @@ The login user exists only inside each testbed host's mount namespace: its /etc/
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _fresh_prefix, host_processes, requires_sshd, run_ddops
+from tests.conftest import _fresh_prefix, host_processes, requires_sshd, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -74,11 +73,7 @@ def user_bed():
 
 
 def exec_json(inventory: Path, *args: str) -> tuple[int, dict]:
-    proc = run_ddops("--json", "exec", *args, inventory=inventory)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_ddops_json("exec", *args, inventory=inventory)
 
 
 def test_the_login_user_is_not_root(user_bed):

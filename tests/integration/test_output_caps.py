@@ -3,14 +3,12 @@ that host's call with one line, never gathered whole; the other hosts and later 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ddops.errors import TransportError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
-from tests.conftest import requires_sshd, run_ddops
+from tests.conftest import requires_sshd, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -43,9 +41,9 @@ def test_an_agent_answer_past_the_cap_is_cut_off_and_the_next_call_gets_a_fresh_
 
 def test_status_fails_each_host_whose_answer_is_past_the_cap_with_one_line(make_testbed):
     bed = make_testbed(2)
-    proc = run_ddops("--json", "status", "--all", inventory=bed.inventory_path, env={"DDOPS_MAX_AGENT_ANSWER": "16"})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    hosts = json.loads(proc.stdout)["hosts"]
+    code, doc = run_ddops_json("status", "--all", inventory=bed.inventory_path, env={"DDOPS_MAX_AGENT_ANSWER": "16"})
+    assert code == 1, doc
+    hosts = doc["hosts"]
     assert {(h["host"], h["status"], h["message"]) for h in hosts} == {
         (name, "failed", f"{name}: the agent sent more than 16 bytes of output: refused (cut off)")
         for name in ("host1", "host2")}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, both_engines, requires_sshd, run_ddops
+from tests.conftest import REPO_ROOT, both_engines, requires_sshd, run_ddops, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -30,11 +30,7 @@ def bed(make_testbed, seed):
 
 
 def ddops_json(bed, *args: str) -> tuple[int, dict]:
-    proc = run_ddops("--json", *args, inventory=bed.inventory_path)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_ddops_json(*args, inventory=bed.inventory_path)
 
 
 def originals(bed) -> dict[str, dict[str, str]]:

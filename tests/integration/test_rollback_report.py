@@ -4,11 +4,10 @@ and `ddops backups list|show|restore` to see saved edits and put them back."""
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 
-from tests.conftest import requires_sshd, run_ddops
+from tests.conftest import requires_sshd, run_ddops, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -24,9 +23,7 @@ def bed(make_testbed, seed):
 
 
 def ddops_json(bed, *args: str) -> tuple[int, dict]:
-    proc = run_ddops("--json", *args, inventory=bed.inventory_path)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    return run_ddops_json(*args, inventory=bed.inventory_path)
 
 
 def hotfix(host) -> bytes:

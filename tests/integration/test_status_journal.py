@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops
+from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
 
 def status_json(bed) -> tuple[int, dict]:
-    proc = run_ddops("--json", "status", "--all", inventory=bed.inventory_path)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_ddops_json("status", "--all", inventory=bed.inventory_path)
 
 
 def test_status_without_patches_shows_each_hosts_journal_and_files_changed_since(make_testbed, tmp_path):

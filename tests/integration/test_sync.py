@@ -16,7 +16,7 @@ from ddops.fleet import run_fleet
 from ddops.inventory import load_inventory
 from ddops.tasks.sync import SyncOptions, prepare_sync
 from ddops.transport import Connector
-from tests.conftest import MINI_DDTREE, both_engines, git, git_seed, requires_sshd, run_ddops
+from tests.conftest import MINI_DDTREE, both_engines, git, git_seed, requires_sshd, run_ddops, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -68,9 +68,8 @@ def head(host) -> str | None:
 
 
 def sync_json(inventory: Path, *args: str) -> tuple[int, dict[str, dict]]:
-    proc = run_ddops("--json", "sync", *args, inventory=inventory)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    code, doc = run_ddops_json("sync", *args, inventory=inventory)
+    return code, {h["host"]: h for h in doc["hosts"]}
 
 
 @pytest.fixture

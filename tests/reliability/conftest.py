@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git_seed, host_processes, resident_agents, run_ddops, testbeds
+from tests.conftest import MINI_DDTREE, git_seed, host_processes, one_json, resident_agents, run_ddops, testbeds
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 FILES = ("ddtree.py", "dflash.py")
@@ -251,6 +251,13 @@ def make_fleet(tmp_path_factory: pytest.TempPathFactory, seed: Path, books: list
                                               planner, patched, {})
 
 
+@pytest.fixture
+def clean(fleet: Fleet) -> Fleet:
+    """The test module's own `fleet` fixture, every host's repo reset to the seed first."""
+    fleet.reset()
+    return fleet
+
+
 def with_inventory(fleet: Fleet, path: Path, extra_hosts: str = "", **replacements: str) -> Path:
     """A copy of the testbed inventory with text replaced and host lines appended."""
     text = fleet.bed.inventory_path.read_text()
@@ -279,13 +286,6 @@ def quiet(fleet: Fleet, name: str) -> bool:
 
 def all_output(*procs: subprocess.CompletedProcess[str]) -> str:
     return "\n".join(p.stdout + p.stderr for p in procs)
-
-
-def one_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
 
 
 def host_statuses(results: dict[str, Any]) -> dict[str, str]:

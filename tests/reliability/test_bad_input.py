@@ -21,12 +21,6 @@ def fleet(make_fleet):
     return make_fleet(2)
 
 
-@pytest.fixture
-def clean(fleet):
-    fleet.reset()
-    return fleet
-
-
 def untouched(fleet) -> None:
     """No host had anything written: originals in place, no .ddops state."""
     for h in fleet.bed.hosts:

@@ -16,12 +16,6 @@ def fleet(make_fleet):
     return make_fleet(1)
 
 
-@pytest.fixture
-def clean(fleet):
-    fleet.reset()
-    return fleet
-
-
 class PatchedInBetween:
     """A session whose first `rollback` request is preceded by another controller's `patch` of every playbook:
     the race between a rollback's plan (the journal it read) and its commit."""

@@ -4,10 +4,28 @@ mini-DDTree, which a root-level one of this name would be shadowed by)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from ddops.inventory import Host
+from ddops.transport.local import LocalSession
 from tests.conftest import git
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    """A host on this machine whose repo is an empty folder (a module's own `host` fixture may give it another)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    return Host(name="here", address="localhost", repo=str(repo), command_timeout=60)
+
+
+@pytest.fixture
+def session(host: Host) -> Iterator[LocalSession]:
+    """The real agent as a local subprocess, on the test's `host`; closed after the test."""
+    with LocalSession(host) as s:
+        yield s
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,19 +206,24 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
-@pytest.mark.parametrize("value", HOSTILE)
-def test_a_hostile_value_reaches_the_program_as_exactly_one_argument_and_runs_nothing(tmp_path, where, value):
+def plan_with_v(command: list[str], where: str, value: Any) -> str:
+    """A plan whose command lines use {v}, given `value` by its matrix or its vars; "host_var": left to the host."""
     yaml_value = json.dumps(value)  # JSON strings are YAML strings
-    lines = ["summarizer: ddtree", 'results: "*.pt"', "command: >-",
-             "  {python} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' {v} --out {result_dir}/r.pt"]
+    lines = ["summarizer: ddtree", 'results: "*.pt"', *command]
     if where == "matrix":
         lines += ["matrix:", f"  v: [{yaml_value}]"]
     elif where == "plan_var":
         lines += ["vars:", f"  v: {yaml_value}"]
     else:
         lines += ["vars:", "  v: null"]
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_hostile_value_reaches_the_program_as_exactly_one_argument_and_runs_nothing(tmp_path, where, value):
+    text = plan_with_v(["command: >-", "  {python} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' {v} "
+                                       "--out {result_dir}/r.pt"], where, value)
     plan = load(tmp_path, text)
     host = {"python": sys.executable}
     if where == "host_var":
@@ -346,14 +352,7 @@ def test_a_hash_that_does_not_start_a_comment_leaves_placeholders_alone(tmp_path
 @pytest.mark.parametrize("where", ["matrix", "plan_var", "host_var"])
 @pytest.mark.parametrize("value", ["gsm8k\ntouch PWNED", "a\rb", ["ok", "x\ntouch PWNED"]])
 def test_a_value_with_a_newline_is_refused_wherever_it_comes_from(tmp_path, where, value):
-    lines = ["summarizer: ddtree", 'results: "*.pt"', "command: run {v} --out {result_dir}/r.pt"]
-    if where == "matrix":
-        lines += ["matrix:", f"  v: [{json.dumps(value)}]"]
-    elif where == "plan_var":
-        lines += ["vars:", f"  v: {json.dumps(value)}"]
-    else:
-        lines += ["vars:", "  v: null"]
-    text = "\n".join(lines) + "\n"
+    text = plan_with_v(["command: run {v} --out {result_dir}/r.pt"], where, value)
     if where != "host_var":
         msg = error_of(tmp_path, text)
         assert msg.startswith(f"{tmp_path / 'plan.yaml'}:5: ") and "must be one line" in msg, msg

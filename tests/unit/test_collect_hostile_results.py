@@ -3,6 +3,7 @@ path `.`, a symlinked directory the walk only passes by. The real agent as a loc
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +13,13 @@ from ddops.bench.plan import load_bench_plan
 from ddops.fleet import CHANGED, FAILED
 from ddops.inventory import Host
 from ddops.tasks.bench import collect_task, launch_task, status_task
-from ddops.transport.local import LocalSession
 from tests.conftest import wait_until
 
 
 @pytest.fixture
-def host(tmp_path) -> Host:
-    repo = tmp_path / "repo"
-    repo.mkdir()
+def host(host: Host) -> Host:
     # A listing that hangs shows as this timeout, not as the test's own.
-    return Host(name="here", address="localhost", repo=str(repo), command_timeout=20)
-
-
-@pytest.fixture
-def session(host):
-    with LocalSession(host) as s:
-        yield s
+    return replace(host, command_timeout=20)
 
 
 def run_to_end(host: Host, session: Any, tmp_path: Path, run_id: str, command: str, results: str = "**/*.pt") -> Path:

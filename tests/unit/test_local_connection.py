@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git, git_seed, run_ddops, wait_until
+from tests.conftest import MINI_DDTREE, git, git_seed, run_ddops, run_ddops_json, wait_until
 
 ANCHOR = "past_key_values_target = DynamicCache()\n"
 
@@ -28,11 +28,7 @@ def inventory_for(tmp_path: Path, hosts: str, extra: str = "") -> Path:
 def ddops_json(inventory: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
     # No ssh-agent nor keys of the user's: a local host needs none.
     env = {"SSH_AUTH_SOCK": "", **(env or {})}
-    proc = run_ddops("--json", *args, inventory=inventory, env=env)
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_ddops_json(*args, inventory=inventory, env=env)
 
 
 @pytest.fixture

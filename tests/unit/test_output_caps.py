@@ -12,7 +12,7 @@ from ddops.errors import TransportError, UsageError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
 from ddops.transport.channel import DEFAULT_MAX_COMMAND_OUTPUT, max_agent_answer, max_command_output
-from tests.conftest import MINI_DDTREE, git_seed, run_ddops
+from tests.conftest import MINI_DDTREE, git_seed, run_ddops_json
 
 
 @pytest.fixture
@@ -52,10 +52,10 @@ def test_an_agent_answer_past_the_cap_ends_the_call_and_the_next_call_starts_a_f
 
 
 def test_status_on_a_host_whose_answer_is_past_the_cap_fails_that_host_with_one_line(local_inventory):
-    proc = run_ddops("--json", "status", "--all", inventory=local_inventory,
-                     env={"SSH_AUTH_SOCK": "", "DDOPS_MAX_AGENT_ANSWER": "16"})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    (host,) = json.loads(proc.stdout)["hosts"]
+    code, doc = run_ddops_json("status", "--all", inventory=local_inventory,
+                               env={"SSH_AUTH_SOCK": "", "DDOPS_MAX_AGENT_ANSWER": "16"})
+    (host,) = doc["hosts"]
+    assert code == 1, doc
     assert (host["status"], host["message"]) == (
         "failed", "here: the agent sent more than 16 bytes of output: refused (cut off)")
 

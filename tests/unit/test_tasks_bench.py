@@ -26,19 +26,6 @@ def write_plan(tmp_path: Path, text: str) -> BenchPlan:
     return load_bench_plan(path)
 
 
-@pytest.fixture
-def host(tmp_path) -> Host:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    return Host(name="here", address="localhost", repo=str(repo), command_timeout=60)
-
-
-@pytest.fixture
-def session(host):
-    with LocalSession(host) as s:
-        yield s
-
-
 def finished(host: Host, session: LocalSession, run_id: str) -> bool:
     return status_task(run_id)(host, session).data["run"]["status"] not in ("starting", "running")
 

@@ -42,12 +42,6 @@ def host(repo) -> Host:
     return Host(name="here", address="localhost", repo=str(repo), command_timeout=60)
 
 
-@pytest.fixture
-def session(host):
-    with LocalSession(host) as s:
-        yield s
-
-
 @pytest.fixture(scope="module")
 def books():
     return load_playbooks(PATCHES)
