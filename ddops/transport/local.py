@@ -34,6 +34,11 @@ def agent_argv(python: str) -> tuple[list[str], bytes]:
     return program.argv(python, serve=True), program.bundle
 
 
+# Seconds a cancelled command's group gets after TERM before it is KILLed (the exec guard's own TERM-to-KILL grace
+# is 5 s).
+CANCEL_GRACE = 10.0
+
+
 class LocalSession:
     """Host `host` is this machine: agent calls go to a local agent process, commands to /bin/sh, files are copied."""
 
@@ -108,6 +113,15 @@ class LocalSession:
             return proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise CommandTimeout(f"command timed out after {timeout:g}s and was cut off", host=self.host.name) from None
+        except Cancelled:
+            # TERM first: a command under ddops' exec guard runs in a session of its own, which only the guard (on
+            # this TERM) ends; a KILL here would end the guard and leave the command running.
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=CANCEL_GRACE)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            raise
         finally:
             if proc.poll() is None:
                 try:
