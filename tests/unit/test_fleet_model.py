@@ -1,0 +1,57 @@
+"""The fleet-like mode's arithmetic (benchmarks/fleet-speed/fleet_mode.py): the fit, the idle estimate, the model."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+FOLDER = REPO_ROOT / "benchmarks" / "fleet-speed"
+
+
+@pytest.fixture(scope="module")
+def fleet_mode():
+    sys.path.insert(0, str(FOLDER))
+    try:
+        spec = importlib.util.spec_from_file_location("fleet_mode", FOLDER / "fleet_mode.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(FOLDER))
+
+
+def sample(wall: float, per_host: list[float], *, cpu: float = 0.5, host_cpu: float = 0.0, turns: float = 0.0,
+           ok: bool = True) -> dict:
+    return {"wall": wall, "cpu": cpu, "host_cpu": host_cpu, "ok": ok,
+            "extra": {"per_host_s": per_host, "turns_per_host": turns}}
+
+
+def test_the_fit_takes_each_host_s_own_time_and_leaves_the_rest_to_startup(fleet_mode):
+    rows = {"1": [sample(0.5, [0.3]), sample(0.7, [0.3])], "4": [sample(1.6, [0.3, 0.3, 0.3, 0.3])],
+            "bad": [sample(9.0, [9.0], ok=False)]}
+    startup, per_host = fleet_mode.fit(rows)
+    assert per_host == pytest.approx(0.3)
+    assert startup == pytest.approx(0.4)  # the walls less their hosts: 0.2, 0.4 and 0.4
+    assert fleet_mode.fit({"1": [sample(1.0, [0.5], ok=False)]}) is None
+
+
+def test_the_idle_estimate_is_round_trips_times_rtt_plus_the_cpu_per_host(fleet_mode):
+    rows = {"1": [sample(2.0, [0.5], cpu=0.61, host_cpu=0.03, turns=18)],
+            "4": [sample(3.0, [0.5] * 4, cpu=0.64, host_cpu=0.12, turns=18)]}
+    startup, per_host, waited = fleet_mode.idle_estimate(rows, 20, cpu_per_host=0.01)
+    assert waited == 9
+    assert per_host == pytest.approx(9 * 0.020 + 0.01 + 0.03)
+    assert startup == pytest.approx(0.60)
+
+
+def test_the_model_is_waves_of_latency_unless_the_controller_s_cpu_takes_longer(fleet_mode):
+    # 200 hosts, 32 at a time: 7 waves.
+    assert fleet_mode.model(0.5, 0.25, 1.0, "ddops") == (pytest.approx(0.5 + 7 * 0.25), "latency")
+    assert fleet_mode.model(0.5, 0.25, 3.0, "ddops") == (3.0, "controller CPU")
+    # ssh processes spread over every core; one Python process has one.
+    cores = fleet_mode.usable_cores("floor")
+    assert fleet_mode.model(0.0, 0.1, 4.0 * cores, "floor") == (4.0, "controller CPU")
