@@ -39,7 +39,7 @@ def _saved_table(results: Sequence[Any]) -> None:
     for column in ("host", "file", "saved at", "by", "sha256", "on the host"):
         table.add_column(column, overflow="fold")
     for r in results:
-        for s in (r.data or {}).get("saved", []):
+        for s in r.data.get("saved", []):
             table.add_row(escape(r.host), escape(s["file"]), escape(s["time"]), escape(s["actor"]),
                           s["sha256"][:12], escape(s["backup"]))
     console.print(table)

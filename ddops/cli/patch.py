@@ -72,7 +72,7 @@ def show_diffs(results: Sequence[Any]) -> None:
 
     from ddops.patching.plan import group_diffs
 
-    shown = [r for r in results if r.status in ("changed", "ok") and (r.data or {}).get("diff")]
+    shown = [r for r in results if r.status in ("changed", "ok") and r.data.get("diff")]
     plain_text_files = {r.host: {f["path"] for f in r.data.get("files", [])
                                  if any(p.get("plain_text") for p in f["patches"])} for r in shown}
     for group in group_diffs({r.host: r.data["diff"] for r in shown}):
@@ -94,7 +94,7 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
 def _show_checks(results: Sequence[Any]) -> None:
     for r in results:
-        for c in (r.data or {}).get("checks", []):
+        for c in r.data.get("checks", []):
             mark = "[green]ok[/]  " if c["ok"] else "[bold red]FAIL[/]"
             lines = c.get("grep") or []
             if c["kind"] in ("contains", "unchanged", "count") and lines:
@@ -143,11 +143,11 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
     results = run.run(task)
     from ddops.pins import host_pins
 
-    summaries = host_pins(run.hosts, [r.data.get("commit") if r.data else None for r in results])
+    summaries = host_pins(run.hosts, [r.data.get("commit") for r in results])
     pins = {name: _pin_cell(summary) for name, summary in summaries.items()}
     if run.json:
         for r in results:
-            if r.data is not None and r.host in summaries:
+            if r.host in summaries:
                 r.data["pin"] = summaries[r.host]["state"]
                 r.data["pin_detail"] = summaries[r.host]
     run.finish(results, render=lambda results: _status_table(results, books, pins))
@@ -155,7 +155,7 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
 def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, str]) -> None:
     patch_ids = [p.id for b in books for p in b.patches] or list(
-        dict.fromkeys(pid for r in results for pid in (r.data or {}).get("patches", {})))
+        dict.fromkeys(pid for r in results for pid in r.data.get("patches", {})))
     from rich.table import Table
 
     table = Table(title="ddops status", header_style="bold")
@@ -166,8 +166,8 @@ def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, 
         table.add_column(pid)
     table.add_column("note", overflow="fold")
     for r in results:
-        states = (r.data or {}).get("patches", {})
-        commit = (r.data or {}).get("commit") or ""
+        states = r.data.get("patches", {})
+        commit = r.data.get("commit") or ""
         cells = []
         for pid in patch_ids:
             s = states.get(pid, "-")

@@ -54,7 +54,7 @@ def deploy(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, c
 
 
 def _sync_data(r: Any) -> dict:
-    return r.data.get("sync", r.data) if r.data else {}
+    return r.data.get("sync", r.data)
 
 
 def _commit(key: str):
@@ -69,7 +69,7 @@ def _moved(r: Any) -> str:
 
 
 def _step(key: str):
-    return lambda r: (r.data.get(key) or {}).get("status", "") if r.data else ""
+    return lambda r: (r.data.get(key) or {}).get("status", "")
 
 
 def _pin(r: Any) -> str:

@@ -271,7 +271,7 @@ def outputs_of(results: Iterable[Any]) -> dict[str, ExecOutput]:
     """Each host's ExecOutput from fleet results (hosts that never ran the command have none)."""
     out = {}
     for r in results:
-        data = r.data or {}
+        data = r.data
         if "exit_code" in data:
             out[r.host] = ExecOutput(data["exit_code"], data.get("stdout", ""), data.get("stderr", ""),
                                      bool(data.get("timed_out")), bool(data.get("truncated")))
