@@ -77,10 +77,7 @@ def run(ctx: typer.Context, selection: Selection,
     from ddops.bench.plan import narrow_plan, parse_assignments
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
 
-    from ddops.patching.playbook import search_path
-
-    inventory = state(ctx).load_inventory()
-    search_dirs = search_path(inventory)  # the required patches' playbooks are found where `ddops patch` finds them
+    inventory = state(ctx).load_inventory()  # its playbooks are where the patches the plan requires are defined
     bench_plan = narrow_plan(_plan(inventory, plan),
                              {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
                              parse_assignments(only or (), "--only"))
@@ -89,12 +86,12 @@ def run(ctx: typer.Context, selection: Selection,
     pins = Pins(from_clone=checked_clone(from_) if from_ else None)  # each pin resolved once, on this machine
     if check:
         on = OnHosts(ctx, "bench --check", selection)
-        on.finish(on.run(check_task(bench_plan, pins, search_dirs), title=f"bench {bench_plan.name} --check"),
+        on.finish(on.run(check_task(bench_plan, pins, inventory), title=f"bench {bench_plan.name} --check"),
                   {"plan": bench_plan.name})
         return
     on = OnHosts(ctx, "bench", selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
-    results = on.run(launch_task(bench_plan, rid, pins, search_dirs), title=f"bench {bench_plan.name}")
+    results = on.run(launch_task(bench_plan, rid, pins, inventory), title=f"bench {bench_plan.name}")
     launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
     root = results_root(results_dir)
     if launched:

@@ -183,6 +183,22 @@ def load_inventory_playbooks(inventory: Inventory, names: Sequence[str] | None =
     return check_unique_ids(books)
 
 
+def playbooks_defining(patch_ids: Iterable[str], inventory: Inventory | None = None) -> list[PatchPlaybook]:
+    """The playbooks that hold any of patch_ids: the inventory's `patches:` given as paths, then those along its
+    search path (of two with one name, the first found, as `ddops patch NAME` loads it)."""
+    wanted = set(patch_ids)
+    if not wanted:
+        return []
+    dirs = search_path(inventory)
+    paths = [p for p in (inventory.patches if inventory is not None else ()) if looks_like_playbook_path(p)]
+    books = [load_playbook(p) for p in paths] + [load_playbook(name, dirs) for name in list_playbooks(dirs)]
+    found: dict[str, PatchPlaybook] = {}
+    for book in books:
+        if wanted & {p.id for p in book.patches}:
+            found.setdefault(str(book.path), book)
+    return list(found.values())
+
+
 def list_playbooks(search_dirs: Iterable[Path | str] | None = None) -> list[str]:
     """Names of the patch playbooks found in search_dirs (default: the built-in ones)."""
     names: dict[str, None] = {}

@@ -22,10 +22,10 @@ from ddops.bench.preflight import host_values, patch_states_from_journal, prefli
 from ddops.bench.runs import NO_RUN_KINDS, HostRun, RunStatus
 from ddops.errors import AgentError, DdopsError, TransportError
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
-from ddops.inventory import Host
+from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState
 from ddops.patching.kinds import PatchState
-from ddops.patching.playbook import list_playbooks, load_playbook
+from ddops.patching.playbook import playbooks_defining
 from ddops.patching.snapshot import make_planner
 from ddops.pins import Pin, Pins
 from ddops.tasks.base import AgentSession, default_actor
@@ -36,27 +36,14 @@ from ddops.tasks.slurm import bench_call, is_slurm, submit
 # --- launching -----------------------------------------------------------------------------------------------------
 
 
-def _patch_playbooks(patch_ids: Sequence[str], search_dirs: Sequence[Path] | None = None) -> list[Any]:
-    """The patch playbooks along search_dirs (default: search_path() without an inventory) that hold any of
-    patch_ids; of two playbooks with one name, the first found, as `ddops patch NAME` would load it."""
-    wanted = set(patch_ids)
-    books = []
-    for name in list_playbooks(search_dirs):
-        book = load_playbook(name, search_dirs)
-        if wanted & {p.id for p in book.patches}:
-            books.append(book)
-    return books
-
-
 def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence[str], facts: Mapping[str, Any], *,
-                          planner: Any = None, search_dirs: Sequence[Path] | None = None) -> dict[str, str]:
+                          planner: Any = None, books: Sequence[Any] = ()) -> dict[str, str]:
     """patch id -> state on this host (applied, pending, drifted, modified ...): re-planned from the files by
-    `status_host` for patches a playbook along search_dirs (the inventory's search path) defines, from the journal
-    alone for the others."""
+    `status_host` for patches one of `books` (playbooks_defining's) defines, from the journal alone for the
+    others."""
     if not patch_ids:
         return {}
     states: dict[str, str] = {}
-    books = _patch_playbooks(patch_ids, search_dirs)
     if books:
         outcome = status_host(host, session, books, planner=planner)
         states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
@@ -88,19 +75,19 @@ class Preflight:
 
 
 def _preflight(plan: BenchPlan, pins: Pins | None = None,
-               search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], Preflight]:
-    """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller; the
-    required patches' playbooks looked up along search_dirs."""
+               inventory: Inventory | None = None) -> Callable[[Host, AgentSession], Preflight]:
+    """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller, and
+    the required patches' playbooks found once, where `ddops patch` finds them for this inventory."""
     planner = _shared_planner(plan)
     pins = pins or Pins()
+    books = playbooks_defining(plan.requires_patches, inventory)
 
     def check(host: Host, session: AgentSession) -> Preflight:
         pin = pins.for_host(host) if host.commit else None
         # The host is asked whether it has the commit the controller resolved, never what its own branch says.
         commit = pin.commit if pin is not None else None
         facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": commit})
-        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner,
-                                       search_dirs=search_dirs)
+        states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner, books=books)
         problems = preflight_problems(plan, host, facts, states, pin)
         if not problems:
             return Preflight(facts, states, pin, None)
@@ -112,10 +99,10 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None,
 
 
 def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
-                search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+                inventory: Inventory | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
 
-    preflight = _preflight(plan, pins, search_dirs)
+    preflight = _preflight(plan, pins, inventory)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -138,10 +125,10 @@ def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
 
 
 def check_task(plan: BenchPlan, pins: Pins | None = None,
-               search_dirs: Sequence[Path] | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+               inventory: Inventory | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    preflight = _preflight(plan, pins, search_dirs)
+    preflight = _preflight(plan, pins, inventory)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)

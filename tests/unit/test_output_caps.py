@@ -11,7 +11,8 @@ import pytest
 from ddops.errors import TransportError, UsageError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
-from ddops.transport.channel import DEFAULT_MAX_COMMAND_OUTPUT, max_agent_answer, max_command_output
+from ddops.transport.channel import (DEFAULT_MAX_AGENT_ANSWER, DEFAULT_MAX_COMMAND_OUTPUT, max_agent_answer,
+                                     max_command_output)
 from tests.conftest import MINI_DDTREE, git_seed, run_ddops_json
 
 
@@ -63,7 +64,8 @@ def test_status_on_a_host_whose_answer_is_past_the_cap_fails_that_host_with_one_
 def test_the_caps_default_to_256_and_64_mib_and_a_bad_value_names_the_variable(monkeypatch):
     monkeypatch.delenv("DDOPS_MAX_AGENT_ANSWER", raising=False)
     monkeypatch.delenv("DDOPS_MAX_COMMAND_OUTPUT", raising=False)
-    assert (max_agent_answer(), max_command_output()) == (256 << 20, DEFAULT_MAX_COMMAND_OUTPUT) == (256 << 20, 64 << 20)
+    assert (max_agent_answer(), max_command_output()) == (256 << 20, 64 << 20) == (DEFAULT_MAX_AGENT_ANSWER,
+                                                                                 DEFAULT_MAX_COMMAND_OUTPUT)
     for bad in ("lots", "0", "-5", "1.5"):
         monkeypatch.setenv("DDOPS_MAX_COMMAND_OUTPUT", bad)
         with pytest.raises(UsageError, match=rf"^DDOPS_MAX_COMMAND_OUTPUT='{bad}': not a whole number"):

@@ -121,7 +121,7 @@ def test_playbook_lint_tries_the_transform_and_checks_on_a_sample_file(tmp_path)
     assert proc.returncode == 2 and "none of the files cpu-timing patches is named ddtree.py" in proc.stderr
 
 
-@pytest.mark.parametrize("source", ["playbook_dirs", "DDOPS_PLAYBOOK_PATH"])
+@pytest.mark.parametrize("source", ["playbook_dirs", "DDOPS_PLAYBOOK_PATH", "a path in patches"])
 def test_bench_checks_a_required_patch_of_a_teams_own_playbook_against_the_files_not_the_journal(tmp_path, source):
     from tests.conftest import git_seed
 
@@ -131,11 +131,15 @@ def test_bench_checks_a_required_patch_of_a_teams_own_playbook_against_the_files
     plan = tmp_path / "needs-team-timing.yaml"
     plan.write_text("name: needs-team-timing\nsummarizer: ddtree\nresults: '*.pt'\ncommand: 'true'\n"
                     "requires_patches: [team-timing]\n")
-    head = ("playbook_dirs: [ours]\n" if source == "playbook_dirs" else "") + "patches: [team-timing]\n"
+    head = {"playbook_dirs": "playbook_dirs: [ours]\npatches: [team-timing]\n",
+            "DDOPS_PLAYBOOK_PATH": "patches: [team-timing]\n",
+            "a path in patches": "patches: [ours/team-timing.yaml]\n"}[source]
     path = tmp_path / "inventory.yaml"
     path.write_text(f"ssh_config: /dev/null\nknown_hosts: {tmp_path / 'known_hosts'}\n{head}"
                     f"hosts:\n  here: {{connection: local, repo: {json.dumps(str(checkout))}}}\n")
-    env = {"SSH_AUTH_SOCK": "", **({PLAYBOOK_PATH_ENV: str(tmp_path / "ours")} if source != "playbook_dirs" else {})}
+    env = {"SSH_AUTH_SOCK": ""}
+    if source == "DDOPS_PLAYBOOK_PATH":
+        env[PLAYBOOK_PATH_ENV] = str(tmp_path / "ours")
 
     def check() -> tuple[int, dict]:
         proc = run_ddops("--json", "bench", str(plan), "--check", "--all", inventory=path, env=env)
