@@ -27,6 +27,14 @@ MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
 MINI_MODELS = Path(os.environ.get("DDOPS_MINI_MODELS", REPO_ROOT / ".cache" / "mini-ddtree-models"))
 
 
+def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
+    """The files of seed that these built-in playbooks patch, in playbook order: the playbooks are their one home."""
+    from ddops.patching.playbook import load_playbooks
+
+    return tuple(dict.fromkeys(f for book in load_playbooks(list(playbooks)) for f in book.files
+                               if (seed / f).is_file()))
+
+
 def mini_ddtree_models(out: Path = MINI_MODELS) -> Path:
     """examples/mini-ddtree's trained models under out (qwen3.5-hybrid, qwen3-attn, each with -draft), built once."""
     subprocess.run([sys.executable, "make_models.py", "--out", str(out)], cwd=MINI_DDTREE, check=True,

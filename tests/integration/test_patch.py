@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, both_engines, requires_sshd, run_ddops, run_ddops_json
+from tests.conftest import REPO_ROOT, both_engines, files_patched_by, requires_sshd, run_ddops, run_ddops_json
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
 PATCHES = ("cpu-timing", "hybrid-cache", "crop-relative")
+FILES = files_patched_by(PATCHES)
 TARGET_NEW = 'past_key_values_target = DynamicCache(config=target.config if hasattr(target, "config") else None)'
 DRAFT_LINE = "past_key_values_draft = DynamicCache()"
-FILES = ("ddtree.py", "dflash.py")
 
 
 def sha(path: Path) -> str:

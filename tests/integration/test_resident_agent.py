@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from ddops.testbed import start_host, stop_host
 
-from tests.conftest import (MINI_DDTREE, both_engines, exited, host_processes, requires_sshd, resident_agents, run_ddops,
-                            wait_until)
+from tests.conftest import (MINI_DDTREE, both_engines, exited, files_patched_by, host_processes, requires_sshd,
+                            resident_agents, run_ddops, wait_until)
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
 OLD_LINE = "past_key_values_target = DynamicCache()"
-FILES = ("ddtree.py", "dflash.py")
+
+FILES = files_patched_by(("hybrid-cache",))
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, git_seed, host_processes, one_json, resident_agents, run_ddops, testbeds
+from tests.conftest import (MINI_DDTREE, files_patched_by, git_seed, host_processes, one_json, resident_agents,
+                            run_ddops, testbeds)
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
-FILES = ("ddtree.py", "dflash.py")
+FILES = files_patched_by(PLAYBOOKS)
 LOCK_TIMEOUT = 5.0
 
 

@@ -129,5 +129,8 @@ def test_a_password_in_the_inventory_is_refused_without_echoing_it(fleet, tmp_pa
                                                                ("-v", "inventory", "check"))]
     for run in runs:
         assert run.returncode == 2 and "defaults.password: unknown key" in run.stderr
-        assert run.stdout == ""
+    # Under --json the refusal is the one JSON document (docs/json.md); without it, nothing on stdout.
+    document = json.loads(runs[0].stdout)
+    assert document["exit_code"] == 2 and "defaults.password: unknown key" in document["error"]
+    assert runs[1].stdout == ""
     assert PASSWORD not in all_output(*runs)

@@ -183,7 +183,7 @@ def test_the_controller_sends_its_deadline_with_every_request(repo):
         # before the controller gives up, instead of leaving a commit running behind a "timed out".
         reply = session.call_agent("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED),
                                                             checks=[{"name": "slow", "command": "sleep 30",
-                                                                     "timeout": 60}]), timeout=8)
+                                                                     "timeout": 60}]), timeout=20)
     finally:
         session.close()
     assert reply["reverted"] is True and reply["checks"][0]["timed_out"] is True
