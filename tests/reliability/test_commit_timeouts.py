@@ -52,6 +52,6 @@ def test_a_late_answer_of_a_commit_that_finished_meanwhile_is_reported_as_change
     # still running there to end before it reads the host: it ended, with both files patched and journalled.
     result = fleet.patch(hosts=[host], lock_timeout=2.5)["host1"]
     assert result.status == "changed", result.message
-    assert result.message == ("patched dflash.py, ddtree.py (the commit's answer did not come within 3.5s, but the "
-                              "host's files and journal show that it finished)")
+    assert result.message == ("patched dflash.py, ddtree.py, model/dflash.py (the commit's answer did not come within "
+                              "3.5s, but the host's files and journal show that it finished)")
     assert fleet.assert_nothing_lost("host1")["host1"] == {"dflash.py": "new", "ddtree.py": "new"}
