@@ -161,10 +161,10 @@ class Fleet:
 
     # -- the invariant -------------------------------------------------------------------------------------------
 
-    def file_states(self, name: str) -> dict[str, str]:
+    def file_states(self, name: str, files: Sequence[str] = FILES) -> dict[str, str]:
         """'old' or 'new' per target file; anything else (a torn or mixed file) fails the test."""
         states = {}
-        for f in FILES:
+        for f in files:
             data = (self.repo(name) / f).read_bytes()
             if data == (self.seed / f).read_bytes():
                 states[f] = "old"
@@ -192,13 +192,13 @@ class Fleet:
     @property
     def patches_in(self) -> dict[str, set[str]]:
         """file -> ids of the built-in patches that touch it."""
-        return {f: {p.id for b in self.books for p in b.patches if f in p.files} for f in FILES}
+        return {f: {p.id for b in self.books for p in b.patches if f in p.files} for f in PATCHED_FILES}
 
     def _check(self, name: str, seen: Any) -> dict[str, str]:
         from ddops.patching import journal as jr
 
         assert seen.status == "ok" and "journal" in seen.data, f"{name}: {seen.status}: {seen.message}"
-        states = self.file_states(name)
+        states = self.file_states(name, PATCHED_FILES)
         assert seen.data["journal"]["corrupt"] == [], seen.data["journal"]["corrupt"]
         entries = seen.data["journal"]["entries"]
         actives = jr.active_applications(entries)
@@ -212,10 +212,10 @@ class Fleet:
                 original = (self.seed / f).read_bytes()
                 backup = self.repo(name) / ".ddops" / "backups" / sha(original)
                 assert backup.read_bytes() == original, f"{name}:{f}: the backup of the original is not intact"
-        want = {p.id: "applied" if all(states[f] == "new" for f in p.files if f in states) else "pending"
+        want = {p.id: "applied" if all(states[f] == "new" for f in p.files) else "pending"
                 for b in self.books for p in b.patches}
         assert seen.data["status"]["patches"] == want, (name, seen.message, seen.data["status"]["patches"], states)
-        return states
+        return {f: states[f] for f in FILES}
 
     def assert_clean(self, name: str) -> None:
         """No temp file or pending note left behind (after a later run has tidied up)."""

@@ -75,8 +75,8 @@ def test_connection_killed_at_each_stage_of_a_commit_then_patch_converges_and_ro
     assert fleet.assert_nothing_lost("host1")["host1"] == COMMIT_STAGES[stage]
 
     rerun = fleet.patch("host1")["host1"]
-    left = "ok" if set(COMMIT_STAGES[stage].values()) == {"new"} else "changed"  # only what is left is written
-    assert rerun.status == left, rerun.message
+    # Only what is left is written; model/dflash.py, the third file the playbooks patch, is left at every stage.
+    assert rerun.status == "changed", rerun.message
     assert fleet.assert_nothing_lost("host1")["host1"] == {"dflash.py": "new", "ddtree.py": "new"}
 
     assert fleet.rollback("host1")["host1"].status == "changed"
