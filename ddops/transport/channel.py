@@ -75,6 +75,27 @@ def send_all(channel: paramiko.Channel, data: bytes, deadline: float, host_name:
             select.select([], [], [], 0.01)
 
 
+class _Arrivals:
+    """What a channel's two input buffers signal when bytes or their end arrive, in place of paramiko's select pipe.
+
+    `select.select([channel])` makes paramiko open an OS pipe per channel that its transport thread writes to as
+    data arrives, and `channel.close()` closes that pipe from our thread while the transport thread may still be
+    writing to it: a channel closed while the host was still sending (a command cut off at the output cap) could
+    make the transport thread's write hit a closed descriptor (EBADF), which kills the whole connection, or one that
+    was reused since. An Event has no descriptor to race on. The buffers call `clear()` when they run empty; the
+    reader clears `arrived` itself before it looks, so that no-op loses nothing.
+    """
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+
+    def set(self) -> None:
+        self.arrived.set()
+
+    def clear(self) -> None:
+        pass
+
+
 class ChannelReader:
     """A channel's stdout and stderr, gathered into `out` and `err` until the caller has what it waits for.
 
@@ -86,6 +107,9 @@ class ChannelReader:
                  on_output: Callable[[str, bytes], None] | None = None,
                  max_out: int | None = None, too_much: Callable[[], Exception] | None = None) -> None:
         self.channel = channel
+        self._arrivals = _Arrivals()
+        channel.in_buffer.set_event(self._arrivals)
+        channel.in_stderr_buffer.set_event(self._arrivals)
         self._max_out = max_out  # stdout (and stderr, unless max_err keeps its end) beyond this: too_much()
         self._too_much = too_much
         self._on_output = on_output  # streamed: each chunk goes there as it arrives and is not kept
@@ -129,8 +153,9 @@ class ChannelReader:
 
         Past the deadline raises `timed_out()`; once `cancel` is set, Cancelled (within one wait of 0.2 s).
         """
-        channel = self.channel
+        channel, arrived = self.channel, self._arrivals.arrived
         while True:
+            arrived.clear()  # before looking: what arrives from here on wakes the wait below
             if self._pump():
                 continue
             if done():
@@ -142,7 +167,8 @@ class ChannelReader:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timed_out()
-            select.select([channel], [], [], min(remaining, 0.2))
+            # After EOF no byte comes; what may still come is the exit status (or the close), which sets status_event.
+            (channel.status_event if channel.eof_received else arrived).wait(min(remaining, 0.2))
 
     def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
