@@ -269,8 +269,8 @@ def read_journal_lines(state):
 
 # -- compaction -------------------------------------------------------------------------------------------------
 
-# A journal bigger than this is compacted by the commit or rollback that finds it so (100k entries are 34 MB, and
-# every status, patch and rollback read all of it).
+# A journal bigger than this is compacted by the commit or rollback that finds it so: every status, patch and
+# rollback reads all of it (what an unbounded one cost: benchmarks/journal-compaction/RESULTS.md).
 COMPACT_BYTES = 512 * 1024
 ROTATED_DIR = "journal-old"
 
