@@ -381,37 +381,66 @@ FIELDS = ("host", "run", "model", "dataset", "temperature", "method", "engine", 
           "lossy", "source", "incomplete")
 
 
-def to_json(report: Report) -> str:
-    """One JSON document: every result row, the rows aggregated per host and per method, and the lossy notes."""
+def to_json(report: Report, views: Sequence[str] = DEFAULT_VIEWS) -> str:
+    """One JSON document: every result row, the rows aggregated as the table shows them (`views`: `--by`, or host and
+    method by default; each under `by_<view>`, in the table's row order, and named in `views`), and the lossy notes.
+    `by_host` and `by_method` are always there."""
+    for view in views:
+        if view not in BY:
+            raise ValueError(f"view {view!r}: use one of {BY}")
+    codes = code_ids(report.rows)
+
     def doc(row: Any) -> dict[str, Any]:
         d = asdict(row)
         if isinstance(row, GroupRow):
             d["fidelity"] = row.fidelity
             d["lossy"] = row.lossy
+        d["code_label"] = code_label(row.code, codes) if row.code is not None else None
         d["flags"] = list(row.flags)
         d["note"] = row.note
         return d
 
-    by_host, by_method = aggregate(report, "host"), aggregate(report, "method")
+    grouped = {view: aggregate(report, view) for view in dict.fromkeys(("host", "method", *views))}
     return json.dumps({
         "pooling": pooling_note(report),
+        "views": list(views),
         "rows": [doc(r) for r in report.rows],
-        "by_host": [doc(g) for g in by_host],
-        "by_method": [doc(g) for g in by_method],
-        "not_lossless": [f"{g.model} {g.dataset} {g.method}: {g.note}" for g in by_method if g.lossy],
+        **{f"by_{view}": [doc(g) for g in groups] for view, groups in grouped.items()},
+        "not_lossless": [f"{g.model} {g.dataset} {g.method}: {g.note}" for g in grouped["method"] if g.lossy],
         "faster_but_lossy": len(report.faster_but_lossy),
     }, indent=2)
 
 
-def to_csv(report: Report) -> str:
-    """Every field, one row per ReportRow; empty cells for unknown values."""
+# The CSV of `--by VIEW`: one line per aggregated row (as the table's), each spread as its mean and std columns.
+GROUP_FIELDS = ("by", "run_id", "host", "hosts", "code", "model", "dataset", "temperature", "attn", "method", "engine",
+                "runs", "n_responses")
+SPREAD_FIELDS = ("tokens_per_s", "speedup", "acceptance_length", "mean_ttft_s")
+GROUP_TAIL = ("fidelity", "equal_responses", "compared_responses", "tree_budget", "best_budget", "lossy",
+              "incomplete", "flags")
+
+
+def to_csv(report: Report, by: str | None = None) -> str:
+    """Every field, one row per ReportRow (by None), or one row per aggregated row of `aggregate(report, by)` in the
+    table's order (`--by`); empty cells for unknown values."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(FIELDS + ("code", "flags"))
     codes = code_ids(report.rows)
-    for r in report.rows:
-        cells = ["" if getattr(r, f) is None else getattr(r, f) for f in FIELDS]
-        writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
+    if by is None:
+        writer.writerow(FIELDS + ("code", "flags"))
+        for r in report.rows:
+            cells = ["" if getattr(r, f) is None else getattr(r, f) for f in FIELDS]
+            writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
+        return buf.getvalue()
+    writer.writerow(GROUP_FIELDS + tuple(f"{f}_{part}" for f in SPREAD_FIELDS for part in ("mean", "std"))
+                    + GROUP_TAIL)
+    for g in aggregate(report, by):
+        head = {"hosts": ";".join(g.hosts), "code": code_label(g.code, codes) if g.code else ""}
+        cells = [head[f] if f in head else getattr(g, f) for f in GROUP_FIELDS]
+        for f in SPREAD_FIELDS:
+            spread = getattr(g, f)
+            cells += ["", ""] if spread is None else [spread.mean, spread.std]
+        cells += [";".join(g.flags) if f == "flags" else getattr(g, f) for f in GROUP_TAIL]
+        writer.writerow(["" if c is None else c for c in cells])
     return buf.getvalue()
 
 

@@ -531,7 +531,9 @@ def report(ctx: typer.Context,
                                                      "repeat; run: one row per run, host and method; patchset: each "
                                                      "method's code variants side by side. Different code (commit, "
                                                      "patches, library versions) is never pooled. Default: host and "
-                                                     "method.", show_default=False)] = None,
+                                                     "method. --json and md follow it; csv has one line per "
+                                                     "aggregated row with it, per result row without.",
+                                                     show_default=False)] = None,
            plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here (speedup and "
                                                         "τ per method, with error bars).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
@@ -566,10 +568,10 @@ def report(ctx: typer.Context,
     if fmt == "json":
         import json
 
-        write_document("bench report", code, {"run_ids": ids, **json.loads(to_json(rep)), "problems": problems,
-                                              **({"note": note} if note else {})})
+        write_document("bench report", code, {"run_ids": ids, **json.loads(to_json(rep, views)),
+                                              "problems": problems, **({"note": note} if note else {})})
     elif fmt == "csv":
-        sys.stdout.write(to_csv(rep))
+        sys.stdout.write(to_csv(rep, by))  # --by: the aggregated rows of that table; without it, every result row
     elif fmt == "md":
         sys.stdout.write("\n".join(groups_markdown(aggregate(rep, view)) for view in views))
     elif rep.rows:
