@@ -65,6 +65,20 @@ def test_reference_plan_expands_to_every_dataset_temperature_and_target_attentio
     assert len({r.command for r in runs}) == len(runs)
 
 
+def test_the_example_inventorys_default_plan_is_one_short_greedy_run_of_the_reference_benchmark():
+    from ddops.bench.preflight import resolve_plan_path
+    from ddops.inventory import load_inventory
+
+    plan = load_bench_plan(resolve_plan_path(load_inventory(REPO_ROOT / "inventory.yaml").bench))
+    (run,) = expand_runs(plan, HOST, "/r")  # `ddops bench --all` on a fresh fleet launches one run, not forty
+    reference = expand_runs(load_bench_plan(PLAYBOOKS / "ddtree-bench.yaml"), HOST, "/r")[0].command
+    assert plan.name == "ddtree-smoke" and plan.timeout_minutes <= 60 and "--temperature 0.0 " in run.command
+    # The same launch as the reference's first run, only smaller.
+    flags = lambda command: re.findall(r"(--[a-z-]+)", command)  # noqa: E731
+    assert flags(run.command) == [f for f in flags(reference) if f != "--flash-attn"]
+    assert "--max-samples 16" in run.command and "--tree-budget 16,64" in run.command
+
+
 def test_mini_plan_is_a_cpu_plan_and_uses_only_flags_benchmark_py_accepts():
     plan = load_bench_plan(PLAYBOOKS / "mini-ddtree-bench.yaml")
     assert plan.gpus == 0 and plan.summarizer == "ddtree" and plan.timeout_minutes <= 15
