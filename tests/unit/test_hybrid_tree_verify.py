@@ -25,6 +25,7 @@ from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
 from ddops.patching.playbook import load_playbook
+from tests.unit.test_mini_ddtree import trained_models  # noqa: F401 - a fixture: the trained mini models, built once
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree" / "hybrid-tree-verify"
 REPO = Path(__file__).resolve().parents[2]
@@ -141,13 +142,16 @@ def hybrid(torch_):
     return tiny_target()
 
 
-def prefilled(torch_, target, record: bool, batch: int = 1):
-    """A target cache after a prompt; record=True as crop-relative leaves it (conv windows recorded)."""
+def prefilled(torch_, target, record: bool, batch: int = 1, config=None, prompt: bool = True):
+    """A target cache after a prompt; record=True as crop-relative leaves it (conv windows recorded). config: build
+    the cache for that config instead of the target's; prompt=False: the cache as built, before any forward."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=target.config)
+    cache = DynamicCache(config=config or target.config)
     if record:
         cache.activate_past_recording()
+    if not prompt:
+        return cache
     ids = torch_.randint(0, VOCAB, (1, PROMPT), generator=torch_.Generator().manual_seed(7)).expand(batch, PROMPT)
     with torch_.inference_mode():
         target(ids, past_key_values=cache, use_cache=True)
@@ -177,18 +181,22 @@ def path_to(parents, node):
 
 
 def cache_states(cache) -> list:
-    """Every tensor a commit leaves: attention keys/values, linear conv windows and recurrent states."""
+    """Every tensor a commit leaves: attention keys/values, linear conv windows and recurrent states (a layer may hold
+    both kinds; None where it holds no such state)."""
     states = []
     for layer in cache.layers:
         if hasattr(layer, "recurrent_states"):
             states += [layer.recurrent_states[0], layer.conv_states[0]]
-        else:
+        if hasattr(layer, "keys"):
             states += [layer.keys, layer.values]
     return states
 
 
 def assert_states_close(cache, reference, tolerance=1e-5):
     for got, want in zip(cache_states(cache), cache_states(reference), strict=True):
+        assert (got is None) == (want is None)
+        if got is None:
+            continue
         assert got.shape == want.shape
         assert (got - want).abs().max().item() <= tolerance
 
@@ -280,8 +288,8 @@ def test_consecutive_rounds_stay_on_the_reference(torch_, hybrid):
         past += len(accepted)
 
 
-def chain_verify(torch_, helpers, target, cache, size, seed=0):
-    ids = torch_.randint(0, VOCAB, (cache.layers[-1].keys.shape[0], size), generator=torch_.Generator().manual_seed(seed))
+def chain_verify(torch_, helpers, target, cache, size, seed=0, batch=1):
+    ids = torch_.randint(0, VOCAB, (batch, size), generator=torch_.Generator().manual_seed(seed))
     positions = torch_.arange(PROMPT, PROMPT + size).expand(ids.shape[0], size)
     with torch_.inference_mode():
         output = helpers["_ddops_verify_chain"](target, cache)(ids, position_ids=positions, past_key_values=cache,
@@ -328,33 +336,108 @@ def other_conv_signature(x, w, bias=None, activation=None, **kwargs):
     return ORIGINAL_CONV(x, w, bias, activation=activation, **kwargs)
 
 
+def other_rule_signature(q, k, v, **kwargs):
+    """The chunked rule with other leading parameters: as if a transformers release renamed them."""
+    return ORIGINAL_RULE(q, k, v, **kwargs)
+
+
 def replaced_forward(self, *args, **kwargs):
     """A forward from outside the modeling module: as kernels' kernelize installs one."""
     return ORIGINAL_FORWARD(self, *args, **kwargs)
 
 
-ORIGINAL_CONV = ORIGINAL_FORWARD = None
+ORIGINAL_CONV = ORIGINAL_RULE = ORIGINAL_FORWARD = None
+RULE = "torch_chunk_gated_delta_rule"
 
 
-def guard(name, monkeypatch, target):
-    global ORIGINAL_CONV, ORIGINAL_FORWARD
+def own_forward(module, globals_: dict, renames: dict | None = None):
+    """The Gated DeltaNet layer's own forward (undecorated), as a function of globals_, the global names in renames
+    spelled as there: the same code, as if in another modeling module or another transformers release."""
+    import inspect
+    import types
+
+    forward = inspect.unwrap(module.Qwen3_5GatedDeltaNet.forward)
+    code = forward.__code__.replace(co_names=tuple((renames or {}).get(n, n) for n in forward.__code__.co_names))
+    copied = types.FunctionType(code, globals_, forward.__name__, forward.__defaults__, forward.__closure__)
+    copied.__kwdefaults__ = forward.__kwdefaults__
+    return copied
+
+
+def guard(name, monkeypatch, torch_, target):
+    """Puts target in the situation of guard `name`; returns (the text _ddops_route_plan's reason holds, a function
+    that builds a cache after the prompt in that situation). The situations keep the target's own arithmetic: the
+    reference verifies the same function."""
+    import builtins
+    import sys
+    import types
+
+    global ORIGINAL_CONV, ORIGINAL_RULE, ORIGINAL_FORWARD
     module = modeling_module()
+    linear = [m for m in target.modules() if isinstance(m, module.Qwen3_5GatedDeltaNet)]
+    cache = lambda: prefilled(torch_, target, True)  # noqa: E731 - as crop-relative leaves it
     if name == "conv signature":
         ORIGINAL_CONV = module.causal_conv1d_fn
         monkeypatch.setattr(module, "causal_conv1d_fn", other_conv_signature)
-        return "causal_conv1d_fn takes"
+        return "causal_conv1d_fn takes", cache
+    if name == "rule signature":
+        ORIGINAL_RULE = getattr(module, RULE)
+        monkeypatch.setattr(module, RULE, other_rule_signature)
+        return f"{RULE} takes ('q', 'k', 'v', 'kwargs')", cache
+    if name == "rule renamed":
+        # Module and forward both spell it otherwise: the route would swap a function the forward no longer calls.
+        monkeypatch.setattr(module, "chunk_gated_delta_rule_v2", getattr(module, RULE), raising=False)
+        monkeypatch.delattr(module, RULE)
+        monkeypatch.setattr(module.Qwen3_5GatedDeltaNet, "forward",
+                            own_forward(module, vars(module), {RULE: "chunk_gated_delta_rule_v2"}))
+        return f"Qwen3_5GatedDeltaNet.forward does not call {RULE}", cache
+    if name == "rule not in the modeling module":
+        # The forward still calls it by name but finds it elsewhere (here: builtins); the route swaps the module's
+        # own functions and puts them back, and cannot for one the module lacks.
+        monkeypatch.setattr(builtins, RULE, getattr(module, RULE), raising=False)
+        monkeypatch.delattr(module, RULE)
+        return f"{module.__name__}.{RULE} takes (), not", cache
     if name == "kernel forward":
         ORIGINAL_FORWARD = module.Qwen3_5GatedDeltaNet.forward
         monkeypatch.setattr(module.Qwen3_5GatedDeltaNet, "forward", replaced_forward)
-        return "a kernel replaced it"
+        return "a kernel replaced it", cache
     if name == "instance forward":
-        layer = next(m for m in target.modules() if isinstance(m, module.Qwen3_5GatedDeltaNet))
-        monkeypatch.setattr(layer, "forward", layer.forward, raising=False)
-        return "forward was replaced on the instance"
+        monkeypatch.setattr(linear[0], "forward", linear[0].forward, raising=False)
+        return "forward was replaced on the instance", cache
+    if name == "two modeling modules":
+        # The second linear layer's class from a copy of the modeling module (its own functions, its own globals).
+        copy_ = types.ModuleType("ddops_test_modeling_copy")
+        vars(copy_).update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+        monkeypatch.setitem(sys.modules, copy_.__name__, copy_)
+        other = type("Qwen3_5GatedDeltaNet", (module.Qwen3_5GatedDeltaNet,),
+                     {"forward": own_forward(module, vars(copy_)), "__module__": copy_.__name__})
+        monkeypatch.setattr(linear[1], "__class__", other)
+        return "linear-attention layers from more than one modeling module", cache
+    if name == "conv activation":
+        monkeypatch.setattr(linear[1], "activation", "gelu")  # the tree conv applies silu only
+        return f"layer {linear[1].layer_idx}: activation 'gelu'", cache
+    if name.startswith("cache built for"):
+        # The cache from a config that differs from the target's in one layer: a sliding window over a full-attention
+        # layer (wider than any sequence here), or a linear state next to a full-attention layer's keys and values
+        # (a "hybrid" layer, whose linear state the target never fills; transformers cannot crop(0) that state, so
+        # that cache records no conv windows).
+        config = copy.deepcopy(target.config)
+        kinds = list(config.layer_types)
+        sliding = name.endswith("sliding window")
+        at = kinds.index("full_attention") if sliding else len(kinds) - 1 - kinds[::-1].index("full_attention")
+        kinds[at] = "sliding_attention" if sliding else "hybrid"
+        config.layer_types, config.sliding_window = kinds, 4 * PROMPT
+        why = "the cache has sliding-window layers" if sliding else \
+            "the target's linear-attention modules do not match the cache's linear layers"
+        return why, lambda: prefilled(torch_, target, sliding, config=config)
+    if name == "no state yet":
+        return f"linear layer {linear[0].layer_idx} holds no single conv and recurrent state yet", \
+            lambda: prefilled(torch_, target, True, prompt=False)
     raise AssertionError(name)
 
 
-GUARDS = ["conv signature", "kernel forward", "instance forward"]
+GUARDS = ["conv signature", "rule signature", "rule renamed", "rule not in the modeling module", "kernel forward",
+          "instance forward", "two modeling modules", "conv activation", "cache built for a sliding window",
+          "cache built for a hybrid layer", "no state yet"]
 
 
 @pytest.mark.torch
@@ -363,10 +446,10 @@ def test_each_guard_falls_back_to_the_batch_of_paths_and_stays_exact(torch_, nam
     target = tiny_target()
     helpers, parents = inserted_helpers(), TREES["random 17"]
     accepted = path_to(parents, 16)
-    expected = prefilled(torch_, target, True)
+    why, cached = guard(name, monkeypatch, torch_, target)
+    expected = cached()
     want = reference(torch_, helpers, target, expected, parents, accepted)
-    why = guard(name, monkeypatch, target)
-    cache = prefilled(torch_, target, True)
+    cache = cached()
     logits, taken = verify_and_commit(torch_, helpers, target, cache, parents, accepted)
     assert taken["mode"] == "paths" and why in taken["why"], taken
     assert (logits - want).abs().max().item() <= 1e-4
@@ -378,13 +461,13 @@ def test_each_guard_falls_back_to_the_batch_of_paths_and_stays_exact(torch_, nam
 def test_each_guard_falls_back_to_the_saved_states_for_a_dflash_block_and_stays_exact(torch_, name, monkeypatch):
     target = tiny_target()
     helpers = inserted_helpers()
-    guard(name, monkeypatch, target)
-    cache, expected = prefilled(torch_, target, True), prefilled(torch_, target, True)
+    why, cached = guard(name, monkeypatch, torch_, target)
+    cache, expected = cached(), cached()
     ids, positions, output = chain_verify(torch_, helpers, target, cache, size=6)
-    assert cache._ddops_verify["mode"] == "paths"
+    assert cache._ddops_verify["mode"] == "paths" and why in cache._ddops_verify["why"], cache._ddops_verify
     with torch_.inference_mode():
         cache.crop(-3)
-    want = chain_reference(torch_, target, expected, ids, positions, 3, True)
+    want = chain_reference(torch_, target, expected, ids, positions, 3, expected.layers[0].record_past)
     assert (output.logits[:, :3] - want).abs().max().item() <= 1e-4
     assert_states_close(cache, expected)
 
@@ -394,7 +477,7 @@ def test_a_batch_of_more_than_one_is_verified_by_the_reference(torch_, hybrid):
     helpers = inserted_helpers()
     cache, expected = prefilled(torch_, hybrid, True, batch=2), prefilled(torch_, hybrid, True, batch=2)
     assert helpers["_ddops_route_plan"](hybrid, cache, 2) == "batch of 2, not 1"
-    ids, positions, output = chain_verify(torch_, helpers, hybrid, cache, size=5)
+    ids, positions, output = chain_verify(torch_, helpers, hybrid, cache, size=5, batch=2)
     assert cache._ddops_verify == {"mode": "paths", "why": "batch of 2, not 1"}
     with torch_.inference_mode():
         cache.crop(-1)
@@ -477,17 +560,12 @@ print(json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def trained_repo(tmp_path_factory) -> Path:
+def trained_repo(tmp_path_factory, trained_models) -> Path:  # noqa: F811
     """A copy of mini-ddtree with the trained models and the mini bench plan's playbooks, with hybrid-tree-verify in
     ddtree.py, dflash.py and model/dflash.py, and without it in ddtree_unpatched.py and dflash_unpatched.py."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers", minversion="5.0")
-    from tests.conftest import mini_ddtree_models
-
-    models = mini_ddtree_models()
     repo = tmp_path_factory.mktemp("hybrid-tree-verify") / "ddtree"
     shutil.copytree(MINI, repo, ignore=shutil.ignore_patterns("models", "runs", "logs", "__pycache__"))
-    (repo / "models").symlink_to(models, target_is_directory=True)
+    (repo / "models").symlink_to(trained_models, target_is_directory=True)
     for name in ("hybrid-cache", "crop-relative", "cpu-timing"):
         for path in load_playbook(name).files:
             (repo / path).write_bytes(apply((repo / path).read_bytes(), name, path=path))
@@ -533,6 +611,44 @@ def test_patched_ddtree_and_dflash_change_nothing_on_the_pure_attention_target(t
         assert report[f"patched_{method}"]["equal"] == report[f"unpatched_{method}"]["equal"] == 2
         assert report[f"patched_{method}"]["lengths"] == report[f"unpatched_{method}"]["lengths"]
     assert report["patched_spec_generate"]["equal"] == 2
+
+
+@pytest.mark.torch
+def test_spec_generate_runs_on_the_hybrid_target_with_hybrid_cache_and_crop_relative_alone(torch_, tmp_path,
+                                                                                            trained_models):  # noqa: F811
+    """model/dflash.py's self-contained DFlash loop needs only the two playbooks the hybrid target needs to run at all
+    (lossy without hybrid-tree-verify: what it rejects stays in the Gated DeltaNet state, so no output is asserted)."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    models = trained_models
+    shutil.copytree(MINI / "model", tmp_path / "model", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "data").symlink_to(MINI / "data", target_is_directory=True)  # the package reads ../data
+    path = "model/dflash.py"
+    source = apply((MINI / path).read_bytes(), "hybrid-cache", "crop-relative", path=path)
+    assert b"_ddops_verify_chain" not in source and b"DynamicCache(config=" in source
+    (tmp_path / path).write_bytes(source)
+    name = "mini_ddtree_model_hybrid_cache_crop_relative"  # the package, patched, beside the unpatched `model`
+    spec = importlib.util.spec_from_file_location(name, tmp_path / "model" / "__init__.py",
+                                                  submodule_search_locations=[str(tmp_path / "model")])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    try:
+        spec.loader.exec_module(package)
+        target = AutoModelForCausalLM.from_pretrained(models / "qwen3.5-hybrid", dtype=torch_.float32).eval()
+        draft = package.DFlashDraftModel.from_pretrained(models / "qwen3.5-hybrid-draft", dtype=torch_.float32).eval()
+        tokenizer = package.ByteTokenizer.from_pretrained(models / "qwen3.5-hybrid")
+        prompt = package.load_and_process_dataset("mini")[0]["turns"][0]
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+        ids = tokenizer.encode(text, return_tensors="pt")
+        out = draft.spec_generate(target, ids, 24, [tokenizer.eos_token_id], 0.0)
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+    assert torch_.equal(out[:, :ids.shape[1]], ids)
+    assert ids.shape[1] < out.shape[1] <= ids.shape[1] + 24
 
 
 # --- the benchmark's GPU mode, checked at toy size on the CPU ----------------------------------------------------
