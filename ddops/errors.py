@@ -36,8 +36,9 @@ class TestbedError(DdopsError):
 
 
 class HostError(DdopsError):
-    """A fault on one host. `host` names it and `kind` says what went wrong; the host is shown once, as the prefix
-    str() gives the message (`host1: connection lost: ...`), so that no message spells it itself."""
+    """A fault on one host. `host` names it and `kind` says what went wrong; no message spells the host itself: a
+    host's result keeps `message` (every view shows the host beside it, message_for), and str() puts it in front
+    where the error is shown alone (`host1: connection lost: ...`)."""
 
     kind = "error"
 
@@ -50,6 +51,14 @@ class HostError(DdopsError):
 
     def __str__(self) -> str:
         return f"{self.host}: {self.message}" if self.host else self.message
+
+
+def message_for(host: str, exc: BaseException) -> str:
+    """exc's text in a result of `host`, which shows the host beside it: an error about another host (the bastion a
+    jump goes through) keeps that host's name."""
+    if isinstance(exc, HostError) and exc.host == host:
+        return exc.message
+    return str(exc)
 
 
 class TransportError(HostError):

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ddops.errors import Cancelled, ConnectionLost, DdopsError
+from ddops.errors import Cancelled, ConnectionLost, DdopsError, message_for
 from ddops.inventory import Host
 from ddops.strenum import StrEnum
 
@@ -50,7 +50,7 @@ class HostResult:
     host: str
     address: str
     status: HostStatus
-    message: str = ""
+    message: str = ""  # what happened, without the host's name: every view shows it beside the host
     data: dict[str, Any] = field(default_factory=dict)
     elapsed: float = 0.0
     connect_time: float | None = None
@@ -133,11 +133,12 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     try:
         session = connect(host)
     except DdopsError as exc:
-        result = HostResult(host.name, host.address, UNREACHABLE, str(exc), elapsed=time.monotonic() - started)
+        result = HostResult(host.name, host.address, UNREACHABLE, message_for(host.name, exc),
+                            elapsed=time.monotonic() - started)
         emit(FleetEvent(host.name, "done", result))
         return result
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet
-        result = HostResult(host.name, host.address, UNREACHABLE, f"{host.name}: {type(exc).__name__}: {exc}",
+        result = HostResult(host.name, host.address, UNREACHABLE, f"{type(exc).__name__}: {exc}",
                             elapsed=time.monotonic() - started)
         emit(FleetEvent(host.name, "done", result))
         return result
@@ -150,13 +151,13 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         outcome = task(host, session)
     except Cancelled as exc:
         cancelled = True
-        outcome = TaskOutcome(FAILED, str(exc))
+        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
     except ConnectionLost as exc:
-        outcome = TaskOutcome(UNREACHABLE, str(exc))
+        outcome = TaskOutcome(UNREACHABLE, message_for(host.name, exc))
     except DdopsError as exc:
-        outcome = TaskOutcome(FAILED, str(exc))
+        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
     except Exception as exc:  # noqa: BLE001
-        outcome = TaskOutcome(FAILED, f"{host.name}: internal error: {type(exc).__name__}: {exc}")
+        outcome = TaskOutcome(FAILED, f"internal error: {type(exc).__name__}: {exc}")
     finally:
         _close(session)
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,

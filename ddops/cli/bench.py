@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 import typer
 from typer.core import TyperGroup
 
-from ddops.cli.common import (CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, finish, recap, state,
+from ddops.cli.common import (CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, recap, state,
                               write_document)
 
 if TYPE_CHECKING:
@@ -98,19 +98,25 @@ def run(ctx: typer.Context, selection: Selection,
         write_launch_record(root, rid, {"run_id": rid, "plan": bench_plan.name, "plan_path": str(bench_plan.path),
                                         "hosts": [h.name for h in launched], "inventory": on.inventory.path,
                                         "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    if on.json:
-        on.finish(results, {"run_id": rid if launched else None, "plan": bench_plan.name})
-        return
-    recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
-    if not launched:
-        raise typer.Exit(1)
-    console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
+    columns = [("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")]
+
+    def launched_recap(results: Sequence[Any]) -> None:
+        recap(results, columns=columns)
+        if launched:
+            console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
+
     if follow is None:
         follow = sys.stdout.isatty()
-    if not follow:
-        _hints(rid, detached=False)
-        finish(results)
+    if on.json or not launched or not follow or on.interrupt.requested:
+        def render(results: Sequence[Any]) -> None:
+            launched_recap(results)
+            if launched:
+                _hints(rid, detached=False)
+
+        on.finish(results, {"run_id": rid if launched else None, "plan": bench_plan.name}, render=render,
+                  failed=not launched)
         return
+    launched_recap(results)
     code = follow_run(on.state, on.inventory, launched, rid)
     from ddops.fleet import worst_exit_code
 

@@ -488,8 +488,3 @@ def _verbosity() -> int:
     current = _current_state.get()
     return current.verbose if current is not None else 0
 
-
-def finish(results: Sequence[HostResult]) -> None:
-    code = _fleet().worst_exit_code(results)
-    if code:
-        raise typer.Exit(code)

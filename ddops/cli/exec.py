@@ -86,7 +86,6 @@ def _summary(results: Sequence[Any]) -> None:
 
     for r in results:
         if r.failed:
-            message = r.message.removeprefix(f"{r.host}: ")
-            print(f"{r.host}: {r.status}: {message}", file=sys.stderr)
+            print(f"{r.host}: {r.status}: {r.message}", file=sys.stderr)
     summary = ", ".join(f"{n} {s}" for s, n in counts(results).items())
     print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}", file=sys.stderr)

@@ -126,14 +126,14 @@ def sudo_refusal(spec: ExecSpec, host: Host, exit_code: int, stderr: str) -> str
         return None
     first = next((line.strip() for line in stderr.splitlines() if line.strip()), "")
     if exit_code == 127 and "sudo" in first and ("No such file" in first or "not found" in first):
-        return f"{host.name}: --sudo: sudo is not installed on the host (user {host.user})"
+        return f"--sudo: sudo is not installed on the host (user {host.user})"
     if exit_code == 1 and first.startswith("sudo:"):
         if "password is required" in first or "terminal is required" in first:
-            return (f"{host.name}: --sudo: sudo wants a password for {host.user}, and ddops never prompts in a fleet "
+            return (f"--sudo: sudo wants a password for {host.user}, and ddops never prompts in a fleet "
                     f"run (sudo -n): allow the command without a password (NOPASSWD in sudoers), or connect as root")
-        return f"{host.name}: --sudo: {first}"
+        return f"--sudo: {first}"
     if exit_code == 1 and "may not run sudo" in first:
-        return f"{host.name}: --sudo: {first}"
+        return f"--sudo: {first}"
     return None
 
 

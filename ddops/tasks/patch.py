@@ -11,7 +11,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ddops import __version__
-from ddops.errors import AgentError, CommandTimeout
+from ddops.errors import AgentError, CommandTimeout, message_for
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
@@ -87,7 +87,7 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
             timeout=seconds)
     except AgentError as exc:
         if exc.kind == "conflict":
-            return TaskOutcome(FAILED, f"{exc} (changed since it was read: nothing written; run again)", data)
+            return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; run again)", data)
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.

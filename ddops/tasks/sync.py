@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import ddops
-from ddops.errors import AgentError, DdopsError, UsageError
+from ddops.errors import AgentError, DdopsError, UsageError, message_for
 from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
 from ddops.patching.playbook import load_playbooks, search_path
@@ -375,7 +375,7 @@ def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: boo
     try:
         result = _fetch_with_fallback(host, session, run, "sync_checkout", commit, source, info, data)
     except DdopsError as exc:
-        message = f"moving to {short(commit)} failed: {exc}"
+        message = f"moving to {short(commit)} failed: {message_for(host.name, exc)}"
         if patch_ids and reapply:
             again = patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
             message += (f"; patches re-applied at {short(before)}" if again.status not in FAILING

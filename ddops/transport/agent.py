@@ -23,8 +23,8 @@ AGENT_PACKAGE = "ddops_agent"
 # Modules only test bundles ship: fault injection can SIGKILL the sshd session serving the agent (remote/README.md).
 TEST_ONLY_MODULES = frozenset({f"{AGENT_PACKAGE}.faults"})
 
-__all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "agent_source", "bootstrap_command",
-           "build_program", "remote_dir"]
+__all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "agent_source", "build_program",
+           "remote_dir"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,22 @@ class AgentProgram:
 
     def argv(self, python: str, *, cache: bool = True, serve: bool = False, linger: float = 0,
              probe_resident: bool = False, lifetime: float = 0) -> list[str]:
-        """The command's words. cache: pass the digest (the host caches the compiled bundle); serve: one answer
-        per request line until stdin ends; linger (with cache and serve): then stay on as a resident, for at most
-        `lifetime` seconds (0: the agent's own maximum); probe_resident: the first answer says whether a resident
-        already listens."""
-        return _words(self.bootstrap, python, len(self.bundle), self.digest if cache else None, serve, linger,
-                      probe_resident, lifetime)
+        """The command's words (shlex.join them for a shell). cache: pass the digest (the host caches the compiled
+        bundle); serve: one answer per request line until stdin ends; linger (with cache and serve): then stay on as
+        a resident, for at most `lifetime` seconds (0: the agent's own maximum); probe_resident: the first answer
+        says whether a resident already listens."""
+        words = [python, "-S", "-c", self.bootstrap, str(len(self.bundle))]
+        if cache:
+            words.append(f"--sha256={self.digest}")
+        if serve:
+            words.append("--serve")
+        if linger > 0 and cache and serve:
+            words.append(f"--linger={linger:g}")
+            if lifetime > 0:
+                words.append(f"--lifetime={lifetime:g}")
+            if probe_resident:
+                words.append("--probe-resident")
+        return words
 
 
 def _module_files(folder: Path, test_bundle: bool = False) -> list[tuple[str, Path]]:
@@ -108,32 +118,3 @@ def agent_source() -> bytes:
 def agent_digest() -> str:
     """The sha256 of agent_source()."""
     return agent_program().digest
-
-
-def bootstrap_command(python: str, n: int, *, digest: str | None = None, serve: bool = False,
-                      linger: float = 0, probe_resident: bool = False, lifetime: float = 0) -> str:
-    """The shell command that runs the bootstrap with `python`, reading `n` bytes of bundle from stdin.
-
-    With `digest` (agent_digest()) the host caches the compiled agent; with `serve` it answers one request per line
-    until stdin ends, instead of one request; with `linger` (and both of those) it then stays on as a resident, and
-    with `probe_resident` its first answer says whether a resident already listens. `lifetime` caps the resident's
-    life in seconds (0: the agent's own maximum, remote/README.md).
-    """
-    words = _words(agent_program().bootstrap, python, n, digest, serve, linger, probe_resident, lifetime)
-    return " ".join(shlex.quote(word) for word in words)
-
-
-def _words(bootstrap: str, python: str, n: int, digest: str | None, serve: bool, linger: float,
-           probe_resident: bool, lifetime: float = 0) -> list[str]:
-    words = [python, "-S", "-c", bootstrap, str(n)]
-    if digest:
-        words.append(f"--sha256={digest}")
-    if serve:
-        words.append("--serve")
-    if linger > 0 and digest and serve:
-        words.append(f"--linger={linger:g}")
-        if lifetime > 0:
-            words.append(f"--lifetime={lifetime:g}")
-        if probe_resident:
-            words.append("--probe-resident")
-    return words

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import os
+import shlex
 import time
 from typing import Any
 
@@ -120,7 +121,7 @@ class AgentChannel:
 def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBook | None,
                timeout: float) -> AgentChannel:
     """The agent for a session: the host's resident when it has one, else a new one started by exec."""
-    from ddops.transport.agent import agent_digest, agent_source, bootstrap_command
+    from ddops.transport.agent import agent_digest, agent_program
 
     linger, refused = 0.0, False
     key = resident_key(host.user, host.address, host.port, host.python, agent_digest(), via=host.proxy_jump)
@@ -138,11 +139,10 @@ def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBoo
                 return AgentChannel(channel, b"", host.name, resident=resident, book_key=key)
         if residents.may_linger(key):
             linger = host.agent_linger
-    source = agent_source()
+    program = agent_program()
     channel = transport.open_session(timeout=timeout)
-    channel.exec_command(bootstrap_command(host.python, len(source), digest=agent_digest(), serve=True,
-                                           linger=linger, probe_resident=refused))
-    return AgentChannel(channel, source, host.name, resident_key=key if linger else None)
+    channel.exec_command(shlex.join(program.argv(host.python, serve=True, linger=linger, probe_resident=refused)))
+    return AgentChannel(channel, program.bundle, host.name, resident_key=key if linger else None)
 
 
 def note_resident(residents: ResidentBook, key: str, reply: dict[str, Any]) -> None:

@@ -34,8 +34,7 @@ def probe_test(payload):
 @pytest.fixture
 def probe_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     program = agent_module.build_program({"ddops_agent.probe_test": PROBE})
-    monkeypatch.setattr(agent_module, "agent_source", lambda: program.bundle)
-    monkeypatch.setattr(agent_module, "agent_digest", lambda: program.digest)
+    monkeypatch.setattr(agent_module, "agent_program", lambda: program)
 
 
 def alive(pid: int) -> bool:

@@ -140,7 +140,7 @@ def test_no_key_at_all_says_what_was_tried_and_what_to_set(make_testbed, tmp_pat
     (host,) = json.loads(done.stdout)["hosts"]
     assert host["status"] == "unreachable"
     message = host["message"]
-    assert message.startswith("host1: no authentication method for root@")
+    assert message.startswith("no authentication method for root@")  # the host is beside it, once
     assert "no ssh-agent" in message and "no identity_file set" in message
     assert "set `identity_file:`" in message and "ssh-add" in message
     assert "\n" not in message

@@ -72,7 +72,7 @@ def test_a_full_disk_at_every_step_of_a_commit_fails_cleanly_with_the_originals_
             assert states == {"dflash.py": "new", "ddtree.py": "new"}
             break
         assert result.status == "failed" and "No space left on device" in result.message, result.message
-        assert "\n" not in result.message and result.message.startswith("host1: ")
+        assert "\n" not in result.message and not result.message.startswith("host1")  # shown beside the host
         assert states == {"dflash.py": "old", "ddtree.py": "old"}, (leave, result.message)
         failures[leave] = result.message
         needs = re.search(r"needs about (\d+) KiB", result.message)
@@ -202,7 +202,7 @@ def test_a_read_only_file_is_refused_with_a_clear_error_and_nothing_changes(perm
     (perm.repo("host1") / "ddtree.py").chmod(0o444)
     result = perm.patch("host1")["host1"]  # the agent runs as root, who could write it anyway
     assert result.status == "failed"
-    assert result.message.startswith("host1: ddtree.py is read-only (mode 0444, owner root)"), result.message
+    assert result.message.startswith("ddtree.py is read-only (mode 0444, owner root)"), result.message
     nothing_changed(perm)
     (perm.repo("host1") / "ddtree.py").chmod(0o644)
     assert perm.patch("host1")["host1"].status == "changed"
@@ -219,7 +219,7 @@ def test_files_of_another_user_are_refused_when_their_owner_could_not_be_kept(pe
     host = as_host(perm.hosts("host1")[0], python=wrapper(perm, "nobody", as_nobody=True))
     result = perm.patch(hosts=[host])["host1"]
     assert result.status == "failed"
-    assert re.match(r"host1: dflash\.py belongs to root \(mode 0(644|666)\): nobody could not write it in place",
+    assert re.match(r"dflash\.py belongs to root \(mode 0(644|666)\): nobody could not write it in place",
                     result.message), result.message
     nothing_changed(perm)
     assert all(owner_and_mode(repo / f) == (0, 0, mode) for f in FILES)
@@ -230,7 +230,7 @@ def test_a_repo_the_agent_may_not_write_in_is_a_clear_error_naming_the_path(perm
     host = as_host(perm.hosts("host1")[0], python=wrapper(perm, "nobody", as_nobody=True))
     result = perm.patch(hosts=[host])["host1"]
     assert result.status == "failed"
-    assert result.message == f"host1: Permission denied: {perm.bed.repo_path}/.ddops", result.message
+    assert result.message == f"Permission denied: {perm.bed.repo_path}/.ddops", result.message
     perm.assert_original("host1")
     assert not (perm.repo("host1") / ".ddops").exists()
 

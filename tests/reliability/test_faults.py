@@ -161,7 +161,7 @@ def test_a_host_that_accepts_tcp_but_never_answers_ssh_is_unreachable_within_the
     assert {n: h["status"] for n, h in statuses.items()} == {
         "host1": "changed", "host2": "changed", "host3": "changed", "silent": "unreachable"}
     # Ended by the 1 s connect timeout (the message names it), not by a wall time that load stretches.
-    assert "within 1s" in statuses["silent"]["message"] and "silent" in statuses["silent"]["message"]
+    assert "within 1s" in statuses["silent"]["message"]
 
 
 def test_two_controllers_patching_and_rolling_back_the_same_hosts_never_corrupt_a_file_or_the_journal(fleet):

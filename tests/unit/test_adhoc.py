@@ -91,7 +91,7 @@ def test_a_command_and_a_shell_line_together_or_neither_is_a_usage_error():
 def test_sudo_wanting_a_password_is_refused_in_one_clear_line():
     spec = ExecSpec(argv=("id",), sudo=True)
     why = sudo_refusal(spec, USER, 1, "sudo: a password is required\n")
-    assert why and "wants a password for alice" in why and "sudo -n" in why and why.startswith("b: ")
+    assert why and "wants a password for alice" in why and "sudo -n" in why and why.startswith("--sudo: ")
     status, message = outcome_of(spec, USER, ExecOutput(1, "", "sudo: a password is required\n"))
     assert (status, message) == ("failed", why)
 

@@ -9,6 +9,7 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import AgentProgram, agent_program, bootstrap_command, build_program, remote_dir
+from ddops.transport.agent import AgentProgram, agent_program, build_program, remote_dir
 
 ORIGINAL = b"past_key_values_target = DynamicCache()\n"
 PATCHED = b"past_key_values_target = DynamicCache(config=model.config)\n"
@@ -454,7 +455,7 @@ def test_tracebacks_name_the_agent_module_file_and_show_its_source_line():
 def test_bootstrap_command_runs_through_a_shell(repo):
     program = agent_program()
     request = json.dumps({"verb": "journal", "payload": {"repo": str(repo)}}).encode()
-    done = subprocess.run(["/bin/sh", "-c", bootstrap_command(sys.executable, len(program.bundle))],
+    done = subprocess.run(["/bin/sh", "-c", shlex.join(program.argv(sys.executable, cache=False))],
                           input=program.bundle + request, capture_output=True, timeout=30)
     assert json.loads(done.stdout) == {"ok": True, "result": {"entries": [], "corrupt": []}}
 

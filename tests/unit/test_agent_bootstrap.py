@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import marshal
 import os
+import shlex
 import subprocess
 import sys
 import zlib
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddops.transport.agent import agent_digest, agent_source, bootstrap_command, build_program
+from ddops.transport.agent import AgentProgram, agent_digest, agent_program, agent_source, build_program
 
 # A verb that shows what a request sees of the process it runs in.
 PROBE = '''
@@ -50,7 +51,8 @@ def request(verb: str, payload: dict) -> bytes:
 def run_bootstrap(source: bytes, stdin: bytes, *, digest: str | None, serve: bool, cache_home: Path,
                   python: str = sys.executable) -> list[dict]:
     """Every JSON line the agent printed; it must exit 0."""
-    command = bootstrap_command(python, len(source), digest=digest, serve=serve)
+    program = AgentProgram(agent_program().bootstrap, source, digest or "")
+    command = shlex.join(program.argv(python, cache=digest is not None, serve=serve))
     done = subprocess.run(["/bin/sh", "-c", command], input=source + stdin, capture_output=True, timeout=60,
                           env={**os.environ, "XDG_CACHE_HOME": str(cache_home)})
     assert done.returncode == 0, done.stderr.decode()
@@ -201,8 +203,7 @@ def test_a_cached_agent_that_others_could_have_written_is_compiled_afresh(tmp_pa
                 pytest.skip("needs root to give the file away")
             os.chown(cache, 65534, 65534)
     environment = {**os.environ, "XDG_CACHE_HOME": str(cache_home), "DDOPS_PLANTED_MARKER": str(marker)}
-    done = subprocess.run(["/bin/sh", "-c", bootstrap_command(sys.executable, len(agent_source()),
-                                                              digest=agent_digest())],
+    done = subprocess.run(["/bin/sh", "-c", shlex.join(agent_program().argv(sys.executable))],
                           input=agent_source() + journal, capture_output=True, timeout=60, env=environment)
     assert json.loads(done.stdout) == {"ok": True, "result": {"entries": [], "corrupt": []}}, done.stderr
     assert not marker.exists(), "the planted agent ran"

@@ -58,7 +58,7 @@ def test_status_on_a_host_whose_answer_is_past_the_cap_fails_that_host_with_one_
     (host,) = doc["hosts"]
     assert code == 1, doc
     assert (host["status"], host["message"]) == (
-        "failed", "here: the agent sent more than 16 bytes of output: refused (cut off)")
+        "failed", "the agent sent more than 16 bytes of output: refused (cut off)")
 
 
 def test_the_caps_default_to_256_and_64_mib_and_a_bad_value_names_the_variable(monkeypatch):
