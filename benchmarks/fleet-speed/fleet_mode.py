@@ -382,7 +382,7 @@ def report() -> str:
     for key in ("ddops", "ddops-rerun"):
         if key in models and f"{key}-fresh" in models:
             with_, without = models[key], models[f"{key}-fresh"]
-            parts = [f"{name}: {(1 - a / b) * 100:.0f}% shorter" for name, a, b in
+            parts = [f"{name}: {abs(1 - a / b) * 100:.0f}% {'shorter' if a <= b else 'longer'}" for name, a, b in
                      (("measured", with_[0], without[0]), ("idle", with_[1], without[1])) if a and b]
             lines.append(f"- The resident makes the modelled N={FLEET_N} {LABELS[key]} " + ", ".join(parts) + ".")
     lines.append("")
