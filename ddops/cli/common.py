@@ -88,6 +88,12 @@ class AppState:
         self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
         self.all_rows = self.all_rows or all_rows
 
+    def given_hosts_here(self, adhoc_hosts: str | None) -> None:
+        """`--hosts` given after the command's name: as if given before it."""
+        if adhoc_hosts is not None:
+            self.adhoc_hosts = adhoc_hosts
+            self._inventory_cache = None
+
     def load_inventory(self) -> "Inventory":
         from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
 
@@ -155,6 +161,10 @@ LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs ov
 SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
     "host": (HostOpt, None), "group": (GroupOpt, None), "all_": (AllOpt, False), "limit": (LimitOpt, None),
 }
+# `--hosts` after the command's name too (its short form -H is --host there, as in every selecting command).
+_AdhocHostsHereOpt = Annotated[Optional[str], typer.Option(
+    "--hosts", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated (~/.ssh/config "
+                    "fills in the rest).", show_default=False)]
 CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change; write nothing.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 ExitCodeOpt = Annotated[bool, typer.Option("--exit-code", help="Exit 3 when a host changed (with --check: would "
@@ -207,7 +217,8 @@ def with_global_options(fn: Callable) -> Callable:
               for p in signature.parameters.values() if p.name != "selection"]
     if "ctx" not in signature.parameters:
         params.insert(0, inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context))
-    added = {**(SELECTION_OPTIONS if selects else {}), **GLOBAL_OPTIONS}
+    added = {**(SELECTION_OPTIONS if selects else {}), **GLOBAL_OPTIONS,
+             **({"adhoc_hosts": (_AdhocHostsHereOpt, None)} if selects else {})}
     params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
                for n, (a, d) in added.items()]
 
@@ -218,6 +229,8 @@ def with_global_options(fn: Callable) -> Callable:
         st.command = ctx.command_path.partition(" ")[2]
         if selects:
             from ddops.inventory import Selection
+
+            st.given_hosts_here(kwargs.pop("adhoc_hosts"))
 
             host, group, all_, limit = (kwargs.pop(n) for n in SELECTION_OPTIONS)
             kwargs["selection"] = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_,

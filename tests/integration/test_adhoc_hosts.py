@@ -52,8 +52,17 @@ def test_dash_h_patches_the_hosts_it_names_with_ssh_config_defaults_and_strict_h
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [h["status"] for h in json.loads(proc.stdout)["hosts"]] == ["ok", "changed"]
 
+    # After the command's name the long form works too (-H there is --host, a name from the inventory).
+    proc = run_ddops("patch", "hybrid-cache", "--json", "--hosts", spec(bed, "host3"), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [(h["host"], h["status"]) for h in json.loads(proc.stdout)["hosts"]] == [(bed.host("host3").address,
+                                                                                    "changed")]
 
-def test_dash_h_refuses_a_malformed_host_in_one_line(tmp_path):
-    proc = run_ddops("-H", "root@127.0.0.1:22,not a host", "ping", env={"HOME": str(tmp_path)})
+
+@pytest.mark.parametrize("where", ["before the command", "after it"])
+def test_dash_h_refuses_a_malformed_host_in_one_line(tmp_path, where):
+    hosts = "root@127.0.0.1:22,not a host"
+    args = ("-H", hosts, "ping") if where == "before the command" else ("ping", "--hosts", hosts)
+    proc = run_ddops(*args, env={"HOME": str(tmp_path)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ddops: error: -H not a host: not a host ([user@]host[:port], comma-separated)"

@@ -53,7 +53,7 @@ def test_global_options_given_after_the_command_count_as_if_given_before():
     assert (st.inventory, st.json, st.verbose, st.forks, st.accept_new) == ("after.yaml", True, 2, 4, True)
 
 
-def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
+def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value_and_hosts_after_its_name():
     got = {}
 
     def probe(selection) -> None:  # noqa: ANN001 - the wrapper supplies it
@@ -61,12 +61,19 @@ def test_a_command_with_a_selection_gets_the_four_host_options_as_one_value():
 
     wrapped = with_global_options(probe)
     names = list(__import__("inspect").signature(wrapped).parameters)
-    assert {"host", "group", "all_", "limit"} <= set(names) and "selection" not in names
+    assert {"host", "group", "all_", "limit", "adhoc_hosts"} <= set(names) and "selection" not in names
     st = AppState()
     ctx = type("Ctx", (), {"find_root": lambda self: self, "obj": st, "command_path": "ddops probe"})()
     wrapped(ctx, host=["a"], group=None, all_=False, limit="g*", inventory=None, json_out=False, verbose=0,
-            forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False)
+            forks=None, accept_new=False, ask_key_passphrase=False, all_rows=False, adhoc_hosts="root@gpu-a:22")
     assert got["selection"].hosts == ("a",) and got["selection"].limit == "g*" and not got["selection"].all
+    assert st.adhoc_hosts == "root@gpu-a:22"  # as if `-H root@gpu-a:22` came before the command's name
+
+
+def test_hosts_after_the_name_is_only_for_commands_that_select_hosts():
+    # `testbed up --hosts N` counts hosts: a command without a selection keeps its own --hosts.
+    names = list(__import__("inspect").signature(with_global_options(lambda: None)).parameters)
+    assert "adhoc_hosts" not in names
 
 
 @pytest.mark.parametrize("name", ["patch", "sync", "deploy"])
