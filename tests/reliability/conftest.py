@@ -28,9 +28,10 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def fault_injection() -> Iterator[None]:
-    """In-process ddops ships the agent as test bundles do, with fault injection (the production bundle has none)."""
+    """In-process ddops ships the agent as test bundles do, with fault injection (the production bundle has none).
+    Package scope: undone once these specs end, so that the tests after them see the production agent."""
     from ddops.transport import agent
 
     program = agent.build_program(test_bundle=True)
