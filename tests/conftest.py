@@ -82,6 +82,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         early.wait()
 
 
+def as_at_a_terminal() -> None:
+    """preexec_fn for a ddops process a test sends Ctrl-C (SIGINT) to: SIGINT's default action, as a shell gives a
+    command run in the foreground. A suite started in the background (`scripts/test &`, nohup, some CI runners) has
+    SIGINT ignored, every child inherits that, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> object:
     """Poll until condition() is truthy; fail the test with a clear message after timeout seconds."""
     deadline = time.monotonic() + timeout

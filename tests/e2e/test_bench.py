@@ -18,7 +18,7 @@ from statistics import fmean
 
 import pytest
 
-from tests.conftest import MINI_DDTREE, REPO_ROOT, git_seed, requires_sshd, run_ddops, wait_until
+from tests.conftest import MINI_DDTREE, REPO_ROOT, as_at_a_terminal, git_seed, requires_sshd, run_ddops, wait_until
 
 pytestmark = [pytest.mark.sshd, pytest.mark.torch, requires_sshd]
 
@@ -238,7 +238,7 @@ def test_ctrl_c_detaches_and_bench_stop_ends_every_process_including_torchrun_wo
     controller = subprocess.Popen(
         [sys.executable, "-m", "ddops", "-i", str(bed.inventory_path), "bench", MINI_PLAN, "--all", "--follow",
          "--run-id", run_id], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "DDOPS_RESULTS_DIR": str(results_dir)})
+        env={**os.environ, "DDOPS_RESULTS_DIR": str(results_dir)}, preexec_fn=as_at_a_terminal)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and "=== ddops run 1/2" not in controller.stdout.readline():
         pass

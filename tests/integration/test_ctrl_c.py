@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, host_processes, requires_sshd, wait_until
+from tests.conftest import REPO_ROOT, as_at_a_terminal, host_processes, requires_sshd, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -23,7 +23,7 @@ ORIGINAL_LINE = "past_key_values_target = DynamicCache()\n"
 
 def start_ddops(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "ddops", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "200"})
+                            text=True, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "200"}, preexec_fn=as_at_a_terminal)
 
 
 def processes_with(bed, name: str, predicate) -> list[int]:

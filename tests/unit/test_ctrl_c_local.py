@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT, exited, wait_until
+from tests.conftest import REPO_ROOT, as_at_a_terminal, exited, wait_until
 
 
 def test_ctrl_c_ends_a_local_hosts_command_and_its_process_group(tmp_path):
@@ -21,7 +21,7 @@ def test_ctrl_c_ends_a_local_hosts_command_and_its_process_group(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ddops", "-i", str(inventory), "exec", "--all", "--json", "--",
                              "sh", "-c", f"echo $$ > {pidfile}; exec sleep 3004"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                            env={**os.environ, "SSH_AUTH_SOCK": ""})
+                            env={**os.environ, "SSH_AUTH_SOCK": ""}, preexec_fn=as_at_a_terminal)
     try:
         wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=60)
         pid = int(pidfile.read_text())
