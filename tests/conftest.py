@@ -38,9 +38,10 @@ def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
 MAKE_MODELS_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 # Modules whose tests train on the mini models: when any is selected, the build starts as the run starts (below).
 MODULES_NEEDING_MODELS = {"tests.unit.test_mini_ddtree", "tests.unit.test_hybrid_tree_verify"}
-# What the run started early, in the background, so that tests that mostly wait (sshd, Slurm, containers) overlap
-# with it: the mini models' training (CPU, ~1.5 min on 2 cores when the recipe changed) and the container image
-# (mmdebstrap and a build, ~2 min on a fresh machine). Whoever needs one waits for it, then checks it as before.
+# What the run started early, in the background, so that tests that mostly wait (sshd, Slurm) overlap with it: the
+# mini models' training (CPU, ~1.5 min on 2 cores when the recipe changed). Whoever needs it waits for it, then
+# checks it as before. (Not the container image: its build goes through netavark, which turns ip_forward on, and
+# only a testbed's start records the machine's state to undo that at its down.)
 _warmups: dict[str, Any] = {}
 
 
@@ -60,19 +61,6 @@ def _start_warmups(items: list[pytest.Item]) -> None:
         _warmups["models"] = subprocess.Popen(
             ["nice", "-n", "10", sys.executable, "make_models.py", "--out", str(MINI_MODELS)], cwd=MINI_DDTREE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **MAKE_MODELS_ENV})
-    if any("containers" in item.keywords for item in items) and container_engine_unavailable() is None:
-        import threading
-
-        from ddops.testbed.containers import ContainerEngine
-
-        def build() -> None:
-            try:
-                ContainerEngine.detect(CONTAINER_ENGINE).ensure_default_image()
-            except Exception:  # noqa: BLE001 - the first container test builds it again and reports why
-                pass
-
-        _warmups["image"] = threading.Thread(target=build, name="warm-up: container image", daemon=True)
-        _warmups["image"].start()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
