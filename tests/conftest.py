@@ -35,39 +35,12 @@ def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
                                if (seed / f).is_file()))
 
 
-MAKE_MODELS_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-# Modules whose tests train on the mini models: when any is selected, the build starts as the run starts (below).
-MODULES_NEEDING_MODELS = {"tests.unit.test_mini_ddtree", "tests.unit.test_hybrid_tree_verify"}
-# What the run started early, in the background, so that tests that mostly wait (sshd, Slurm) overlap with it: the
-# mini models' training (CPU, ~1.5 min on 2 cores when the recipe changed). Whoever needs it waits for it, then
-# checks it as before. (Not the container image: its build goes through netavark, which turns ip_forward on, and
-# only a testbed's start records the machine's state to undo that at its down.)
-_warmups: dict[str, Any] = {}
-
-
 def mini_ddtree_models(out: Path = MINI_MODELS) -> Path:
     """examples/mini-ddtree's trained models under out (qwen3.5-hybrid, qwen3-attn, each with -draft), built once."""
-    early = _warmups.pop("models", None)
-    if early is not None and out == MINI_MODELS:
-        early.wait(timeout=900)  # its outcome does not matter: the call below builds, or fails with the reason
     subprocess.run([sys.executable, "make_models.py", "--out", str(out)], cwd=MINI_DDTREE, check=True,
-                   capture_output=True, timeout=900, env={**os.environ, **MAKE_MODELS_ENV})
+                   capture_output=True, timeout=900,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     return out
-
-
-def _start_warmups(items: list[pytest.Item]) -> None:
-    modules = {getattr(item.module, "__name__", "") for item in items if getattr(item, "module", None)}
-    if modules & MODULES_NEEDING_MODELS:
-        _warmups["models"] = subprocess.Popen(
-            ["nice", "-n", "10", sys.executable, "make_models.py", "--out", str(MINI_MODELS)], cwd=MINI_DDTREE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **MAKE_MODELS_ENV})
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    early = _warmups.pop("models", None)
-    if early is not None and early.poll() is None:  # a run that never reached the model tests (-x, a selection)
-        early.kill()
-        early.wait()
 
 
 def as_at_a_terminal() -> None:
@@ -139,10 +112,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "sshd" in item.keywords:
                 item.add_marker(pytest.mark.xfail(reason=testbed_unavailable(), strict=True, run=False))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    _start_warmups(session.items)
 
 
 _used_prefixes: set[str] = set()

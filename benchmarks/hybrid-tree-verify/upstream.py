@@ -130,7 +130,8 @@ def life_of_the_patches(root: Path, label: str, upstream: Path, playbooks: tuple
                          f"hosts:\n  upstream: {{connection: local, repo: {json.dumps(str(repo))}}}\n")
     problems = []
     check = ddops(inventory, "patch", "--check")
-    if check["status"] != "changed" or any(not filecmp.cmp(repo / f, upstream / f, shallow=False) for f in UPSTREAM_FILES):
+    untouched = all(filecmp.cmp(repo / f, upstream / f, shallow=False) for f in UPSTREAM_FILES)
+    if check["status"] != "changed" or not untouched:
         problems.append(f"patch --check: {check['status']}: {check['message']}")
     for attempt, wanted in (("first", "changed"), ("second", "ok")):
         host = ddops(inventory, "patch")
@@ -195,7 +196,8 @@ def main() -> None:
     for label in ("lossy", "exact"):
         print(f"{label} ({', '.join(LOSSY if label == 'lossy' else EXACT)}): patch --check, patch, patch again, "
               f"status, verify, rollback: {'; '.join(problems[label]) or 'as expected'}")
-    print("\n| target | method | = greedy, lossy | = greedy, exact | τ lossy | τ exact |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| target | method | = greedy, lossy | = greedy, exact | τ lossy | τ exact |\n"
+          "| --- | --- | --- | --- | --- | --- |")
     for key in results["exact"]:
         name, method = key.split("|")
         cells = []
@@ -204,7 +206,8 @@ def main() -> None:
             if method == "spec_generate":
                 cells.append("runs" if row["runs"] else f"fails: {row['error']}")
             else:
-                cells.append(f"{row['equal']}/{row['responses']}" + (f" (error: {row['error']})" if row["error"] else ""))
+                error = f" (error: {row['error']})" if row["error"] else ""
+                cells.append(f"{row['equal']}/{row['responses']}{error}")
         taus = [results[label][key].get("tau") for label in ("lossy", "exact")]
         tau_cells = [f"{sum(t) / len(t):.2f}" if t else "" for t in taus]
         print(f"| {name} | {method} | {cells[0]} | {cells[1]} | {tau_cells[0]} | {tau_cells[1]} |")

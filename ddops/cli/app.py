@@ -42,7 +42,8 @@ def main_callback(
     accept_new: AcceptNewOpt = False,
     adhoc_hosts: Annotated[Optional[str], typer.Option(
         "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
-                              "(~/.ssh/config fills in the rest; after the command's name: --hosts, as -H is --host there).",
+                              "(~/.ssh/config fills in the rest; after the command's name: --hosts, as -H is "
+                              "--host there).",
         show_default=False)] = None,
     ask_key_passphrase: AskKeyPassphraseOpt = False,
     all_rows: AllRowsOpt = False,

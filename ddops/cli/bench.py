@@ -98,25 +98,21 @@ def run(ctx: typer.Context, selection: Selection,
         write_launch_record(root, rid, {"run_id": rid, "plan": bench_plan.name, "plan_path": str(bench_plan.path),
                                         "hosts": [h.name for h in launched], "inventory": on.inventory.path,
                                         "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    columns = [("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")]
+    following = bool(launched) and not on.json and not on.interrupt.requested and \
+        (sys.stdout.isatty() if follow is None else follow)
 
-    def launched_recap(results: Sequence[Any]) -> None:
-        recap(results, columns=columns)
+    def render(results: Sequence[Any]) -> None:
+        recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
         if launched:
             console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
-
-    if follow is None:
-        follow = sys.stdout.isatty()
-    if on.json or not launched or not follow or on.interrupt.requested:
-        def render(results: Sequence[Any]) -> None:
-            launched_recap(results)
-            if launched:
+            if not following:
                 _hints(rid, detached=False)
 
+    if not following:
         on.finish(results, {"run_id": rid if launched else None, "plan": bench_plan.name}, render=render,
                   failed=not launched)
         return
-    launched_recap(results)
+    render(results)
     code = follow_run(on.state, on.inventory, launched, rid)
     from ddops.fleet import worst_exit_code
 

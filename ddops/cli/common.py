@@ -75,10 +75,13 @@ class AppState:
     _inventory_cache: Any = field(default=None, repr=False)
 
     def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
-                   accept_new: bool, ask_key_passphrase: bool, all_rows: bool) -> None:
+                   accept_new: bool, ask_key_passphrase: bool, all_rows: bool, adhoc_hosts: str | None = None) -> None:
         """Global options given after the command's name: they count as if given before it."""
         if inventory is not None:
             self.inventory = inventory
+            self._inventory_cache = None
+        if adhoc_hosts is not None:
+            self.adhoc_hosts = adhoc_hosts
             self._inventory_cache = None
         self.json = self.json or json_out
         self.verbose += verbose
@@ -87,12 +90,6 @@ class AppState:
         self.accept_new = self.accept_new or accept_new
         self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
         self.all_rows = self.all_rows or all_rows
-
-    def given_hosts_here(self, adhoc_hosts: str | None) -> None:
-        """`--hosts` given after the command's name: as if given before it."""
-        if adhoc_hosts is not None:
-            self.adhoc_hosts = adhoc_hosts
-            self._inventory_cache = None
 
     def load_inventory(self) -> "Inventory":
         from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
@@ -225,12 +222,10 @@ def with_global_options(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(ctx: typer.Context, **kwargs: Any) -> Any:
         st = state(ctx)
-        st.given_here(**{n: kwargs.pop(n) for n in GLOBAL_OPTIONS})
+        st.given_here(**{n: kwargs.pop(n) for n in GLOBAL_OPTIONS}, adhoc_hosts=kwargs.pop("adhoc_hosts", None))
         st.command = ctx.command_path.partition(" ")[2]
         if selects:
             from ddops.inventory import Selection
-
-            st.given_hosts_here(kwargs.pop("adhoc_hosts"))
 
             host, group, all_, limit = (kwargs.pop(n) for n in SELECTION_OPTIONS)
             kwargs["selection"] = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_,

@@ -87,7 +87,8 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
             timeout=seconds)
     except AgentError as exc:
         if exc.kind == "conflict":
-            return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; run again)", data)
+            return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
+                                       "run again)", data)
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
