@@ -195,12 +195,29 @@ def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def split_cores(bed: Bed, tools: list[Tool]) -> tuple[list[Tool], dict[str, list[int]] | None]:
+    """The controller on a core of its own, every testbed host on the others, as on a fleet where each host has its
+    own CPUs: sharing them, the controller's CPU seconds grew with the hosts' load (its 32 threads then contend
+    for the GIL while descheduled), and two samples of one command differed by 60%. New sessions and residents
+    inherit their listener's affinity."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return tools, None
+    controller, hosts = cores[:1], cores[1:]
+    for pid in bed.listeners():
+        os.sched_setaffinity(pid, hosts)
+    prefix = ["taskset", "-c", ",".join(map(str, controller))]
+    return [dataclasses.replace(t, argv=lambda n, argv=t.argv: prefix + argv(n)) for t in tools], \
+        {"controller": controller, "hosts": hosts}
+
+
 def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
     bed, work = start_bed(max(args.sizes), args.host_python)
     out: dict[str, Any] = {"sizes": args.sizes, "repeats": args.repeats, "load_start": run.load_text()}
     try:
         runner = make_runner(bed, args)
         tools = fleet_tools(runner, forks=FLEET_FORKS, serial=False, only=args.only)
+        tools, out["cores"] = split_cores(bed, tools)
         out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
     finally:
         stop_bed(bed, work)
@@ -342,17 +359,22 @@ def report() -> str:
     lines.append("")
     if cpu is not None:
         sizes = cpu["sizes"]
+        cores = cpu.get("cores")
+        where = (f"the command on core {','.join(map(str, cores['controller']))}, every host on core "
+                 f"{','.join(map(str, cores['hosts']))}" if cores else "the command and the hosts sharing every core")
         lines += [f"Controller CPU (user+system seconds of the command's process tree; no proxies, `--forks "
-                  f"{FLEET_FORKS}`; median of {cpu['repeats']}, {cpu.get('date')}; load {cpu['load_start']} → "
-                  f"{cpu['load_end']}):", "",
-                  "| row | " + " | ".join(f"N={n}: CPU s (wall s)" for n in sizes) + " | CPU per host ms |",
+                  f"{FLEET_FORKS}`, {where}; median (min–max) of {cpu['repeats']}, {cpu.get('date')}; load "
+                  f"{cpu['load_start']} → {cpu['load_end']}):", "",
+                  "| row | " + " | ".join(f"N={n}: CPU s (min–max); wall s" for n in sizes) + " | CPU per host ms |",
                   "|---|" + "---|" * (len(sizes) + 1)]
         for key in keys:
             by_n = cpu["rows"].get(key, {})
             cells = []
             for n in sizes:
-                w = median_of(by_n.get(str(n), []), lambda s: s["wall"])
-                cells.append(f"{cpu_at[(key, n)]:.2f} ({w:.2f})" if (key, n) in cpu_at else "–")
+                good = [s for s in by_n.get(str(n), []) if s["ok"]]
+                w = median_of(good, lambda s: s["wall"])
+                cells.append(f"{cpu_at[(key, n)]:.2f} ({min(s['cpu'] for s in good):.2f}–"
+                             f"{max(s['cpu'] for s in good):.2f}); {w:.2f}" if (key, n) in cpu_at else "–")
             per = cpu_per_host.get(key)
             lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
