@@ -17,14 +17,22 @@ from typing import Any, Callable, Iterator
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# One plan cache for the whole run (subprocesses inherit it): shared by the tests, never the user's ~/.cache.
-os.environ.setdefault("DDOPS_CACHE_DIR", tempfile.mkdtemp(prefix="ddops-test-cache-"))
+# One plan cache for the whole run (subprocesses inherit it): shared by the tests, never the user's ~/.cache;
+# removed when the run ends (pytest_sessionfinish) unless the caller chose it.
+RUN_CACHE_DIR = None if "DDOPS_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="ddops-test-cache-")
+if RUN_CACHE_DIR:
+    os.environ["DDOPS_CACHE_DIR"] = RUN_CACHE_DIR
 # No test may depend on this machine's /etc/ssh/ssh_known_hosts: those that want a system file pass their own.
 os.environ["DDOPS_SYSTEM_KNOWN_HOSTS"] = os.devnull
 MINI_DDTREE = REPO_ROOT / "examples" / "mini-ddtree"
 # The trained mini models (both targets and their drafts), shared with scripts/demo and kept across sessions:
 # make_models.py rebuilds them only when its recipe (code, corpus, settings) changed.
 MINI_MODELS = Path(os.environ.get("DDOPS_MINI_MODELS", REPO_ROOT / ".cache" / "mini-ddtree-models"))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if RUN_CACHE_DIR:
+        shutil.rmtree(RUN_CACHE_DIR, ignore_errors=True)
 
 
 def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
