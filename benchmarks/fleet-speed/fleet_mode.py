@@ -45,6 +45,7 @@ from run import PLAYBOOK, Bed, Runner, Sample, Tool, log  # noqa: E402
 
 PROXY_PREFIX = "127.0.0."  # the proxies listen on loopback, one address per host
 FLEET_N, FLEET_FORKS = 200, 32
+BASELINE_ROWS = {"baseline-warm": "ddops", "baseline-rerun": "ddops-rerun", "baseline-check": "ddops-check"}
 BEGIN, END = run.FLEET_BEGIN, run.FLEET_END
 
 
@@ -125,7 +126,8 @@ def per_host_from(verify: Callable[[int, Sample, str], bool] | None,
 
 
 def make_runner(bed: Bed, args: argparse.Namespace) -> Runner:
-    ns = argparse.Namespace(anchors_venv=None, only=None, baseline_repo=None, repeats=args.repeats, slow_repeats=1)
+    ns = argparse.Namespace(anchors_venv=None, only=None, baseline_repo=args.baseline_repo,
+                            repeats=args.repeats, slow_repeats=1)
     return Runner(ns, bed)
 
 
@@ -217,6 +219,10 @@ def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
     try:
         runner = make_runner(bed, args)
         tools = fleet_tools(runner, forks=FLEET_FORKS, serial=False, only=args.only)
+        if args.baseline_repo:  # the same commands from an earlier checkout (resident on, --forks 32 by default)
+            out["baseline"] = {"repo": str(args.baseline_repo), "playbook": str(run.PLAYBOOK)}
+            run.precompile(args.baseline_repo)
+            tools += [t for t in runner.tools if t.key in BASELINE_ROWS]
         tools, out["cores"] = split_cores(bed, tools)
         out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
     finally:
@@ -378,6 +384,19 @@ def report() -> str:
             per = cpu_per_host.get(key)
             lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
+        if cpu.get("baseline"):
+            base = cpu["baseline"]
+            lines += [f"Against an earlier checkout ({Path(base['repo']).name}), same run, same hosts, both on "
+                      f"`{Path(base['playbook']).name}`, resident on:", "",
+                      "| command | " + " | ".join(f"N={n}: CPU s, this / earlier" for n in sizes)
+                      + " | CPU per host ms, this / earlier |", "|---|" + "---|" * (len(sizes) + 1)]
+            for theirs, ours in BASELINE_ROWS.items():
+                cells = [f"{cpu_at[(ours, n)]:.2f} / {cpu_at[(theirs, n)]:.2f}" if (ours, n) in cpu_at
+                         and (theirs, n) in cpu_at else "–" for n in sizes]
+                per = (cpu_per_host.get(ours), cpu_per_host.get(theirs))
+                lines.append(f"| {LABELS[ours]} | " + " | ".join(cells) + " | "
+                             + (f"{per[0] * 1000:.1f} / {per[1] * 1000:.1f}" if None not in per else "–") + " |")
+            lines.append("")
     top_rtt = max(rtts)
     waves = math.ceil(FLEET_N / FLEET_FORKS)
     lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + {waves} waves × "
@@ -454,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=32, help="check: hosts at once (default 32).")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", help="rows, comma-separated (default all).")
+    p.add_argument("--baseline-repo", type=Path, help="cpu: also time first apply, rerun and --check from this "
+                   "checkout (e.g. a git worktree of an earlier commit).")
+    p.add_argument("--playbook", help=f"the playbook every ddops row applies (default {PLAYBOOK}); a file, for a pair "
+                   "of checkouts whose built-in playbooks differ.")
     p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
                    else sys.executable)
     args = p.parse_args(argv)
@@ -461,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     args.rtts = [float(x) for x in args.rtts.split(",")]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.only = set(args.only.split(",")) if args.only else None
+    if args.playbook:
+        use_playbook(str(Path(args.playbook).resolve()))
     if args.mode == "report":
         write_report()
         return 0
@@ -480,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote fleet-{args.mode}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
         + (f"; failures: {sorted(set(failed))}" if failed else ""))
     return 1 if failed else 0
+
+
+def use_playbook(path: str) -> None:
+    global PLAYBOOK
+    PLAYBOOK = run.PLAYBOOK = path
 
 
 def earlier_meta(doc: dict[str, Any]) -> dict[str, Any]:

@@ -348,7 +348,9 @@ class Runner:
             repo = str(Path(self.args.baseline_repo).resolve())
 
             def base_env(cold: bool) -> Callable[[int], dict[str, str]]:
-                return lambda n: {**self._ddops_env(cold)(n), "PYTHONPATH": repo}
+                # its own cache: the two versions' residents and plan caches must not replace each other's
+                return lambda n: {**self._ddops_env(cold)(n), "PYTHONPATH": repo,
+                                  "DDOPS_CACHE_DIR": str(self.cache_dir / "baseline")}
 
             for key, label, argv, cold, needs, leaves, status in (
                     ("cold", "first apply (plan cache off)", ["patch", PLAYBOOK], True, "pristine", "applied",

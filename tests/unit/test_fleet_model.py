@@ -55,3 +55,27 @@ def test_the_model_is_waves_of_latency_unless_the_controller_s_cpu_takes_longer(
     # ssh processes spread over every core; one Python process has one.
     cores = fleet_mode.usable_cores("floor")
     assert fleet_mode.model(0.0, 0.1, 4.0 * cores, "floor") == (4.0, "controller CPU")
+
+
+def test_the_cpu_mode_puts_the_controller_on_a_core_of_its_own_and_the_hosts_on_the_others(fleet_mode):
+    import os
+    import subprocess
+    from types import SimpleNamespace
+
+    from run import Tool
+
+    cores = sorted(os.sched_getaffinity(0))
+    host = subprocess.Popen(["sleep", "60"])  # stands in for a host's sshd listener
+    try:
+        bed = SimpleNamespace(listeners=lambda: [host.pid])
+        tool = Tool("ddops", "label", "ddops", lambda n: ["ddops", "patch", str(n)], lambda n: {})
+        tools, split = fleet_mode.split_cores(bed, [tool])
+        if len(cores) < 2:
+            assert split is None and tools == [tool]
+            return
+        assert split == {"controller": cores[:1], "hosts": cores[1:]}
+        assert sorted(os.sched_getaffinity(host.pid)) == cores[1:]
+        assert tools[0].argv(3) == ["taskset", "-c", str(cores[0]), "ddops", "patch", "3"]
+    finally:
+        host.kill()
+        host.wait()
