@@ -313,6 +313,44 @@ def label(key: str) -> str:
     return LABELS.get(base, base) + (" (no resident)" if fresh else " (resident)" if base.startswith("ddops") else "")
 
 
+def cpu_figures(doc: dict[str, Any] | None) -> tuple[dict[tuple[str, int], float], dict[str, float]]:
+    """From a cpu run: each row's median CPU seconds at each size, and its CPU per host between the two sizes."""
+    cpu_at: dict[tuple[str, int], float] = {}
+    cpu_per_host: dict[str, float] = {}
+    if doc is None:
+        return cpu_at, cpu_per_host
+    lo, hi = min(doc["sizes"]), max(doc["sizes"])
+    for key, by_n in doc["rows"].items():
+        for n in doc["sizes"]:
+            c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
+            if c is not None:
+                cpu_at[(key, n)] = c
+        if (key, lo) in cpu_at and (key, hi) in cpu_at and hi > lo:
+            cpu_per_host[key] = (cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo)
+    return cpu_at, cpu_per_host
+
+
+def baseline_pair(doc: dict[str, Any]) -> list[str]:
+    """The table of a cpu run with --baseline-repo: each command from this checkout and from the earlier one."""
+    cpu_at, cpu_per_host = cpu_figures(doc)
+    base, sizes = doc["baseline"], doc["sizes"]
+    lines = [f"Against an earlier checkout ({Path(base['repo']).name}): the same hosts, both on "
+             f"`{Path(base['playbook']).name}`, interleaved, resident on, cores split as above; median (min–max) of "
+             f"{doc['repeats']}, {doc.get('date')}:", "",
+             "| command | " + " | ".join(f"N={n}: CPU s, this / earlier" for n in sizes)
+             + " | CPU per host ms, this / earlier |", "|---|" + "---|" * (len(sizes) + 1)]
+    for theirs, ours in BASELINE_ROWS.items():
+        cells = []
+        for n in sizes:
+            spread = [f"{cpu_at[(k, n)]:.2f} ({min(v):.2f}–{max(v):.2f})" for k in (ours, theirs) if (k, n) in cpu_at
+                      for v in [[s["cpu"] for s in doc["rows"][k][str(n)] if s["ok"]]]]
+            cells.append(" / ".join(spread) if len(spread) == 2 else "–")
+        per = (cpu_per_host.get(ours), cpu_per_host.get(theirs))
+        lines.append(f"| {LABELS[ours]} | " + " | ".join(cells) + " | "
+                     + (f"{per[0] * 1000:.1f} / {per[1] * 1000:.1f}" if None not in per else "–") + " |")
+    return lines + [""]
+
+
 def report() -> str:
     lat, cpu, check = load("latency"), load("cpu"), load("check")
     lines = [BEGIN, "## Fleet-like mode (`fleet_mode.py`)", ""]
@@ -320,17 +358,7 @@ def report() -> str:
         return "\n".join(lines + ["(not run yet)", END])
     rtts = lat["rtts_ms"]
     keys = list(lat[f"{rtts[-1]:g}"])
-    cpu_at: dict[tuple[str, int], float] = {}
-    cpu_per_host: dict[str, float] = {}
-    if cpu is not None:
-        lo, hi = min(cpu["sizes"]), max(cpu["sizes"])
-        for key, by_n in cpu["rows"].items():
-            for n in cpu["sizes"]:
-                c = median_of(by_n.get(str(n), []), lambda s: s["cpu"])
-                if c is not None:
-                    cpu_at[(key, n)] = c
-            if (key, lo) in cpu_at and (key, hi) in cpu_at and hi > lo:
-                cpu_per_host[key] = (cpu_at[(key, hi)] - cpu_at[(key, lo)]) / (hi - lo)
+    cpu_at, cpu_per_host = cpu_figures(cpu)
     runs = lat.get("runs") or [lat]
     lines += ["Per-host latency: 1 and 4 hosts worked on one after the other through the delaying proxies, each "
               "host's time as the tool timed it (connect to last answer; median over hosts and runs); startup: the "
@@ -384,19 +412,8 @@ def report() -> str:
             per = cpu_per_host.get(key)
             lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
-        if cpu.get("baseline"):
-            base = cpu["baseline"]
-            lines += [f"Against an earlier checkout ({Path(base['repo']).name}), same run, same hosts, both on "
-                      f"`{Path(base['playbook']).name}`, resident on:", "",
-                      "| command | " + " | ".join(f"N={n}: CPU s, this / earlier" for n in sizes)
-                      + " | CPU per host ms, this / earlier |", "|---|" + "---|" * (len(sizes) + 1)]
-            for theirs, ours in BASELINE_ROWS.items():
-                cells = [f"{cpu_at[(ours, n)]:.2f} / {cpu_at[(theirs, n)]:.2f}" if (ours, n) in cpu_at
-                         and (theirs, n) in cpu_at else "–" for n in sizes]
-                per = (cpu_per_host.get(ours), cpu_per_host.get(theirs))
-                lines.append(f"| {LABELS[ours]} | " + " | ".join(cells) + " | "
-                             + (f"{per[0] * 1000:.1f} / {per[1] * 1000:.1f}" if None not in per else "–") + " |")
-            lines.append("")
+        if (pair := load("cpu-baseline")) is not None:
+            lines += baseline_pair(pair)
     top_rtt = max(rtts)
     waves = math.ceil(FLEET_N / FLEET_FORKS)
     lines += [f"Modelled N={FLEET_N}, `--forks {FLEET_FORKS}`, RTT {top_rtt:g} ms: max(startup + {waves} waves × "
@@ -499,10 +516,11 @@ def main(argv: list[str] | None = None) -> int:
         result = {**{f"{r:g}": earlier[f"{r:g}"] for r in kept}, **result,
                   "rtts_ms": sorted(kept + args.rtts), "runs": earlier.get("runs", [earlier_meta(earlier)])
                   + [earlier_meta(result)]}
-    (HERE / f"fleet-{args.mode}.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "cpu-baseline" if args.mode == "cpu" and args.baseline_repo else args.mode  # the pair: a file of its own
+    (HERE / f"fleet-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report()
     failed = [k for k, v in result.items() if isinstance(v, dict) for s in _samples(v) if not s["ok"]]
-    log(f"wrote fleet-{args.mode}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
+    log(f"wrote fleet-{name}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"
         + (f"; failures: {sorted(set(failed))}" if failed else ""))
     return 1 if failed else 0
 

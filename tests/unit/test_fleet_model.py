@@ -79,3 +79,19 @@ def test_the_cpu_mode_puts_the_controller_on_a_core_of_its_own_and_the_hosts_on_
     finally:
         host.kill()
         host.wait()
+
+
+def test_the_pair_with_an_earlier_checkout_shows_each_command_s_cpu_per_host_side_by_side(fleet_mode):
+    def at(*cpus: float) -> list[dict]:
+        return [{"cpu": c, "wall": 1.0, "ok": True} for c in cpus]
+
+    doc = {"sizes": [32, 200], "repeats": 2, "baseline": {"repo": "/tmp/base-126d2e9", "playbook": "/x/hc.yaml"},
+           "rows": {"ddops": {"32": at(0.5, 0.7), "200": at(2.2, 2.4)},
+                    "baseline-warm": {"32": at(0.6, 0.6), "200": at(3.0, 3.0)}}}
+    lines = fleet_mode.baseline_pair(doc)
+    assert "base-126d2e9" in lines[0] and "`hc.yaml`" in lines[0]
+    warm = next(line for line in lines if line.startswith("| first apply, warm plan |"))
+    # (2.3 - 0.6) / 168 hosts = 10.1 ms this checkout; (3.0 - 0.6) / 168 = 14.3 ms the earlier one
+    assert warm == "| first apply, warm plan | 0.60 (0.50–0.70) / 0.60 (0.60–0.60) | 2.30 (2.20–2.40) / 3.00 (3.00–3.00)" \
+                   " | 10.1 / 14.3 |"
+    assert any(line.startswith("| rerun | – | – | – |") for line in lines)  # rows not run are shown as such
