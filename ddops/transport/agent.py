@@ -7,10 +7,10 @@ local subprocess (`program.argv(sys.executable, serve=True)`, then write `progra
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import shlex
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +92,19 @@ def build_program(extra_modules: Mapping[str, str] | None = None, *, test_bundle
     return AgentProgram(bootstrap, bundle, hashlib.sha256(bundle).hexdigest())
 
 
-@functools.lru_cache(maxsize=1)
+_program: AgentProgram | None = None
+_program_lock = threading.Lock()
+
+
 def agent_program() -> AgentProgram:
-    """The agent program as this ddops ships it (read once per process)."""
-    return build_program()
+    """The agent program as this ddops ships it, built once per process: the first thread to ask builds it and the
+    others wait for it (under lru_cache every worker thread that asked before the first build ended compressed a
+    copy of its own)."""
+    global _program
+    with _program_lock:
+        if _program is None:
+            _program = build_program()
+        return _program
 
 
 def agent_deadline(timeout: float) -> float:

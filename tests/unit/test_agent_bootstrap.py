@@ -207,3 +207,36 @@ def test_a_cached_agent_that_others_could_have_written_is_compiled_afresh(tmp_pa
                           input=agent_source() + journal, capture_output=True, timeout=60, env=environment)
     assert json.loads(done.stdout) == {"ok": True, "result": {"entries": [], "corrupt": []}}, done.stderr
     assert not marker.exists(), "the planted agent ran"
+
+
+def test_a_fleet_s_worker_threads_asking_at_once_build_the_agent_program_once(monkeypatch):
+    import threading
+
+    from ddops.transport import agent as agent_module
+    from tests.conftest import wait_until
+
+    built = []
+    release = threading.Event()
+
+    def slow_build() -> AgentProgram:
+        built.append(threading.get_ident())
+        release.wait(5)  # the first build is still running while every other thread asks
+        return AgentProgram("bootstrap", b"bundle", "digest")
+
+    monkeypatch.setattr(agent_module, "build_program", slow_build)
+    monkeypatch.setattr(agent_module, "_program", None)
+    start = threading.Barrier(16)
+    programs = []
+
+    def worker() -> None:
+        start.wait()
+        programs.append(agent_module.agent_program())
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: built)
+    release.set()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len(programs) == 16 and len({id(p) for p in programs}) == 1
