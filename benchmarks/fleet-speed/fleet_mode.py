@@ -338,16 +338,20 @@ def baseline_pair(doc: dict[str, Any]) -> list[str]:
              f"`{Path(base['playbook']).name}`, interleaved, resident on, cores split as above; median (min–max) of "
              f"{doc['repeats']}, {doc.get('date')}:", "",
              "| command | " + " | ".join(f"N={n}: CPU s, this / earlier" for n in sizes)
-             + " | CPU per host ms, this / earlier |", "|---|" + "---|" * (len(sizes) + 1)]
+             + " | CPU per host ms, this / earlier | " + " | ".join(f"N={n}: wall s, this / earlier" for n in sizes)
+             + " |", "|---|" + "---|" * (2 * len(sizes) + 1)]
     for theirs, ours in BASELINE_ROWS.items():
-        cells = []
+        cells, walls = [], []
         for n in sizes:
             spread = [f"{cpu_at[(k, n)]:.2f} ({min(v):.2f}–{max(v):.2f})" for k in (ours, theirs) if (k, n) in cpu_at
                       for v in [[s["cpu"] for s in doc["rows"][k][str(n)] if s["ok"]]]]
             cells.append(" / ".join(spread) if len(spread) == 2 else "–")
+            wall = [median_of(doc["rows"].get(k, {}).get(str(n), []), lambda s: s["wall"]) for k in (ours, theirs)]
+            walls.append(f"{wall[0]:.2f} / {wall[1]:.2f}" if None not in wall else "–")
         per = (cpu_per_host.get(ours), cpu_per_host.get(theirs))
         lines.append(f"| {LABELS[ours]} | " + " | ".join(cells) + " | "
-                     + (f"{per[0] * 1000:.1f} / {per[1] * 1000:.1f}" if None not in per else "–") + " |")
+                     + (f"{per[0] * 1000:.1f} / {per[1] * 1000:.1f}" if None not in per else "–") + " | "
+                     + " | ".join(walls) + " |")
     return lines + [""]
 
 
