@@ -39,6 +39,14 @@ def test_the_fit_takes_each_host_s_own_time_and_leaves_the_rest_to_startup(fleet
     assert fleet_mode.fit({"1": [sample(1.0, [0.5], ok=False)]}) is None
 
 
+def test_a_cost_paid_once_in_the_first_host_s_time_is_startup_not_per_host_latency(fleet_mode):
+    # A cold plan: 0.2 s of startup, hosts of 0.3 s, and the first host of every run waits 0.4 s more for libcst.
+    rows = {"1": [sample(0.9, [0.7])] * 3, "4": [sample(1.8, [0.7, 0.3, 0.3, 0.3])] * 3}
+    startup, per_host = fleet_mode.fit(rows)
+    assert per_host == pytest.approx(0.3)
+    assert startup == pytest.approx(0.6)  # paid once per run: 0.9 - 1 x 0.3 and 1.8 - 4 x 0.3
+
+
 def test_the_idle_estimate_is_round_trips_times_rtt_plus_the_cpu_per_host(fleet_mode):
     rows = {"1": [sample(2.0, [0.5], cpu=0.61, host_cpu=0.03, turns=18)],
             "4": [sample(3.0, [0.5] * 4, cpu=0.64, host_cpu=0.12, turns=18)]}
