@@ -108,7 +108,7 @@ class KnownHosts:
         self.path = path
         self.optional = optional
         self._lock = threading.Lock()
-        self._lines: list[str] | None = None
+        self._index: _LineIndex | None = None
         self._error: str | None = None
 
     def keys_for(self, host: Host, name: str) -> list[tuple[str, paramiko.PKey]]:
@@ -118,25 +118,21 @@ class KnownHosts:
     def entries_for(self, host: Host, name: str) -> HostKeyEntries:
         """Every entry for `name`: plain keys, revoked keys and certificate authorities."""
         with self._lock:
-            if self._lines is None and self._error is None:
+            if self._index is None and self._error is None:
                 try:
-                    self._lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+                    self._index = _LineIndex(self.path.read_text(encoding="utf-8", errors="replace").splitlines())
                 except FileNotFoundError:
-                    self._lines = []
+                    self._index = _LineIndex([])
                 except OSError as exc:
                     if self.optional:
-                        self._lines = []
+                        self._index = _LineIndex([])
                     else:
                         self._error = str(exc)
-        if self._error is not None:
+        if self._error is not None or self._index is None:
             raise HostKeyError(f"cannot read known_hosts {self.path}: {self._error}", host=host.name)
         trusted, revoked, authorities = [], [], []
-        for number, line in enumerate(self._lines or (), 1):
-            fields = line.split()
-            marker = fields[0] if fields and fields[0].startswith("@") else None
-            if marker is not None:
-                fields = fields[1:]
-            if len(fields) < 3 or fields[0].startswith("#") or not names_match(fields[0], name):
+        for number, marker, fields in self._index.candidates(name):
+            if not names_match(fields[0], name):
                 continue
             where = f"{self.path}:{number}"
             if marker == "@cert-authority":
@@ -156,6 +152,37 @@ class KnownHosts:
             else:
                 trusted.append((entry.key.get_name(), entry.key))
         return HostKeyEntries(tuple(trusted), tuple(revoked), tuple(authorities))
+
+
+class _LineIndex:
+    """A known_hosts file's entry lines, split once and indexed by plain host name: a fleet's connections each look
+    up their own name instead of matching every line (a user's known_hosts may hold thousands). Lines whose names
+    need a match per host (hashed, wildcard or negated patterns) are kept apart and tried for every name."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines: list[tuple[int, str | None, list[str]]] = []
+        self.by_name: dict[str, list[int]] = {}
+        self.always: list[int] = []
+        for number, line in enumerate(lines, 1):
+            fields = line.split()
+            marker = fields[0] if fields and fields[0].startswith("@") else None
+            if marker is not None:
+                fields = fields[1:]
+            if len(fields) < 3 or fields[0].startswith("#"):
+                continue
+            at = len(self.lines)
+            self.lines.append((number, marker, fields))
+            patterns = fields[0].split(",")
+            if any(p.startswith(("!", "|")) or "*" in p or "?" in p for p in patterns):
+                self.always.append(at)
+            else:
+                for pattern in dict.fromkeys(p.lower() for p in patterns):
+                    self.by_name.setdefault(pattern, []).append(at)
+
+    def candidates(self, name: str) -> list[tuple[int, str | None, list[str]]]:
+        """The lines that may name `name`, in file order."""
+        found = self.by_name.get(name.lower(), [])
+        return [self.lines[at] for at in (sorted(found + self.always) if self.always else found)]
 
 
 def names_match(patterns: str, name: str) -> bool:

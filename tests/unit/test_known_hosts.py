@@ -125,3 +125,30 @@ def test_recording_a_key_after_a_last_line_without_newline_keeps_that_line_whole
     append_known_host(path, NAME, parsed_key(public_key))
     assert path.read_text() == f"10.0.0.8 {public_key}\n{NAME} {public_key}\n"
     assert keys(path, "10.0.0.8") == keys(path) == ["ssh-ed25519"]
+
+
+def test_a_host_finds_its_entries_among_thousands_in_file_order_with_patterns_still_tried(tmp_path, public_key):
+    from ddops.transport import hostkeys
+
+    path = tmp_path / "known_hosts"
+    others = [f"10.1.{i // 250}.{i % 250} {public_key}" for i in range(5000)]
+    revoked = f"@revoked {NAME.upper()} {public_key}"  # names match without regard to case
+    path.write_text("\n".join([f"10.0.0.* {public_key}", *others, f"{NAME} {public_key}", revoked,
+                               f"*,!{NAME} {public_key}"]) + "\n")
+    known = KnownHosts(path)
+    seen = []
+    matcher = hostkeys.names_match
+
+    def counting(patterns: str, name: str) -> bool:
+        seen.append(patterns)
+        return matcher(patterns, name)
+
+    hostkeys.names_match = counting
+    try:
+        entries = known.entries_for(HOST, NAME)
+    finally:
+        hostkeys.names_match = matcher
+    # Its own two lines and the two pattern lines, in file order; none of the 5000 other hosts' lines.
+    assert seen == ["10.0.0.*", NAME, NAME.upper(), f"*,!{NAME}"]
+    assert [k for k, _ in entries.trusted] == ["ssh-ed25519"] and entries.revoked[0][1] == f"{path}:5003"
+    assert [k for k, _ in known.keys_for(HOST, "10.1.3.7")] == ["ssh-ed25519"] * 2  # its line and `*`
