@@ -45,7 +45,8 @@ from run import PLAYBOOK, Bed, Runner, Sample, Tool, log  # noqa: E402
 
 PROXY_PREFIX = "127.0.0."  # the proxies listen on loopback, one address per host
 FLEET_N, FLEET_FORKS = 200, 32
-BASELINE_ROWS = {"baseline-warm": "ddops", "baseline-rerun": "ddops-rerun", "baseline-check": "ddops-check"}
+BASELINE_ROWS = {"baseline-cold": "ddops-cold", "baseline-warm": "ddops", "baseline-rerun": "ddops-rerun",
+                 "baseline-check": "ddops-check", "baseline-rollback": "ddops-rollback"}
 BEGIN, END = run.FLEET_BEGIN, run.FLEET_END
 
 
@@ -496,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=32, help="check: hosts at once (default 32).")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", help="rows, comma-separated (default all).")
-    p.add_argument("--baseline-repo", type=Path, help="cpu: also time first apply, rerun and --check from this "
-                   "checkout (e.g. a git worktree of an earlier commit).")
+    p.add_argument("--baseline-repo", type=Path, help="cpu: also time first apply (cold and warm), rerun, --check "
+                   "and rollback from this checkout (e.g. a git worktree of an earlier commit).")
     p.add_argument("--playbook", help=f"the playbook every ddops row applies (default {PLAYBOOK}); a file, for a pair "
                    "of checkouts whose built-in playbooks differ.")
     p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
