@@ -201,8 +201,8 @@ def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
 def split_cores(bed: Bed, tools: list[Tool]) -> tuple[list[Tool], dict[str, list[int]] | None]:
     """The controller on a core of its own, every testbed host on the others, as on a fleet where each host has its
     own CPUs: sharing them, the controller's CPU seconds grew with the hosts' load (its 32 threads then contend
-    for the GIL while descheduled), and two samples of one command differed by 60%. New sessions and residents
-    inherit their listener's affinity."""
+    for the GIL while descheduled) and did not repeat (RESULTS.md, notes). New sessions and residents inherit their
+    listener's affinity."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return tools, None

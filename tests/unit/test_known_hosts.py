@@ -127,7 +127,8 @@ def test_recording_a_key_after_a_last_line_without_newline_keeps_that_line_whole
     assert keys(path, "10.0.0.8") == keys(path) == ["ssh-ed25519"]
 
 
-def test_a_host_finds_its_entries_among_thousands_in_file_order_with_patterns_still_tried(tmp_path, public_key):
+def test_a_host_finds_its_entries_among_thousands_in_file_order_with_patterns_still_tried(tmp_path, public_key,
+                                                                                        monkeypatch):
     from ddops.transport import hostkeys
 
     path = tmp_path / "known_hosts"
@@ -143,11 +144,9 @@ def test_a_host_finds_its_entries_among_thousands_in_file_order_with_patterns_st
         seen.append(patterns)
         return matcher(patterns, name)
 
-    hostkeys.names_match = counting
-    try:
-        entries = known.entries_for(HOST, NAME)
-    finally:
-        hostkeys.names_match = matcher
+    monkeypatch.setattr(hostkeys, "names_match", counting)
+    entries = known.entries_for(HOST, NAME)
+    monkeypatch.undo()
     # Its own two lines and the two pattern lines, in file order; none of the 5000 other hosts' lines.
     assert seen == ["10.0.0.*", NAME, NAME.upper(), f"*,!{NAME}"]
     assert [k for k, _ in entries.trusted] == ["ssh-ed25519"] and entries.revoked[0][1] == f"{path}:5003"
