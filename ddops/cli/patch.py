@@ -43,12 +43,12 @@ def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
 def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, check: CheckOpt = False,
           diff: DiffOpt = False, exit_code: ExitCodeOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
-    from ddops.patching.snapshot import make_planner
+    from ddops.patching.snapshot import all_patches, make_planner
     from ddops.tasks.patch import patch_host
 
     run = OnHosts(ctx, "patch", selection)
     books = _playbooks(run.state, playbook)
-    planner = make_planner()
+    planner = make_planner(all_patches(books))
     results = run.run(lambda h, s: patch_host(h, s, books, planner=planner, check=check, lock_timeout=lock_timeout),
                       title="patch --check" if check else "patch")
 
@@ -128,7 +128,7 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
 
 def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
     """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
-    from ddops.patching.snapshot import make_planner
+    from ddops.patching.snapshot import all_patches, make_planner
     from ddops.tasks.patch import status_host
 
     run = OnHosts(ctx, "status", selection, everywhere_when_empty=True)
@@ -138,7 +138,8 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
         books, task = [], journal_status_host
     else:
-        books, planner = _playbooks(run.state, playbook), make_planner()
+        books = _playbooks(run.state, playbook)
+        planner = make_planner(all_patches(books))
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = run.run(task)
     from ddops.pins import host_pins
