@@ -184,6 +184,20 @@ def _names(text: str, mode: str) -> set[str]:
     return {n for n in out if not n.startswith("__ddops_var_")}
 
 
+def names_in_site(kind: str, params: Mapping[str, Any]) -> set[str] | None:
+    """Names of which every site's own text spells at least one (None: no such set): the callee's, or the match's
+    and the replacement's. A scope or an assigned name lies outside the site, so neither counts here."""
+    try:
+        if kind == "set_call_kwarg":
+            return {params["callee"].split(".")[-1]}
+        if kind == "replace_expression":
+            match, replace = _names(params["match"], "eval"), _names(params["replace"], "eval")
+            return match | replace if match and replace else None
+    except (KeyError, AttributeError, SyntaxError, ValueError, RecursionError):
+        pass
+    return None
+
+
 def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
     """Alternatives of names: every site of the kind contains all names of at least one set (None: no filter).
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
+
+import pytest
 
 from ddops.patching.kinds import AMBIGUOUS, APPLIED, DRIFTED, ERROR, PARTIAL, PENDING, Outcome
 from ddops.patching.plan import plan_file
@@ -355,3 +358,82 @@ def test_a_non_utf8_file_is_a_clean_error_outcome():
         assert outcome.state == ERROR
         assert outcome.message.startswith("m.py:2: not valid UTF-8")
         assert new == source
+
+
+# --- site lines -----------------------------------------------------------------------------------------------
+
+TRICKY_LAYOUTS = {
+    "comments and blank lines a statement owns": "import os\n\n\n# a comment\n\ndef f():\n\n    # inside\n    return g(\n        1,\n    )\n",
+    "parentheses around an expression": "x = (\n    (f)(\n        a,\n    )\n)\n",
+    "backslash continuations": "y = a + \\\n    b + \\\n    c\nif y:  \\\n    pass\n",
+    "CRLF line ends": "def f():\r\n    a = 1\r\n\r\n    return DynamicCache(\r\n        a)\r\n",
+    "no final newline": "@decorator\nclass C:\n    def m(self): return (1,\n        2)",
+    "strings spanning lines": 's = """one\ntwo\n"""\nt = f"{s}\\n" + \'x\'\n',
+}
+
+
+def position_provider_lines(module) -> dict:
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    return {node: (r.start.line, r.end.line)
+            for node, r in MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider).items()}
+
+
+@pytest.mark.parametrize("source", [
+    *[p.read_bytes() for p in sorted((Path(__file__).parent / "fixtures").rglob("*.py"))],
+    *[text.encode() for text in TRICKY_LAYOUTS.values()],
+], ids=[*[str(p.relative_to(Path(__file__).parent / "fixtures"))
+          for p in sorted((Path(__file__).parent / "fixtures").rglob("*.py"))], *TRICKY_LAYOUTS])
+def test_site_lines_are_libcsts_positions_for_every_node(source):
+    import libcst as cst
+
+    from ddops.patching.transforms import syntactic_lines
+
+    module = cst.parse_module(source)
+    lines, code = syntactic_lines(module)
+    assert lines == position_provider_lines(module)
+    assert code == module.code
+
+
+PRUNING_CASES = {
+    "a call whose callee is on its own line": ("set_call_kwarg", "def f():\n    x = (\n        DynamicCache\n    )()\n",
+                                               dict(callee="DynamicCache", keyword="config", value="c")),
+    "a call in scope, the scope's def far away": (
+        "set_call_kwarg", "def outer():\n    a = 1\n\n    def inner():\n        return DynamicCache()\n    return inner\n"
+        "\ndef other():\n    return DynamicCache()\n",
+        dict(callee="DynamicCache", keyword="config", value="c", in_function="outer")),
+    "an assignment whose call lies lines below": (
+        "set_call_kwarg", "past = (\n    1 if a else\n    DynamicCache()\n)\npast = DynamicCache()\n",
+        dict(callee="DynamicCache", keyword="config", value="c", assigned_to="past")),
+    "the match spread over lines, the replacement already there": (
+        "replace_expression", "a.crop(\n    n)\nb = _crop_to(a,\n    n)\n",
+        dict(match="$c.crop($n)", replace="_crop_to($c, $n)")),
+    "a match in a decorator and a default": (
+        "replace_expression", "@old()\ndef f(x=old()):\n    return old()\n", dict(match="old()", replace="new()")),
+}
+
+
+@pytest.mark.parametrize("kind, source, params", PRUNING_CASES.values(), ids=PRUNING_CASES)
+def test_walking_only_the_lines_that_may_hold_a_site_changes_no_outcome(monkeypatch, kind, source, params):
+    import ddops.patching.transforms as transforms
+
+    pruned = run(kind, source, expect=2, **params)
+    monkeypatch.setattr(transforms, "names_in_site", lambda kind, params: None)  # every node walked
+    assert pruned == run(kind, source, expect=2, **params)
+
+
+def test_the_playbooks_plan_the_fixtures_the_same_with_and_without_pruning(monkeypatch):
+    import ddops.patching.transforms as transforms
+    from ddops.patching.playbook import load_playbook
+
+    fixtures = Path(__file__).parent / "fixtures" / "ddtree" / "before"
+    books = [load_playbook(name) for name in ("hybrid-cache", "crop-relative", "cpu-timing")]
+
+    def plans():
+        return [plan_file(path, (fixtures / path).read_bytes(), [p for p in book.patches if path in p.files])
+                for book in books for path in ("ddtree.py", "dflash.py", "model/dflash.py")]
+
+    pruned = plans()
+    monkeypatch.setattr(transforms, "names_in_site", lambda kind, params: None)
+    assert pruned == plans()
+    assert any(f.changed for f in pruned)
