@@ -143,7 +143,7 @@ def measure_rows(runner: Runner, tools: list[Tool], sizes: list[int], repeats: i
         runner.prepare(tool, top)
         runner.run_once(tool, top, tag="warmup")
         if tool.leaves != "same":
-            runner.state[top] = tool.leaves
+            runner.record_state(top, tool.leaves)
     for rep in range(repeats):
         order = tools[:] if rep % 2 == 0 else tools[::-1]  # A/B order alternates: load drifts hit both alike
         for n in sizes:

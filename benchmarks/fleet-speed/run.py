@@ -280,6 +280,15 @@ class Tool:
     cwd: Path | None = None
 
 
+def states_after(states: dict[int, str], n: int, state: str) -> dict[int, str]:
+    """The bed's state per size once its first n hosts are in `state`. The sizes share their first hosts: a smaller
+    size is wholly in that state, and a larger one is mixed unless its other hosts were in it already (a 32-host
+    rollback leaves a 200-host bed neither applied nor pristine)."""
+    out = {m: state if m < n else s if m == n or s == state else "mixed" for m, s in states.items()}
+    out[n] = state
+    return out
+
+
 class Runner:
     def __init__(self, args: argparse.Namespace, bed: Bed) -> None:
         self.args, self.bed = args, bed
@@ -454,7 +463,10 @@ class Runner:
             self.bed.reset(n)
             _, out = self.run_once(self.tools_by_key("ddops", n), n, tag="prep")
             state = "applied"
-        self.state[n] = state
+        self.record_state(n, state)
+
+    def record_state(self, n: int, state: str) -> None:
+        self.state = states_after(self.state, n, state)
 
     def tools_by_key(self, key: str, n: int) -> Tool:
         for t in self.tools:
@@ -482,7 +494,7 @@ class Runner:
             if not sample.ok and "error" not in sample.extra:
                 sample.extra["error"] = "verify failed: " + out[-300:]
         if tool.leaves != "same":
-            self.state[n] = tool.leaves
+            self.record_state(n, tool.leaves)
         return sample
 
     def repeats_for(self, tool: Tool) -> int:
@@ -499,7 +511,7 @@ class Runner:
                     sample, _ = self.run_once(tool, n, tag="warmup")  # page cache, plan cache, ControlPersist
                     warmed.add(tool.key)
                     if tool.leaves != "same":
-                        self.state[n] = tool.leaves
+                        self.record_state(n, tool.leaves)
             for rep in range(self.args.repeats):
                 for tool in self.tools:
                     if rep >= self.repeats_for(tool):

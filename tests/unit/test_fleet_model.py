@@ -103,3 +103,12 @@ def test_the_pair_with_an_earlier_checkout_shows_each_command_s_cpu_per_host_sid
     assert warm == "| first apply, warm plan | 0.60 (0.50–0.70) / 0.60 (0.60–0.60) | 2.30 (2.20–2.40) / 3.00 (3.00–3.00)" \
                    " | 10.1 / 14.3 | 1.00 / 1.00 | 1.00 / 1.00 |"
     assert any(line.startswith("| rerun | – | – | – | – | – |") for line in lines)  # rows not run say so
+
+
+def test_a_run_on_the_first_hosts_leaves_larger_sizes_mixed_and_smaller_ones_in_its_state(fleet_mode):
+    states_after = fleet_mode.run.states_after
+    applied = {32: "applied", 200: "applied"}
+    assert states_after(applied, 32, "pristine") == {32: "pristine", 200: "mixed"}
+    assert states_after(applied, 32, "applied") == applied
+    assert states_after({32: "pristine", 200: "mixed"}, 200, "applied") == applied
+    assert states_after({32: "applied"}, 200, "pristine") == {32: "pristine", 200: "pristine"}
