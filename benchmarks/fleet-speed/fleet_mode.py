@@ -223,7 +223,7 @@ def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
         if args.baseline_repo:  # the same commands from an earlier checkout (resident on, --forks 32 by default)
             out["baseline"] = {"repo": str(args.baseline_repo), "playbook": str(run.PLAYBOOK)}
             run.precompile(args.baseline_repo)
-            tools += [t for t in runner.tools if t.key in BASELINE_ROWS]
+            tools += [t for t in runner.tools if BASELINE_ROWS.get(t.key) in (args.only or BASELINE_ROWS.values())]
         tools, out["cores"] = split_cores(bed, tools)
         out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
     finally:
