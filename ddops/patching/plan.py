@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -275,11 +276,16 @@ def load_parser_in_background() -> threading.Thread:
     """
 
     def load() -> None:
+        # An import holds the interpreter for a switch interval (5 ms) at a time: each time a connecting host's
+        # answer arrives, its thread would wait that long. A short interval while it loads lets it in at once.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, 0.0005))
         try:
             import libcst  # noqa: F401
-            import libcst.metadata  # noqa: F401
         except Exception:  # the worker's own import will raise it where it can be reported
             pass
+        finally:
+            sys.setswitchinterval(interval)
 
     thread = threading.Thread(target=load, name="ddops-load-libcst", daemon=True)
     thread.start()
