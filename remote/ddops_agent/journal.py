@@ -195,7 +195,10 @@ def read_journal(state):
     entries, corrupt = read_journal_lines(state)
     known = set(entry.get("id") for entry in entries if isinstance(entry.get("id"), str))
     entries = entries + [entry for entry in landed if isinstance(entry.get("id"), str) and entry["id"] not in known]
-    return [entry for entry in entries if entry_problem(entry) is None], corrupt
+    # read_journal_lines refused every malformed entry of a known event, and pending_notes kept sound entries only:
+    # what is left to drop is a newer ddops's events and unreadable-line markers, which is what `event` says
+    # (checking each entry again cost as much as reading it).
+    return [entry for entry in entries if entry.get("event") in KNOWN_EVENTS], corrupt
 
 
 def salvage_torn_line(text):

@@ -10,9 +10,9 @@ from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regul
 from ddops_agent.checks import parse_post_checks, run_check
 from ddops_agent.facts import collect_facts
 from ddops_agent.journal import (RepoLock, append_journal, compact_quietly, ensure_state_dir, journal_entries,
-                                 journalled_write, lock_holder, lock_timeout, read_backup_bytes, read_journal,
-                                 refuse_unwritable, release_space, remove_stale_temps, reserve_space, settle_pending,
-                                 state_dir, store_backup)
+                                 journalled_write, live_entries, lock_holder, lock_timeout, read_backup_bytes,
+                                 read_journal, refuse_unwritable, release_space, remove_stale_temps, reserve_space,
+                                 settle_pending, state_dir, store_backup)
 
 
 Change = record_type("Change", "path target patch_ids expected new_bytes new_sha")
@@ -51,7 +51,13 @@ def snapshot_file(repo, rel):
 
 @verb("snapshot")
 def snapshot_verb(payload):
-    """Files with hashes and contents, the journal and the lock holder, in one call."""
+    """Files with hashes and contents, the journal's live entries and the lock holder, in one call.
+
+    Live entries (what a compaction keeps) give every reader of a snapshot what the whole journal gives: the
+    applications in place, each file's last write, the saved edits. The history grows with every patch and rollback
+    (up to the 512 KiB that compaction allows), and went to the controller with every snapshot, to be parsed there,
+    for every host and command; the `journal` verb still returns all of it.
+    """
     repo = open_repo(payload)
     files = require_list(payload, "files")
     if not all(isinstance(rel, str) for rel in files):
@@ -61,7 +67,7 @@ def snapshot_verb(payload):
     return {
         "repo": repo,
         "files": {rel: snapshot_file(repo, rel) for rel in files},
-        "journal": entries,
+        "journal": live_entries(entries),
         "journal_corrupt": corrupt,
         "lock": lock_holder(state),
         "facts": collect_facts(repo) if payload.get("facts") else None,

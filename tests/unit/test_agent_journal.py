@@ -125,3 +125,27 @@ def test_a_journal_over_the_limit_is_compacted_to_its_live_state_and_the_rest_ke
     done = ok("rollback", rollback_payload(repo, "ddtree.py", PATCHED_AGAIN, ORIGINAL) | {"journal_last":
                                                                                       after["entries"][-1]["id"]})
     assert done["restored"] == ["ddtree.py"] and (repo / "ddtree.py").read_bytes() == ORIGINAL
+
+
+def test_a_snapshot_carries_the_live_entries_which_say_what_the_whole_journal_says(repo):
+    from ddops.patching.backups import saved_edits
+    from ddops.patching.journal import active_applications, last_written_by_file, modified_files
+
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
+    ok("rollback", rollback_payload(repo, "ddtree.py", PATCHED, ORIGINAL))
+    with open(journal_file(repo), "a") as handle:  # a long-lived host's history
+        handle.write("".join(json.dumps(e, sort_keys=True) + "\n" for e in old_history(400)))
+    ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED_AGAIN)))
+    whole = journal(repo)
+    snap = ok("snapshot", {"repo": str(repo), "files": ["ddtree.py", "history.py"]})
+    live = snap["journal"]
+    assert len(live) < 10 < len(whole)
+    assert [e for e in whole if e in live] == live  # a subset, in journal order
+    def applied(entries: list[dict]) -> list[tuple]:  # in order; an entry's index in its list only orders them
+        return [(a.patch, a.file, a.before, a.after, a.time, a.id) for a in active_applications(entries)]
+
+    assert applied(live) == applied(whole) != []
+    assert last_written_by_file(live) == last_written_by_file(whole)
+    assert saved_edits(live) == saved_edits(whole)
+    shas = {"ddtree.py": sha(PATCHED_AGAIN), "history.py": None}
+    assert modified_files(live, shas) == modified_files(whole, shas)
