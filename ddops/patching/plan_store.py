@@ -85,8 +85,6 @@ class PlanStore:
             return False
 
 
-
-
 def default_store() -> PlanStore | None:
     """The PlanStore of the default cache dir, or None when the plan cache is turned off."""
     root = default_cache_dir()
