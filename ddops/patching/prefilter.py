@@ -184,18 +184,26 @@ def _names(text: str, mode: str) -> set[str]:
     return {n for n in out if not n.startswith("__ddops_var_")}
 
 
-def names_in_site(kind: str, params: Mapping[str, Any]) -> set[str] | None:
-    """Names of which every site's own text spells at least one (None: no such set): the callee's, or the match's
-    and the replacement's. A scope or an assigned name lies outside the site, so neither counts here."""
-    try:
-        if kind == "set_call_kwarg":
-            return {params["callee"].split(".")[-1]}
-        if kind == "replace_expression":
-            match, replace = _names(params["match"], "eval"), _names(params["replace"], "eval")
-            return match | replace if match and replace else None
-    except (KeyError, AttributeError, SyntaxError, ValueError, RecursionError):
-        pass
+def _site_spellings(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
+    """Alternatives of the names a site's own text spells (each site spells all names of one set), for the kinds
+    whose sites are expressions: the callee's; the match's (pending) or the replacement's (applied). None for the
+    others. A scope or an assigned name lies outside the site, so neither is here."""
+    if kind == "set_call_kwarg":
+        return [{params["callee"].split(".")[-1]}]
+    if kind == "replace_expression":
+        return [_names(params["match"], "eval"), _names(params["replace"], "eval")]
     return None
+
+
+def names_in_site(kind: str, params: Mapping[str, Any]) -> set[str] | None:
+    """Names of which every site's own text spells at least one (None: no such set)."""
+    try:
+        alternatives = _site_spellings(kind, params)
+    except (KeyError, AttributeError, SyntaxError, ValueError, RecursionError):
+        return None
+    if alternatives is None or not all(alternatives):
+        return None
+    return set().union(*alternatives)
 
 
 def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
@@ -205,14 +213,14 @@ def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | Non
     """
     scope = {params["in_function"]} if params.get("in_function") else set()
     try:
+        own = _site_spellings(kind, params)
         if kind == "set_call_kwarg":
-            needed = {params["callee"].split(".")[-1]} | scope
+            needed = own[0] | scope
             if params.get("assigned_to"):
                 needed.add(params["assigned_to"])
             return [needed]
-        if kind == "replace_expression":
-            # a site is the pattern (pending) or the replacement (applied)
-            alternatives = [_names(params["match"], "eval") | scope, _names(params["replace"], "eval") | scope]
+        if own is not None:
+            alternatives = [names | scope for names in own]
         elif kind == "wrap_statement_in_if":
             alternatives = [_names(params["statement"], "exec") | scope]
         elif kind == "insert_statement" and params.get("anchor") is not None:

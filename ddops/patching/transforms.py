@@ -308,12 +308,10 @@ class ReplaceExpression(SiteTransformer):
         self._sites: dict[int, tuple[dict[str, cst.CSTNode], cst.CSTNode | None]] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if not super().on_visit(node):  # no site can lie in this node
-            self._parents.append(node)
-            return False
+        may_hold_site = super().on_visit(node)
         parent = self._parents[-1] if self._parents else None
         self._parents.append(node)
-        if isinstance(node, cst.BaseExpression) and self.in_scope():
+        if may_hold_site and isinstance(node, cst.BaseExpression) and self.in_scope():
             if matches(self.replacement, node):  # guard first: the patched form is left as it is
                 self.applied.append(self.line(node))
                 return False
@@ -322,7 +320,7 @@ class ReplaceExpression(SiteTransformer):
                 self.pending.append(self.line(node))
                 self._sites[id(node)] = (bindings, parent)
                 return False  # the outermost match wins; its parts are not matched again
-        return True
+        return may_hold_site
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         self._parents.pop()
