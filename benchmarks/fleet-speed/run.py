@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -300,7 +300,10 @@ class Runner:
         self.base_env = {k: v for k, v in os.environ.items()
                          if not k.startswith(("DDOPS_", "ANSIBLE_", "PYINFRA_")) and k != "PYTHONDONTWRITEBYTECODE"}
         self.cache_dir = bed.work / "plan-cache"
-        self.ddops = ddops_command()
+        # With a baseline checkout, both slots launch alike (`python -m ddops` from their checkout, on PYTHONPATH):
+        # the installed script against `python -m` alone put the two slots 10-14% apart with identical code.
+        self.ddops = [sys.executable, "-m", "ddops"] if args.baseline_repo else ddops_command()
+        self.ddops_cwd = REPO if args.baseline_repo else None
         self.anchors_bin = find_anchor_bin(args.anchors_venv)
         self.tools = self._tools()
         self.counter = 0
@@ -309,6 +312,8 @@ class Runner:
     def _ddops_env(self, cold: bool) -> Callable[[int], dict[str, str]]:
         def env(n: int) -> dict[str, str]:
             e = {**self.base_env, "DDOPS_CACHE_DIR": str(self.cache_dir), "COLUMNS": "200"}
+            if self.ddops_cwd:
+                e["PYTHONPATH"] = str(self.ddops_cwd)
             if cold:
                 e["DDOPS_PLAN_CACHE"] = "0"
             return e
@@ -351,6 +356,7 @@ class Runner:
                  lambda n: d + ["-i", str(inv(n)), "patch", PLAYBOOK, "--all", "--check", "--json"],
                  self._ddops_env(False), leaves="same", verify=expect("changed")),
         ]
+        tools = [replace(t, cwd=self.ddops_cwd) for t in tools]
         if self.args.baseline_repo:
             # The same ddops rows run from another checkout (e.g. the commit before a change), in the same run.
             base = [sys.executable, "-m", "ddops"]

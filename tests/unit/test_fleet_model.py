@@ -100,9 +100,30 @@ def test_the_pair_with_an_earlier_checkout_shows_each_command_s_cpu_per_host_sid
     assert "base-126d2e9" in lines[0] and "`hc.yaml`" in lines[0]
     warm = next(line for line in lines if line.startswith("| first apply, warm plan |"))
     # (2.3 - 0.6) / 168 hosts = 10.1 ms this checkout; (3.0 - 0.6) / 168 = 14.3 ms the earlier one
+    # every wall equal: at equal wall is the plain slope
     assert warm == "| first apply, warm plan | 0.60 (0.50–0.70) / 0.60 (0.60–0.60) | 2.30 (2.20–2.40) / 3.00 (3.00–3.00)" \
-                   " | 10.1 / 14.3 | 1.00 / 1.00 | 1.00 / 1.00 |"
-    assert any(line.startswith("| rerun | – | – | – | – | – |") for line in lines)  # rows not run say so
+                   " | 10.1 / 14.3 | 10.1 / 14.3 | 1.00 / 1.00 | 1.00 / 1.00 |"
+    assert any(line.startswith("| rerun | – | – | – | – | – | – |") for line in lines)  # rows not run say so
+
+
+def test_at_equal_wall_two_rows_that_cost_the_same_at_the_same_wall_read_the_same(fleet_mode):
+    """On this machine the controller's CPU grows with a run's wall: a row whose runs took longer (its hosts worked
+    longer, or the machine was slow) must not read as a dearer controller."""
+    def runs(per_host_ms: float, n: int, walls: list[float]) -> list[dict]:
+        # CPU = a fixed start + per host + 0.3 s for every second of wall
+        return [{"cpu": 0.2 + n * per_host_ms / 1000 + 0.3 * w, "wall": w, "ok": True} for w in walls]
+
+    doc = {"sizes": [32, 200], "rows": {
+        "ddops": {"32": runs(5, 32, [1.0, 1.2, 1.4]), "200": runs(5, 200, [6.0, 6.5, 7.0])},
+        "baseline-warm": {"32": runs(5, 32, [0.9, 1.0, 1.1]), "200": runs(5, 200, [4.5, 5.0, 5.5])},
+        "ddops-rerun": {"32": runs(4, 32, [0.8, 1.0, 1.2]), "200": runs(4, 200, [4.0, 4.2, 4.4])},
+        "baseline-rerun": {"32": runs(3, 32, [0.8, 1.0, 1.2]), "200": runs(3, 200, [4.0, 4.2, 4.4])}}}
+    plain, even = fleet_mode.cpu_figures(doc)[1], fleet_mode.cpu_at_equal_wall(doc, "ddops", "baseline-warm")
+    assert plain["ddops"] > 1.1 * plain["baseline-warm"]  # the longer walls alone read as 13% dearer
+    assert even[0] == pytest.approx(even[1])
+    ours, theirs = fleet_mode.cpu_at_equal_wall(doc, "ddops-rerun", "baseline-rerun")
+    assert ours - theirs == pytest.approx(0.001)  # what differs per host still shows
+    assert fleet_mode.cpu_at_equal_wall(doc, "ddops", "ddops-check") is None  # a row not run
 
 
 def test_a_run_on_the_first_hosts_leaves_larger_sizes_mixed_and_smaller_ones_in_its_state(fleet_mode):
