@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 
 HEAVY = ("torch", "transformers", "libcst", "paramiko", "cryptography", "yaml", "matplotlib")
 
@@ -66,6 +67,22 @@ def modules_loaded_by(argv: list[str], candidates: tuple[str, ...]) -> list[str]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     [line] = [line for line in out.splitlines() if line.startswith("loaded:")]
     return [m for m in line[len("loaded:"):].split(",") if m]
+
+
+def test_a_connecting_command_loads_invoke_only_if_paramiko_s_match_exec_uses_it(tmp_path):
+    # The `fabric` extra installs invoke, which paramiko imports for ssh_config's `Match exec` (~50 ms: asyncio,
+    # unittest.mock); the CLI reads ssh_config through `ssh -G` and never uses it.
+    pytest.importorskip("invoke")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"ssh_config: /dev/null\nhosts:\n  h1: {{address: 127.0.0.1, port: {free_port()}}}\n")
+    assert modules_loaded_by(["-i", str(inventory), "ping", "--all", "--json"], ("invoke", "asyncio")) == []
+    # paramiko still reaches the real invoke once `Match exec` uses it, and `import invoke` later gets the real one
+    code = ("import sys, ddops.transport, paramiko.config\n"
+            "run = paramiko.config.invoke.run\n"
+            "import invoke\n"
+            "print(run is invoke.run, type(invoke).__name__, 'asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "module", "True"]
 
 
 def test_parsing_a_command_s_options_imports_no_validation_library():
