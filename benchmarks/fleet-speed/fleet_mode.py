@@ -127,7 +127,7 @@ def per_host_from(verify: Callable[[int, Sample, str], bool] | None,
 
 
 def make_runner(bed: Bed, args: argparse.Namespace) -> Runner:
-    ns = argparse.Namespace(anchors_venv=None, only=None, baseline_repo=args.baseline_repo,
+    ns = argparse.Namespace(anchors_venv=None, only=None, baseline_repo=args.baseline_repo, this_repo=args.this_repo,
                             repeats=args.repeats, slow_repeats=1)
     return Runner(ns, bed)
 
@@ -221,8 +221,10 @@ def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
         runner = make_runner(bed, args)
         tools = fleet_tools(runner, forks=FLEET_FORKS, serial=False, only=args.only)
         if args.baseline_repo:  # the same commands from an earlier checkout (resident on, --forks 32 by default)
-            out["baseline"] = {"repo": str(args.baseline_repo), "playbook": str(run.PLAYBOOK)}
-            run.precompile(args.baseline_repo)
+            out["baseline"] = {"repo": str(args.baseline_repo), "playbook": str(run.PLAYBOOK),
+                               "this": str(args.this_repo or run.REPO)}
+            for repo in filter(None, (args.baseline_repo, args.this_repo)):
+                run.precompile(repo)
             tools += [t for t in runner.tools if BASELINE_ROWS.get(t.key) in (args.only or BASELINE_ROWS.values())]
         tools, out["cores"] = split_cores(bed, tools)
         out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
@@ -529,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="rows, comma-separated (default all).")
     p.add_argument("--baseline-repo", type=Path, help="cpu: also time first apply (cold and warm), rerun, --check "
                    "and rollback from this checkout (e.g. a git worktree of an earlier commit).")
+    p.add_argument("--this-repo", type=Path, help="cpu, with --baseline-repo: the pair's first slot from this "
+                   "checkout, not the harness's own (what a commit bought: the commit here, its parent as baseline).")
     p.add_argument("--playbook", help=f"the playbook every ddops row applies (default {PLAYBOOK}); a file, for a pair "
                    "of checkouts whose built-in playbooks differ.")
     p.add_argument("--host-python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
@@ -538,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     args.rtts = [float(x) for x in args.rtts.split(",")]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.only = set(args.only.split(",")) if args.only else None
+    if args.this_repo and not args.baseline_repo:
+        p.error("--this-repo: a pair's first slot, so it needs --baseline-repo")
     if args.playbook:
         use_playbook(str(Path(args.playbook).resolve()))
     if args.mode == "report":

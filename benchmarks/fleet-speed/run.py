@@ -303,7 +303,7 @@ class Runner:
         # With a baseline checkout, both slots launch alike (`python -m ddops` from their checkout, on PYTHONPATH):
         # the installed script against `python -m` alone put the two slots 10-14% apart with identical code.
         self.ddops = [sys.executable, "-m", "ddops"] if args.baseline_repo else ddops_command()
-        self.ddops_cwd = REPO if args.baseline_repo else None
+        self.ddops_cwd = Path(getattr(args, "this_repo", None) or REPO).resolve() if args.baseline_repo else None
         self.anchors_bin = find_anchor_bin(args.anchors_venv)
         self.tools = self._tools()
         self.counter = 0
