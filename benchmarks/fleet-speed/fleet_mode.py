@@ -170,7 +170,7 @@ def start_bed(count: int, host_python: str) -> tuple[Bed, Path]:
     prefix = f"127.{random.randint(60, 99)}.{random.randint(1, 250)}."
     log(f"fleet mode: {count} testbed hosts on {prefix}2.., work dir {work}")
     tb = run.testbed.up(count, root=work / "testbed", seed=seed, address_prefix=prefix, python=host_python)
-    run.precompile(None)
+    run.precompile()
     return Bed(tb, work, host_python, originals), work
 
 
@@ -223,8 +223,7 @@ def mode_cpu(args: argparse.Namespace) -> dict[str, Any]:
         if args.baseline_repo:  # the same commands from an earlier checkout (resident on, --forks 32 by default)
             out["baseline"] = {"repo": str(args.baseline_repo), "playbook": str(run.PLAYBOOK),
                                "this": str(args.this_repo or run.REPO)}
-            for repo in filter(None, (args.baseline_repo, args.this_repo)):
-                run.precompile(repo)
+            run.precompile(args.baseline_repo, args.this_repo)
             tools += [t for t in runner.tools if BASELINE_ROWS.get(t.key) in (args.only or BASELINE_ROWS.values())]
         tools, out["cores"] = split_cores(bed, tools)
         out["rows"] = measure_rows(runner, tools, args.sizes, args.repeats, None)
@@ -349,13 +348,15 @@ def cpu_at_equal_wall(doc: dict[str, Any], ours: str, theirs: str) -> tuple[floa
     for n in (lo, hi):
         groups = [good for by_n in doc["rows"].values() for good in [[s for s in by_n.get(str(n), []) if s["ok"]]]
                   if len(good) > 1]
-        walls = [s["wall"] - statistics.mean(x["wall"] for x in g) for g in groups for s in g]
-        cpus = [s["cpu"] - statistics.mean(x["cpu"] for x in g) for g in groups for s in g]
+        # each sample's wall and CPU less its row's means
+        deviations = [(s["wall"] - wall, s["cpu"] - cpu) for g in groups
+                      for wall, cpu in [(statistics.mean(x["wall"] for x in g), statistics.mean(x["cpu"] for x in g))]
+                      for s in g]
         pair = [[s for s in doc["rows"].get(k, {}).get(str(n), []) if s["ok"]] for k in (ours, theirs)]
         if not all(pair):
             return None
-        spread = sum(w * w for w in walls)
-        slope = sum(w * c for w, c in zip(walls, cpus)) / spread if spread else 0.0
+        spread = sum(w * w for w, _ in deviations)
+        slope = sum(w * c for w, c in deviations) / spread if spread else 0.0
         common = statistics.mean(s["wall"] for samples in pair for s in samples)
         for key, samples in zip((ours, theirs), pair):
             adjusted[(key, n)] = statistics.mean(s["cpu"] - slope * (s["wall"] - common) for s in samples)
@@ -372,7 +373,8 @@ def baseline_pair(doc: dict[str, Any]) -> list[str]:
              f"{doc['repeats']}, {doc.get('date')}:", "",
              "| command | " + " | ".join(f"N={n}: CPU s, this / earlier" for n in sizes)
              + " | CPU per host ms, this / earlier | at equal wall | "
-             + " | ".join(f"N={n}: wall s, this / earlier" for n in sizes) + " |", "|---|" + "---|" * (2 * len(sizes) + 2)]
+             + " | ".join(f"N={n}: wall s, this / earlier" for n in sizes) + " |",
+             "|---|" + "---|" * (2 * len(sizes) + 2)]
     for theirs, ours in BASELINE_ROWS.items():
         cells, walls = [], []
         for n in sizes:

@@ -359,7 +359,7 @@ class Runner:
         tools = [replace(t, cwd=self.ddops_cwd) for t in tools]
         if self.args.baseline_repo:
             # The same ddops rows run from another checkout (e.g. the commit before a change), in the same run.
-            base = [sys.executable, "-m", "ddops"]
+            base = self.ddops  # `python -m ddops`, as this checkout's rows
             repo = str(Path(self.args.baseline_repo).resolve())
 
             def base_env(cold: bool) -> Callable[[int], dict[str, str]]:
@@ -536,10 +536,10 @@ def _has_module(python: str, module: str) -> bool:
     return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
-def precompile(baseline_repo: str | None) -> None:
-    """Bytecode for ddops (and the baseline checkout's), as a pip install leaves it (the anchors' packages have
+def precompile(*checkouts: str | Path | None) -> None:
+    """Bytecode for ddops (and the other checkouts' given), as a pip install leaves it (the anchors' packages have
     theirs). Without it, under PYTHONDONTWRITEBYTECODE, every run would compile every module it imports."""
-    for repo in [REPO] + ([Path(baseline_repo)] if baseline_repo else []):
+    for repo in [REPO] + [Path(c) for c in checkouts if c]:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "ddops")], capture_output=True)
 
 

@@ -27,7 +27,7 @@ def _import_paramiko() -> None:
     which ddops' CLI never uses (ssh_config is read through `ssh -G`); invoke's own imports (asyncio, unittest.mock)
     would cost every connecting command ~50 ms of CPU (RESULTS.md). So paramiko's import gets a stand-in that imports
     invoke when `Match exec` first uses it; every later `import invoke` (ddops.fabric, the user's scripts) gets the
-    real module. (importlib's LazyLoader does not do here: on Python 3.11 paramiko's `import invoke` itself loads it.)"""
+    real module. (importlib's LazyLoader does not do here: on Python 3.11 paramiko's `import invoke` loads it.)"""
     stand_in = None
     if "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None:
         stand_in = sys.modules["invoke"] = _ImportedOnFirstUse("invoke")
