@@ -50,3 +50,15 @@ def test_the_wheel_metadata_names_its_license_and_urls():
     assert project["license"] == "MIT" and (REPO_ROOT / "LICENSE").read_text().startswith("MIT License")
     assert {"Homepage", "Documentation", "Issues"} <= set(project["urls"])
     assert all(url.startswith("https://") for url in project["urls"].values())
+
+
+def test_mini_ddtree_s_requirements_ask_for_the_torch_and_transformers_that_the_mini_extra_pins():
+    # Two audiences, one fact: `pip install ddops[mini]` on this machine, `pip install -r requirements.txt` on a
+    # host running mini-DDTree by hand. A bound raised in one place only (transformers<5.25: pyproject's comment)
+    # would leave the other installing what the playbooks fail on.
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lines = (REPO_ROOT / "examples" / "mini-ddtree" / "requirements.txt").read_text().split()
+    by_name = {line.split(">")[0].split("<")[0].split("=")[0]: line for line in lines}
+    for requirement in extras["mini"]:
+        name = requirement.split(">")[0].split("<")[0].split("=")[0]
+        assert by_name[name] == requirement, (name, by_name.get(name), requirement)
