@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def requirement_name(requirement: str) -> str:
+    """The distribution a requirement line names: 'transformers>=5.0,<5.25' -> 'transformers'."""
+    return re.split(r"[<>=\[; ]", requirement, maxsplit=1)[0].lower()
 
 
 def test_every_package_of_ddops_and_the_shipped_folders_are_in_the_wheel_s_package_list():
@@ -21,13 +27,12 @@ def test_the_bench_extra_installs_exactly_the_result_readers_ddops_imports():
     # `pip install ddops[bench]` is for reading results on the controller: what ddops itself imports beyond its
     # dependencies (torch for .pt files, matplotlib for --plot), and nothing that only runs models (transformers).
     import ast
-    import re
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
 
     def names(requirements: list[str]) -> set[str]:
-        return {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+        return {requirement_name(r) for r in requirements}
 
     core = names(project["dependencies"]) | {"yaml", "pyyaml", "fabric", "invoke"}
     imported: set[str] = set()
@@ -58,7 +63,7 @@ def test_mini_ddtree_s_requirements_ask_for_the_torch_and_transformers_that_the_
     # would leave the other installing what the playbooks fail on.
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     lines = (REPO_ROOT / "examples" / "mini-ddtree" / "requirements.txt").read_text().split()
-    by_name = {line.split(">")[0].split("<")[0].split("=")[0]: line for line in lines}
+    by_name = {requirement_name(line): line for line in lines}
     for requirement in extras["mini"]:
-        name = requirement.split(">")[0].split("<")[0].split("=")[0]
-        assert by_name[name] == requirement, (name, by_name.get(name), requirement)
+        name = requirement_name(requirement)
+        assert by_name.get(name) == requirement, (name, by_name.get(name), requirement)
