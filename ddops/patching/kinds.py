@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddops.strenum import StrEnum
 
@@ -154,6 +155,32 @@ def placeholder_name(identifier: str) -> str | None:
     if identifier.startswith(PLACEHOLDER_PREFIX) and identifier.endswith("__"):
         return identifier[len(PLACEHOLDER_PREFIX):-2]
     return None
+
+
+def describe(kind: str, params: Mapping[str, Any]) -> str:
+    """How outcomes name a transform's sites, from its params alone: the prefilter and libcst word them alike."""
+    scope = f" in {params['in_function']}()" if params.get("in_function") else ""
+    if kind == "set_call_kwarg":
+        target = f"{params['assigned_to']} = " if params.get("assigned_to") else ""
+        return f"`{target}{params['callee']}(...)`{scope}"
+    if kind == "insert_statement":
+        anchor = params.get("anchor")
+        where = f"{params.get('position') or 'after'} `{_first_line(anchor)}`" if anchor is not None else \
+            "after the imports"
+        return f"`{_first_line(params['statement'], ' ...')}` {where}{scope}"
+    if kind == "add_import":
+        alias = f" as {params['alias']}" if params.get("alias") else ""
+        name = params.get("name")
+        return f"`from {params['module']} import {name}{alias}`" if name else f"`import {params['module']}{alias}`"
+    if kind == "text_replace":
+        return f"text `{_first_line(params['old'], ' (+ more lines)')}`"
+    return f"`{params['match' if kind == 'replace_expression' else 'statement'].strip()}`{scope}"
+
+
+def _first_line(text: str, more: str = "") -> str:
+    """The first line of a snippet, and `more` when it has others."""
+    lines = textwrap.dedent(text).strip().splitlines() or [""]
+    return lines[0] + (more if len(lines) > 1 else "")
 
 
 def is_header(text: str) -> bool:
