@@ -2,9 +2,11 @@
 
 Pure. The journal is the agent's append-only list of entries (dicts from JSON lines):
 `{"event": "apply"|"rollback"|"revert"|"save-foreign", "patch": id, "file": path, "before": sha256,
-"after": sha256, "time": iso, "id": ...}`. `before`/`after` are the file's sha256 before and after the event's write;
-a rollback entry's `after` is the sha it restored. `save-foreign` records a foreign edit kept before a forced
-rollback and writes nothing. A rollback or revert without `patch` ends every application in its file.
+"after": sha256, "time": iso, "id": ...}`. `before`/`after` are the file's sha256 before and after the event's write,
+null where there was no file (an add_module apply's `before`; its rollback's `after`); a rollback entry's `after`
+is the sha it restored. `save-foreign` records a foreign edit kept before a forced rollback and writes nothing. A
+rollback or revert without `patch` ends every application in its file. An apply over what the same patch's active
+application wrote continues it (a newer version of a module): rolling back goes to where the first one began.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ class JournalEntry:
         for key in ("patch", "before", "after", "time", "id"):
             if raw.get(key) is not None and not isinstance(raw.get(key), str):
                 raise DdopsError(f"{where}: `{key}` must be a string or null, not {type(raw.get(key)).__name__}")
-        if event == APPLY and not (raw.get("patch") and raw.get("before") and raw.get("after")):
-            raise DdopsError(f"{where}: an apply needs `patch`, `before` and `after`")
+        if event == APPLY and not (raw.get("patch") and raw.get("after")):
+            raise DdopsError(f"{where}: an apply needs `patch` and `after`")
         return cls(event=event, file=file, patch=raw.get("patch") or None, before=raw.get("before"),
                    after=raw.get("after"), time=raw.get("time") or "", id=raw.get("id") or "", index=index)
 
@@ -69,7 +71,7 @@ class Application:
 
     patch: str
     file: str
-    before: str
+    before: str | None  # None: the application created the file
     after: str
     time: str
     id: str
@@ -118,8 +120,10 @@ def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> 
     active: dict[tuple[str, str], Application] = {}
     for e in parse_journal(journal):
         if e.event == APPLY:
-            assert e.patch and e.before and e.after
-            active[(e.patch, e.file)] = Application(e.patch, e.file, e.before, e.after, e.time, e.id, e.index)
+            assert e.patch and e.after
+            prior = active.get((e.patch, e.file))
+            before = prior.before if prior is not None and prior.after == e.before else e.before
+            active[(e.patch, e.file)] = Application(e.patch, e.file, before, e.after, e.time, e.id, e.index)
         elif e.event in (ROLLBACK, REVERT):
             for key in [k for k in active if k[1] == e.file and (e.patch is None or k[0] == e.patch)]:
                 del active[key]
@@ -127,15 +131,16 @@ def active_applications(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> 
 
 
 def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str) -> str | None:
-    """The sha256 ddops last wrote to file (the `after` of its latest apply/rollback/revert), or None."""
+    """The sha256 ddops last wrote to file (the `after` of its latest apply/rollback/revert), or None (never
+    written, or removed)."""
     return last_written_by_file(journal).get(file)
 
 
-def last_written_by_file(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> dict[str, str]:
-    """Every file's last written sha256, in one pass over the journal."""
-    written: dict[str, str] = {}
+def last_written_by_file(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> dict[str, str | None]:
+    """Every file's last written sha256 (None where that write removed it), in one pass over the journal."""
+    written: dict[str, str | None] = {}
     for e in parse_journal(journal):
-        if e.event in WRITING_EVENTS and e.after:
+        if e.event in WRITING_EVENTS:
             written[e.file] = e.after
     return written
 
@@ -173,7 +178,7 @@ class FileRestore:
     """Put one file back: write the backup `restore`, expecting `current` on disk (compare-and-swap)."""
 
     file: str
-    restore: str                            # sha256 of the backup to write back
+    restore: str | None                     # sha256 of the backup to write back (None: remove the file)
     expected: str                           # sha256 ddops last wrote
     current: str | None                     # sha256 on the host now (None: the file is missing)
     applications: tuple[Application, ...]   # being rolled back, newest first

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddops.strenum import StrEnum
 
@@ -24,12 +25,13 @@ class PatchState(StrEnum):
     AMBIGUOUS = "ambiguous"  # more sites than expected: refusing to guess which one was meant
     ERROR = "error"          # the file cannot be read as the transform needs (syntax error, not UTF-8)
     BLOCKED = "blocked"      # a patch it `requires` did not apply cleanly to this file
-    MODIFIED = "modified"    # ddops applied it and the file changed since ddops last wrote it (journal.py)
+    MODIFIED = "modified"    # ddops applied it and the file changed since ddops last wrote it (journal.py; a plan
+                             # says it of an add_module, whose whole file is the site: never overwritten)
 
 
 PENDING, APPLIED, PARTIAL, DRIFTED = PatchState.PENDING, PatchState.APPLIED, PatchState.PARTIAL, PatchState.DRIFTED
-AMBIGUOUS, ERROR, BLOCKED = PatchState.AMBIGUOUS, PatchState.ERROR, PatchState.BLOCKED
-STATES = (PENDING, APPLIED, PARTIAL, DRIFTED, AMBIGUOUS, ERROR, BLOCKED)  # what a plan can find in a file
+AMBIGUOUS, ERROR, BLOCKED, MODIFIED = PatchState.AMBIGUOUS, PatchState.ERROR, PatchState.BLOCKED, PatchState.MODIFIED
+STATES = (PENDING, APPLIED, PARTIAL, DRIFTED, AMBIGUOUS, ERROR, BLOCKED, MODIFIED)  # what a plan can find in a file
 CHANGING_STATES = (PENDING, PARTIAL)
 FAILED_STATES = (DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
 
@@ -78,7 +80,7 @@ _SCOPE = Param(str, syntax="identifier", doc="only inside a function (or method)
 _NOT_SCOPE = Param(str, syntax="identifier", doc="never inside a function (or method) of this name")
 
 # Every transform kind and its params. `expect` (int, or a mapping file -> int) is accepted by every kind and
-# validated by playbook.py; add_import always has exactly one site.
+# validated by playbook.py; add_import and add_module always have exactly one site.
 TRANSFORM_KINDS: dict[str, dict[str, Param]] = {
     "set_call_kwarg": {
         "callee": Param(str, True, "dotted", doc="the called name, e.g. DynamicCache or torch.zeros"),
@@ -116,8 +118,12 @@ TRANSFORM_KINDS: dict[str, dict[str, Param]] = {
         "old": Param(str, True, doc="exact text to find (any file type)"),
         "new": Param(str, True, doc="its replacement; its presence marks the patch applied"),
     },
+    "add_module": {
+        "source": Param(str, True, doc="a Python file beside the playbook: the whole module the patch's one file gets"),
+    },
 }
-SINGLE_SITE_KINDS = ("add_import",)
+ADD_MODULE = "add_module"
+SINGLE_SITE_KINDS = ("add_import", ADD_MODULE)
 TEXT_KINDS = ("text_replace",)
 
 CHECK_KINDS: dict[str, dict[str, Param]] = {
@@ -154,6 +160,34 @@ def placeholder_name(identifier: str) -> str | None:
     if identifier.startswith(PLACEHOLDER_PREFIX) and identifier.endswith("__"):
         return identifier[len(PLACEHOLDER_PREFIX):-2]
     return None
+
+
+def describe(kind: str, params: Mapping[str, Any]) -> str:
+    """How outcomes name a transform's sites, from its params alone: the prefilter and libcst word them alike."""
+    scope = f" in {params['in_function']}()" if params.get("in_function") else ""
+    if kind == "set_call_kwarg":
+        target = f"{params['assigned_to']} = " if params.get("assigned_to") else ""
+        return f"`{target}{params['callee']}(...)`{scope}"
+    if kind == "insert_statement":
+        anchor = params.get("anchor")
+        where = f"{params.get('position') or 'after'} `{_first_line(anchor)}`" if anchor is not None else \
+            "after the imports"
+        return f"`{_first_line(params['statement'], ' ...')}` {where}{scope}"
+    if kind == "add_import":
+        alias = f" as {params['alias']}" if params.get("alias") else ""
+        name = params.get("name")
+        return f"`from {params['module']} import {name}{alias}`" if name else f"`import {params['module']}{alias}`"
+    if kind == "text_replace":
+        return f"text `{_first_line(params['old'], ' (+ more lines)')}`"
+    if kind == ADD_MODULE:
+        return f"module {params['source']}"
+    return f"`{params['match' if kind == 'replace_expression' else 'statement'].strip()}`{scope}"
+
+
+def _first_line(text: str, more: str = "") -> str:
+    """The first line of a snippet, and `more` when it has others."""
+    lines = textwrap.dedent(text).strip().splitlines() or [""]
+    return lines[0] + (more if len(lines) > 1 else "")
 
 
 def is_header(text: str) -> bool:

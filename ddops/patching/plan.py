@@ -17,9 +17,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from ddops import settings
-from ddops.patching.kinds import (AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, PARTIAL, PENDING,
-                                  TEXT_KINDS, Outcome)
-from ddops.patching.playbook import Patch, fingerprint
+from ddops.patching.kinds import (ADD_MODULE, AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, MODIFIED,
+                                  PARTIAL, PENDING, TEXT_KINDS, Outcome, describe)
+from ddops.patching.playbook import Patch, TransformSpec, fingerprint
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 MAX_PYTHON_TRANSFORM_BYTES = 1024 * 1024
 
 # Worst first: a file's (or a patch's) state is the worst of its parts.
-SEVERITY = (ERROR, AMBIGUOUS, DRIFTED, BLOCKED, PARTIAL, PENDING, APPLIED)
+SEVERITY = (ERROR, AMBIGUOUS, DRIFTED, BLOCKED, MODIFIED, PARTIAL, PENDING, APPLIED)
 
 
 def worst(states: Iterable[str]) -> str:
@@ -116,10 +116,10 @@ class HostPlan:
 
 
 class _Working:
-    """The file as the patches go: bytes, or a parsed module once a Python transform needed one."""
+    """The file as the patches go: bytes (None: no such file), or a parsed module once a Python transform needed one."""
 
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
+    def __init__(self, data: bytes | None) -> None:
+        self._data = data
         self._module: cst.Module | None = None
         self.syntax_error: cst.ParserSyntaxError | None = None
 
@@ -132,7 +132,7 @@ class _Working:
             if self.syntax_error is not None:
                 raise self.syntax_error
             try:
-                self._module = transforms.parse_module(self.data())
+                self._module = transforms.parse_module(self.data() or b"")
             except cst.ParserSyntaxError as exc:
                 self.syntax_error = exc
                 raise
@@ -141,9 +141,8 @@ class _Working:
     def set_module(self, module: cst.Module) -> None:
         self._module, self._data = module, None
 
-    def data(self) -> bytes:
-        if self._data is None:
-            assert self._module is not None
+    def data(self) -> bytes | None:
+        if self._data is None and self._module is not None:
             self._data = self._module.bytes
         return self._data
 
@@ -152,21 +151,17 @@ class _Working:
 
 
 def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
-              blocked: Mapping[str, str] | None = None) -> FilePlan:
+              blocked: Mapping[str, str] | None = None, ours: str | None = None) -> FilePlan:
     """Apply patches (those that touch path, in order) to source, without writing anything; None = no such file.
 
     A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
-    BLOCKED and changes nothing.
+    BLOCKED and changes nothing. `ours`: the sha256 of what ddops last wrote to path for an add_module patch still
+    applied (an older version of the module, which it may replace).
     """
     from ddops.patching import prefilter
 
     blocked = blocked or {}
-    if source is None:
-        return FilePlan(path, None, None, None, tuple(
-            PatchResult(p.id, Outcome(DRIFTED, f"{path}: no such file: the code changed upstream",
-                                      expected=p.transform.expect_for(path), plain_text=p.transform.plain_text))
-            for p in patches))
-    encoding_error = prefilter.utf8_error(path, source)
+    encoding_error = prefilter.utf8_error(path, source) if source is not None else None
     work = _Working(source)
     results: list[PatchResult] = []
     states: dict[str, str] = {}
@@ -174,7 +169,10 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
         spec = patch.transform
         expect = spec.expect_for(path)
         failed = [r for r in patch.requires if states.get(r) in FAILED_STATES]
-        if encoding_error is not None:
+        if work.data() is None and spec.kind != ADD_MODULE:
+            outcome = Outcome(DRIFTED, f"{path}: no such file: the code changed upstream", expected=expect,
+                              plain_text=spec.plain_text)
+        elif encoding_error is not None:
             outcome = dataclasses.replace(encoding_error, expected=expect, plain_text=spec.plain_text)
         elif patch.id in blocked:
             outcome = Outcome(BLOCKED, f"{path}: {blocked[patch.id]}", expected=expect, plain_text=spec.plain_text)
@@ -182,30 +180,55 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
             outcome = Outcome(BLOCKED, f"{path}: requires {', '.join(failed)}, which is "
                                        f"{states[failed[0]]} here: not applied",
                               expected=expect, plain_text=spec.plain_text)
+        elif spec.kind == ADD_MODULE:
+            outcome = add_module(path, work.data(), spec, ours)
+            if outcome.changes:
+                work.set_data(spec.module or b"")
         else:
             outcome = _run(spec.kind, dict(spec.params), expect, path, work)
         states[patch.id] = outcome.state
         results.append(PatchResult(patch.id, outcome))
     new = work.data()
     diff = unified_diff(path, source, new) if new != source else ""
-    return FilePlan(path, sha256(source), sha256(new), new, tuple(results), diff)
+    return FilePlan(path, _sha_or_none(source), _sha_or_none(new), new, tuple(results), diff)
+
+
+def add_module(path: str, current: bytes | None, spec: TransformSpec, ours: str | None) -> Outcome:
+    """add_module's outcome: create the file, leave it, replace the older version ddops wrote, or refuse a file that
+    someone else wrote (or edited since)."""
+    what = f"{path}: {describe(spec.kind, spec.params)}"
+    if current == spec.module:
+        return Outcome(APPLIED, f"{what}: already there", applied_lines=(1,))
+    if current is None:
+        return Outcome(PENDING, f"{what}: would create it", pending_lines=(1,))
+    if sha256(current) == ours:
+        return Outcome(PENDING, f"{what}: would replace the older version ddops wrote", pending_lines=(1,))
+    if ours:
+        return Outcome(MODIFIED, f"{what}: changed since ddops wrote it: not overwritten (`ddops rollback --force` "
+                                 "saves the edit and removes the file)")
+    return Outcome(DRIFTED, f"{what}: a file ddops did not write is there: not overwritten (move it away)")
+
+
+def _sha_or_none(data: bytes | None) -> str | None:
+    return sha256(data) if data is not None else None
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
     from ddops.patching import prefilter
 
+    data = work.data() or b""
     if prefilter.is_text_kind(kind):
-        outcome, data = prefilter.text_replace(work.data(), params["old"], params["new"], expect, path)
+        outcome, data = prefilter.text_replace(data, params["old"], params["new"], expect, path)
         if outcome.changes:
             work.set_data(data)
         return outcome
-    size = len(work.data())
+    size = len(data)
     if size > MAX_PYTHON_TRANSFORM_BYTES:
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
     # The prefilter first: libcst's answer for a file that cannot hold a site, or None where it cannot vouch for it.
     if work.syntax_error is None and settings.PLAN_ENGINE.value() != "libcst":
-        settled = prefilter.plan_without_libcst(kind, params, expect, path, work.data())
+        settled = prefilter.plan_without_libcst(kind, params, expect, path, data)
         if settled is not None:
             return settled
     return _run_libcst(kind, params, expect, path, work)
@@ -238,12 +261,14 @@ def _split_lines(text: str) -> list[str]:
     return out
 
 
-def unified_diff(path: str, before: bytes, after: bytes, context: int = 3) -> str:
-    """A `git diff`-style unified diff of before -> after (CRLF shown as plain line ends)."""
-    a = _split_lines(before.decode("utf-8", "replace"))
-    b = _split_lines(after.decode("utf-8", "replace"))
+def unified_diff(path: str, before: bytes | None, after: bytes | None, context: int = 3) -> str:
+    """A `git diff`-style unified diff of before -> after (CRLF shown as plain line ends); None: no file, shown as
+    /dev/null."""
+    a = _split_lines(before.decode("utf-8", "replace")) if before is not None else []
+    b = _split_lines(after.decode("utf-8", "replace")) if after is not None else []
+    names = (f"a/{path}" if before is not None else "/dev/null", f"b/{path}" if after is not None else "/dev/null")
     out: list[str] = []
-    for line in difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=context):
+    for line in difflib.unified_diff(a, b, *names, n=context):
         if line.endswith("\n"):
             out.append(line[:-1].removesuffix("\r") + "\n")
         else:
@@ -252,8 +277,8 @@ def unified_diff(path: str, before: bytes, after: bytes, context: int = 3) -> st
 
 
 @lru_cache(maxsize=256)
-def _key_for(path: str, patches: tuple[Patch, ...], blocked: tuple[tuple[str, str], ...]) -> str:
-    return sha256(f"{path}\0{fingerprint(patches)}\0{blocked!r}".encode())
+def _key_for(path: str, patches: tuple[Patch, ...], blocked: tuple[tuple[str, str], ...], ours: str | None) -> str:
+    return sha256(f"{path}\0{fingerprint(patches)}\0{blocked!r}\0{ours}".encode())
 
 
 class PlanCache(Protocol):
@@ -328,14 +353,14 @@ class Planner:
         for path in dict.fromkeys(f for p in patches for f in p.files):
             touching = tuple(p for p in patches if path in p.files)
             if (any(p.transform.kind not in TEXT_KINDS for p in touching)
-                    and not self.disk.holds_any(_key_for(path, touching, ()))):
+                    and not self.disk.holds_any(_key_for(path, touching, (), None))):
                 return True
         return False
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
-                  blocked: Mapping[str, str] | None = None) -> FilePlan:
+                  blocked: Mapping[str, str] | None = None, ours: str | None = None) -> FilePlan:
         key = (sha256(source) if source is not None else None,
-               _key_for(path, tuple(patches), tuple(sorted((blocked or {}).items()))))
+               _key_for(path, tuple(patches), tuple(sorted((blocked or {}).items())), ours))
 
         def from_disk_or_planned() -> FilePlan:
             plan = self.disk.load(key, path, source) if self.disk is not None and source is not None else None
@@ -345,7 +370,7 @@ class Planner:
                 else:
                     self.disk_hits += 1
             if plan is None:
-                plan = plan_file(path, source, patches, blocked)
+                plan = plan_file(path, source, patches, blocked, ours)
                 if self.disk is not None:
                     self.disk.save(key, plan)
             return plan
@@ -382,20 +407,22 @@ class Planner:
             event.set()
         return value, True
 
-    def plan_host(self, patches: Sequence[Patch], files: Mapping[str, bytes | None]) -> HostPlan:
+    def plan_host(self, patches: Sequence[Patch], files: Mapping[str, bytes | None],
+                  ours: Mapping[str, str] | None = None) -> HostPlan:
         """Plan every file the patches touch, from a host's snapshot (path -> bytes, None when missing).
 
         A patch whose required patch failed in any file is BLOCKED in every file, so that no file depends on a
-        change that was not made.
+        change that was not made. `ours`: path -> what ddops last wrote there for an add_module still applied.
         """
+        ours = ours or {}
         paths: dict[str, None] = {}
         for p in patches:
             for f in p.files:
                 paths.setdefault(f)
         blocked: dict[str, str] = {}
         while True:
-            plans = tuple(self.plan_file(path, files.get(path), [p for p in patches if path in p.files], blocked)
-                          for path in paths)
+            plans = tuple(self.plan_file(path, files.get(path), [p for p in patches if path in p.files], blocked,
+                                         ours.get(path)) for path in paths)
             host = HostPlan(plans)
             newly = {}
             for p in patches:

@@ -5,6 +5,7 @@ No libcst here: transform params are checked against the libcst-free registry in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ddops import settings
 from ddops.errors import PlaybookError
 from ddops.inventory import Inventory, looks_like_playbook_path
-from ddops.patching.kinds import (CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
+from ddops.patching.kinds import (ADD_MODULE, CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
                                   TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders,
                                   syntax_problem)
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
@@ -39,6 +40,7 @@ class TransformSpec:
     expect: int = 1
     expect_by_file: tuple[tuple[str, int], ...] = ()
     where: str = field(default="", compare=False, hash=False)
+    module: bytes | None = field(default=None, repr=False)  # add_module: the source file's bytes, read at load
 
     def expect_for(self, path: str) -> int:
         """How many sites this transform must find in path."""
@@ -50,7 +52,8 @@ class TransformSpec:
 
     def to_dict(self) -> dict[str, Any]:
         expect: Any = dict(self.expect_by_file) if self.expect_by_file else self.expect
-        return {"kind": self.kind, **dict(self.params), "expect": expect}
+        module = {"source_sha256": hashlib.sha256(self.module).hexdigest()} if self.module is not None else {}
+        return {"kind": self.kind, **dict(self.params), **module, "expect": expect}
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +340,28 @@ def _parse_transform(doc: YamlDoc, kp: tuple, raw: dict, files: tuple[str, ...])
     if kind == "text_replace" and params["old"] == params["new"]:
         raise _err(doc, kp + ("new",), "is the same as old: the patch would do nothing")
     expect, by_file = _parse_expect(doc, kp, raw.get("expect", 1), kind, files)
+    module = _read_module(doc, kp, params["source"], files) if kind == ADD_MODULE else None
     return TransformSpec(kind=kind, params=MappingProxyType(params), expect=expect, expect_by_file=by_file,
-                         where=doc.where(kp))
+                         where=doc.where(kp), module=module)
+
+
+def _read_module(doc: YamlDoc, kp: tuple, source: str, files: tuple[str, ...]) -> bytes:
+    """The bytes of add_module's source, a Python file beside the playbook that compiles."""
+    if len(files) != 1 or not files[0].endswith(".py"):
+        raise _err(doc, kp[:-1] + ("files",), "add_module creates exactly one file, a Python module (`files: [x.py]`)")
+    if "/" in source or "\\" in source or not source.endswith(".py") or source.startswith("."):
+        raise _err(doc, kp + ("source",), f"'{source}': name a .py file beside the playbook (no folder)")
+    path = Path(doc.path).parent / source
+    try:
+        data = path.read_bytes()
+        compile(data, str(path), "exec", dont_inherit=True)
+    except OSError as exc:
+        raise _err(doc, kp + ("source",), f"cannot read {path}: {exc.strerror}") from None
+    except SyntaxError as exc:
+        raise _err(doc, kp + ("source",), f"{path}:{exc.lineno or 1}: does not compile: {exc.msg}") from None
+    except ValueError as exc:  # null bytes
+        raise _err(doc, kp + ("source",), f"{path}: does not compile: {exc}") from None
+    return data
 
 
 def _parse_expect(doc: YamlDoc, kp: tuple, value: Any, kind: str, files: tuple[str, ...]

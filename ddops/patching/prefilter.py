@@ -18,7 +18,7 @@ import threading
 import warnings
 from typing import Any, Mapping
 
-from ddops.patching.kinds import TEXT_KINDS, Outcome, decide, is_header, substitute_placeholders
+from ddops.patching.kinds import TEXT_KINDS, Outcome, decide, describe, is_header, substitute_placeholders
 
 # ---------------------------------------------------------------------------------------------------------------
 # Text kinds and encodings: no parser at all.
@@ -57,10 +57,8 @@ def text_replace(source: bytes, old: str, new: str, expect: int, path: str) -> t
     def line(pos: int) -> int:
         return text.count("\n", 0, pos) + 1
 
-    first_line = old.strip().splitlines()[0] if old.strip() else old
-    what = f"text `{first_line}`" + (" (+ more lines)" if old.strip().count("\n") else "")
-    outcome = decide(path, what, [line(s) for s, _ in pending], [line(s) for s, _ in applied], expect,
-                     plain_text=True)
+    outcome = decide(path, describe("text_replace", {"old": old}), [line(s) for s, _ in pending],
+                     [line(s) for s, _ in applied], expect, plain_text=True)
     if not outcome.changes:
         return outcome, source
     parts: list[str] = []
@@ -115,45 +113,7 @@ def parse(source: bytes) -> ast.Module:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What libcst's transformers call a site, and the names any site needs.
-
-def describe(kind: str, params: Mapping[str, Any]) -> str:
-    """The transformer's describe() for a kind, without building it (Decline where that needs libcst)."""
-    scope = f" in {params['in_function']}()" if params.get("in_function") else ""
-    if kind == "set_call_kwarg":
-        target = f"{params['assigned_to']} = " if params.get("assigned_to") else ""
-        return f"`{target}{params['callee']}(...)`{scope}"
-    if kind in ("replace_expression",):
-        return f"`{params['match'].strip()}`{scope}"
-    if kind == "wrap_statement_in_if":
-        return f"`{params['statement'].strip()}`{scope}"
-    if kind == "insert_statement" and params.get("anchor") is not None:
-        statement = params["statement"]
-        many, compound = _statement_shape(statement)
-        lines = textwrap.dedent(statement).strip().splitlines()
-        shown = (lines[0] if lines else "") + (" ..." if many or compound else "")
-        anchor_lines = textwrap.dedent(params["anchor"]).strip().splitlines()
-        where = f"{params.get('position') or 'after'} `{anchor_lines[0] if anchor_lines else ''}`"
-        return f"`{shown}` {where}{scope}"
-    raise Decline(f"no description for {kind}")
-
-
-def _statement_shape(text: str) -> tuple[bool, bool]:
-    """(more than one libcst statement line, the first is compound) for insert_statement's text."""
-    source, _ = substitute_placeholders(textwrap.dedent(text).strip("\n") + "\n")
-    try:
-        body = ast.parse(source).body
-    except SyntaxError:
-        raise Decline("statement does not parse") from None
-    if not body:
-        raise Decline("no statement")
-    # libcst groups `a; b` on one line into one statement; ast gives two.
-    lines = 1
-    for prev, stmt in zip(body, body[1:]):
-        if _is_compound(prev) or _is_compound(stmt) or stmt.lineno != prev.end_lineno:
-            lines += 1
-    return lines > 1, _is_compound(body[0])
-
+# The names any site needs.
 
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
              ast.With, ast.AsyncWith, ast.Try, ast.Match) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
@@ -256,11 +216,10 @@ def prefiltered(kind: str, params: Mapping[str, Any], expect: int, path: str, so
     if kind == "wrap_statement_in_if" and not _wrap_constructible(params):
         return None
     try:
-        what = describe(kind, params)
         parse(source)
     except Decline:
         return None
-    return decide(path, what, [], [], expect)
+    return decide(path, describe(kind, params), [], [], expect)
 
 
 # ---------------------------------------------------------------------------------------------------------------

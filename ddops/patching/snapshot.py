@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.patching import journal as journal_mod
-from ddops.patching.kinds import AMBIGUOUS, BLOCKED, DRIFTED, ERROR
+from ddops.patching.kinds import ADD_MODULE, AMBIGUOUS, BLOCKED, DRIFTED, ERROR, MODIFIED
 from ddops.patching.plan import HostPlan, Planner, load_parser_in_background
 from ddops.patching.plan_store import default_store
 from ddops.patching.playbook import Patch, PatchPlaybook
@@ -71,6 +71,17 @@ class Snapshot:
         return cls(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"),
                    tuple(reply.get("journal_corrupt") or ()))
 
+    def ours(self, patches: Sequence[Patch]) -> dict[str, str]:
+        """path -> the sha256 ddops last wrote there, for each add_module patch the journal holds applied there: the
+        planner's `ours`, which tells ddops' own older module (replaced) from anyone else's file (refused)."""
+        modules = [(p.id, f) for p in patches if p.transform.kind == ADD_MODULE for f in p.files]
+        if not modules:
+            return {}
+        entries = journal_mod.parse_journal(self.journal)
+        active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
+        written = journal_mod.last_written_by_file(entries)
+        return {f: written[f] for pid, f in modules if (pid, f) in active and written.get(f)}
+
 
 def with_host_python(python: str, command: str) -> str:
     """A check command that finds the host's own python (and its torchrun, pytest, ...) first on PATH."""
@@ -125,6 +136,6 @@ def plan_problems(plan: HostPlan, snap: Snapshot) -> tuple[list[str], list[str]]
             line = f"{f.path}: {r.patch_id} {r.state}: {r.message}"
             if r.state in HARD_FAILURES:
                 hard.append(line)
-            elif r.state == DRIFTED:
+            elif r.state in (DRIFTED, MODIFIED):  # MODIFIED: an add_module edited since ddops wrote it
                 drift.append(line)
     return hard, drift

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import libcst as cst
 
-from ddops.patching.kinds import ERROR, Outcome, decide, is_header, placeholder_name, substitute_placeholders
+from ddops.patching.kinds import (ERROR, Outcome, decide, describe, is_header, placeholder_name,
+                                  substitute_placeholders)
 from ddops.patching.prefilter import names_in_site
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,8 +189,6 @@ def fill_template(template: cst.BaseExpression, bindings: dict[str, cst.CSTNode]
 class SiteTransformer(cst.CSTTransformer):
     """Base: counts sites, knows which function it is in, and whether that is in scope."""
 
-    what = "site"
-
     def __init__(self, in_function: str | None = None, not_in_function: str | None = None) -> None:
         super().__init__()
         # Set by transform_module: the visited module's lines per node, and the lines that may hold a site (those
@@ -234,10 +233,6 @@ class SiteTransformer(cst.CSTTransformer):
     def last_line(self, node: cst.CSTNode) -> int:
         return self.lines[node][1]
 
-    def describe(self) -> str:
-        scope = f" in {self.in_function}()" if self.in_function else ""
-        return f"{self.what}{scope}"
-
 
 class SetCallKwarg(SiteTransformer):
     """`callee(...)` -> `callee(..., keyword=value)`; a call already passing that value is left alone."""
@@ -248,8 +243,6 @@ class SetCallKwarg(SiteTransformer):
         self.callee, self.keyword, self.assigned_to = callee, keyword, assigned_to
         self.value = parse_expression(value)
         self._assigned_calls: set[int] = set()
-        target = f"{assigned_to} = " if assigned_to else ""
-        self.what = f"`{target}{callee}(...)`"
 
     def _note_assignment(self, targets: Sequence[cst.BaseExpression], value: cst.BaseExpression | None) -> None:
         if self.assigned_to and isinstance(value, cst.Call):
@@ -303,7 +296,6 @@ class ReplaceExpression(SiteTransformer):
         super().__init__(in_function, not_in_function)
         self.pattern = parse_expression(match)
         self.replacement = parse_expression(replace)
-        self.what = f"`{match.strip()}`"
         self._parents: list[cst.CSTNode] = []
         self._sites: dict[int, tuple[dict[str, cst.CSTNode], cst.CSTNode | None]] = {}
 
@@ -346,10 +338,6 @@ class InsertStatement(SiteTransformer):
         self.statements = parse_statements(statement)
         self.position = position
         self.anchor, self.header_only = parse_anchor(anchor) if anchor is not None else (None, False)
-        shown = _first_line(statement) + (" ..." if len(self.statements) > 1 or _is_compound(self.statements[0])
-                                          else "")
-        where = "after the imports" if anchor is None else f"{position} `{_first_line(anchor)}`"
-        self.what = f"`{shown}` {where}"
 
     def _anchor_at(self, stmt: cst.BaseStatement) -> bool:
         return matches(self.anchor, stmt, header_only=self.header_only)
@@ -447,7 +435,6 @@ class WrapStatementInIf(SiteTransformer):
             raise ValueError("wrap_statement_in_if takes one simple statement")
         self.statement = small
         self.condition = parse_expression(condition)
-        self.what = f"`{statement.strip()}`"
         self._guarded: set[int] = set()
 
     def visit_If(self, node: cst.If) -> bool:
@@ -488,8 +475,6 @@ class AddImport(SiteTransformer):
     def __init__(self, module: str, name: str | None = None, alias: str | None = None) -> None:
         super().__init__()
         self.module, self.name, self.alias = module, name, alias
-        as_part = f" as {alias}" if alias else ""
-        self.what = f"`from {module} import {name}{as_part}`" if name else f"`import {module}{as_part}`"
 
     def _binds(self, alias: cst.ImportAlias, name: str) -> bool:
         asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
@@ -551,11 +536,6 @@ def _dotted_expr(dotted: str) -> cst.Attribute | cst.Name:
     for part in parts[1:]:
         node = cst.Attribute(value=node, attr=cst.Name(part))
     return node
-
-
-def _first_line(text: str) -> str:
-    lines = textwrap.dedent(text).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def _is_compound(stmt: cst.CSTNode) -> bool:
@@ -696,6 +676,6 @@ def transform_module(kind: str, params: dict[str, Any], expect: int, module: cst
     if names is not None:
         transformer.site_lines = [n for n, line in enumerate(_NEWLINE.split(code), 1) if any(w in line for w in names)]
     new_module = module.visit(transformer)
-    outcome = decide(path, transformer.describe(), transformer.pending, transformer.applied, expect,
+    outcome = decide(path, describe(kind, params), transformer.pending, transformer.applied, expect,
                      conflict=transformer.conflict)
     return outcome, (new_module if outcome.changes else module)

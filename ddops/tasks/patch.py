@@ -35,7 +35,7 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
     """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
-    plan = planner.plan_host(patches, snap.files)
+    plan = planner.plan_host(patches, snap.files, snap.ours(patches))
     states = patch_states(plan, patches, snap)
     data: dict[str, Any] = {"patches": states, "files": plan_summary(plan, snap), "diff": plan.diff,
                             "written": [], "checks": [], "reverted": False, "check_mode": check}
@@ -193,7 +193,7 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     """Per patch: pending / applied / drifted / modified (and ambiguous / error), plus the repo's commit."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches), facts=True)
-    plan = (planner or make_planner()).plan_host(patches, snap.files)
+    plan = (planner or make_planner()).plan_host(patches, snap.files, snap.ours(patches))
     states = patch_states(plan, patches, snap)
     facts = snap.facts or {}
     data = {"patches": states, "commit": facts.get("git_commit"), "files": plan_summary(plan, snap)}

@@ -194,6 +194,16 @@ def atomic_write(path, data, mode, owner=None, durable=True):
         fsync_dir(directory)
 
 
+def remove_file(path):
+    """Remove `path` durably (a file ddops created, rolled back); the same fault point as a write's rename."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fault_point("renamed", path)
+    fsync_dir(os.path.dirname(path))
+
+
 def default_file_mode():
     """The mode a new file gets under the current umask."""
     mask = os.umask(0)

@@ -10,7 +10,7 @@ import uuid
 
 from ddops_agent.protocol import AgentFault, fault_point, note_write_target, optional_number, within_deadline
 from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
-                               resolve_target, sha256_hex, verify_written, write_all, write_like)
+                               remove_file, resolve_target, sha256_hex, verify_written, write_all, write_like)
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import current_user, user_name
 
@@ -178,8 +178,8 @@ def entry_problem(entry):
         value = entry.get(key)
         if value is not None and not isinstance(value, str):
             return "`%s` must be a string or null, not %s" % (key, type(value).__name__)
-    if event == "apply" and not (entry.get("patch") and entry.get("before") and entry.get("after")):
-        return "an apply entry needs `patch`, `before` and `after`"
+    if event == "apply" and not (entry.get("patch") and entry.get("after")):
+        return "an apply entry needs `patch` and `after`"
     return None
 
 
@@ -279,8 +279,9 @@ ROTATED_DIR = "journal-old"
 
 
 def live_entries(entries):
-    """The entries that still decide something, in journal order: each application not undone, each file's last
-    write, every saved foreign edit (`ddops backups`) and every unreadable-line marker.
+    """The entries that still decide something, in journal order: each application not undone (with the applies of
+    the same patch it continues), each file's last write, every saved foreign edit (`ddops backups`) and every
+    unreadable-line marker.
 
     Replayed, they give what the whole journal gives to ddops/patching/journal.py: the same active applications, in
     the same order, and the same last written hash per file.
@@ -289,15 +290,18 @@ def live_entries(entries):
     for index, entry in enumerate(entries):
         event, rel = entry.get("event"), entry.get("file")
         if event == "apply":
-            active[(entry.get("patch"), rel)] = index
+            chain = active.get((entry.get("patch"), rel), [])
+            # Applied again over what it wrote itself (a newer version of it): the application goes on from the first.
+            continues = chain and entries[chain[-1]].get("after") == entry.get("before")
+            active[(entry.get("patch"), rel)] = (chain if continues else []) + [index]
         elif event in ("rollback", "revert"):
             for key in [k for k in active if k[1] == rel and (not entry.get("patch") or k[0] == entry.get("patch"))]:
                 del active[key]
         elif event in ("save-foreign", UNREADABLE_EVENT):
             always.append(index)
-        if event in ("apply", "rollback", "revert") and entry.get("after"):
+        if event in ("apply", "rollback", "revert") and "after" in entry:  # after null: the write removed the file
             last_write[rel] = index
-    keep = set(active.values()) | set(last_write.values()) | set(always)
+    keep = set(i for chain in active.values() for i in chain) | set(last_write.values()) | set(always)
     return [entries[index] for index in sorted(keep)]
 
 
@@ -409,16 +413,20 @@ def remove_stale_temps(directory, name=""):
 
 
 def journalled_write(state, target, rel, data, original, entries):
-    """write_like, then journal `entries`; a pending note written first lets readers and the next call account for
-    a write whose agent was cut off between the rename and the journal line (see read_journal, settle_pending)."""
+    """write_like (data None: remove the file), then journal `entries`; a pending note written first lets readers
+    and the next call account for a write whose agent was cut off between the rename and the journal line (see
+    read_journal, settle_pending)."""
     folder = os.path.join(state, "pending")
     make_private_dir(folder)
     note = os.path.join(folder, entries[0]["id"] + ".json")
-    after = sha256_hex(data)
+    after = sha256_hex(data) if data is not None else None
     atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
     note_write_target(target, rel)
     fault_point("pending", target)
-    write_like(target, data, original)
+    if data is None:
+        remove_file(target)
+    else:
+        write_like(target, data, original)
     verify_written(target, rel, after)
     fault_point("before-journal", target)
     append_journal(state, entries)

@@ -4,7 +4,8 @@ import os
 import stat
 
 from ddops_agent.protocol import (AgentFault, arm_faults, b64_text, bad_request, decode_b64, describe_error,
-                                  fault_point, identity, record_type, require_list, require_object, require_patch_ids, require_sha, require_str,
+                                  fault_point, identity, optional_sha, record_type, require_list, require_object,
+                                  require_patch_ids, require_sha, require_str,
                                   verb)
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
@@ -89,7 +90,7 @@ def parse_change(repo, raw, index):
     if len(new_bytes) > MAX_FILE_BYTES:
         raise AgentFault("too_large", "new content of %s is over the %d byte limit" % (rel, MAX_FILE_BYTES))
     target = resolve_target(repo, rel)
-    return Change(rel, target, require_patch_ids(raw, where), require_sha(raw, "expected_sha256", where),
+    return Change(rel, target, require_patch_ids(raw, where), optional_sha(raw, "expected_sha256", where),
                   new_bytes, new_sha)
 
 
@@ -121,15 +122,20 @@ def read_originals(changes):
             state = "is missing" if found is None else "has sha256 %s" % found
             raise AgentFault("conflict", "%s changed since it was read: expected sha256 %s, it now %s"
                              % (change.path, change.expected, state))
-        refuse_unwritable(original, change.path)
+        if original is not None:
+            refuse_unwritable(original, change.path)
+        elif not os.path.isdir(os.path.dirname(change.target)):
+            raise AgentFault("io", "%s: its folder does not exist (ddops creates files, not folders): nothing "
+                                   "written" % change.path)
         remove_stale_temps(os.path.dirname(change.target), os.path.basename(change.target))
         originals[change.path] = original
     return originals
 
 
 def apply_change(state, change, original, who):
-    """Back the original up, write the new bytes in its place, check them, journal it."""
-    store_backup(state, original.data, change.expected)
+    """Back the original up (none for a file it creates), write the new bytes in its place, check them, journal it."""
+    if original is not None:
+        store_backup(state, original.data, change.expected)
     # Compare-and-swap once more right before this write: the first check was made before any file was written,
     # and what was written since (or anyone else) may have changed this one.
     found = current_sha(read_regular(change.target, change.path))
@@ -149,7 +155,7 @@ def restore_original(state, change, original, who):
         # Its write never landed, or someone else wrote the file since (the check right before each write found
         # it changed): nothing of ours to put back, and a foreign edit is not ours to overwrite.
         return
-    data = read_backup_bytes(state, change.expected)
+    data = read_backup_bytes(state, change.expected) if change.expected else None  # None: it created the file
     journalled_write(state, change.target, change.path, data, original,
                      journal_entries("revert", who, change.path, change.patch_ids,
                                      before=before, after=change.expected))
@@ -198,7 +204,7 @@ def write_changes(state, changes, originals, who):
     (written, reserve): the disk held back stays held until the post checks have passed or the files are put back
     (release_space or put_back), so that a check that fills the disk cannot take the room the revert needs.
     """
-    reserve = reserve_space(state, sum(len(originals[change.path].data) + 8192 for change in changes))
+    reserve = reserve_space(state, sum(len(getattr(originals[change.path], "data", b"")) + 8192 for change in changes))
     written = []
     try:
         for change in changes:
@@ -253,15 +259,14 @@ def parse_restore(repo, raw, index):
     where = "restores[%d]" % index
     require_object(raw, where)
     rel = require_str(raw, "path", where)
-    expected = raw.get("expected_sha256")
-    if expected is not None:
-        expected = require_sha(raw, "expected_sha256", where)
-    return Restore(rel, resolve_target(repo, rel), require_patch_ids(raw, where), expected,
-                   require_sha(raw, "restore_sha256", where), bool(raw.get("force", False)))
+    return Restore(rel, resolve_target(repo, rel), require_patch_ids(raw, where),
+                   optional_sha(raw, "expected_sha256", where), optional_sha(raw, "restore_sha256", where),
+                   bool(raw.get("force", False)))
 
 
 def rollback_one(state, restore, who, result):
-    """Restore one file from its backup, or record why not; the result lists are filled in place."""
+    """Restore one file from its backup (remove it, where ddops created it), or record why not; the result lists are
+    filled in place."""
     original = read_regular(restore.target, restore.path)
     found = current_sha(original)
     entries = journal_entries("rollback", who, restore.path, restore.patch_ids, before=found, after=restore.restore)
@@ -274,7 +279,7 @@ def rollback_one(state, restore, who, result):
         reason = "missing" if found is None else "modified"
         result["refused"].append({"path": restore.path, "reason": reason, "current_sha256": found})
         return
-    data = read_backup_bytes(state, restore.restore)
+    data = read_backup_bytes(state, restore.restore) if restore.restore else None
     if original is not None:
         refuse_unwritable(original, restore.path)
         remove_stale_temps(os.path.dirname(restore.target), os.path.basename(restore.target))

@@ -209,6 +209,11 @@ def require_sha(payload, key, where="payload"):
     return value
 
 
+def optional_sha(payload, key, where="payload"):
+    """payload[key] as a lowercase hex sha256, or None (no file) when it is null or absent."""
+    return None if payload.get(key) is None else require_sha(payload, key, where)
+
+
 def require_list(payload, key, where="payload"):
     """payload[key] as a list (absent means empty)."""
     value = payload.get(key, [])

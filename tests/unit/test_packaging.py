@@ -23,6 +23,17 @@ def test_every_package_of_ddops_and_the_shipped_folders_are_in_the_wheel_s_packa
                                      "ddops._examples": "examples"}
 
 
+def test_the_wheel_ships_every_file_of_the_playbooks_folder_the_modules_of_add_module_too():
+    import fnmatch
+
+    patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = patterns["ddops._playbooks"]
+    assert "*.py" in shipped  # a playbook's add_module source lies beside it, and must travel with it
+    for path in (REPO_ROOT / "playbooks").iterdir():
+        if path.is_file():
+            assert any(fnmatch.fnmatch(path.name, p) for p in shipped), f"playbooks/{path.name} is not in the wheel"
+
+
 def test_the_bench_extra_installs_exactly_the_result_readers_ddops_imports():
     # `pip install ddops[bench]` is for reading results on the controller: what ddops itself imports beyond its
     # dependencies (torch for .pt files, matplotlib for --plot), and nothing that only runs models (transformers).
