@@ -29,6 +29,7 @@ OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = HostStatus
 STATUSES = tuple(HostStatus)
 FAILING = frozenset({FAILED, UNREACHABLE, DRIFTED})
 DEFAULT_FORKS = 32
+INTERNAL = "internal"  # the reason of a host's surprise: an exception that is no DdopsError (a bug)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class TaskOutcome:
     status: HostStatus
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None  # the kind of the error that decided it (DdopsError.kind), for machines
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
@@ -57,6 +59,7 @@ class HostResult:
     round_trips: int = 0
     agent: str | None = None  # how the host's agent was reached: "resident", "started", or None (not called)
     interrupted: str | None = None  # in a run the user interrupted: NOT_STARTED, FINISHED or CANCELLED; else None
+    reason: str | None = None  # the kind of the error that decided the status (DdopsError.kind); None when none did
 
     @property
     def failed(self) -> bool:
@@ -64,7 +67,7 @@ class HostResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
-                "elapsed_s": round(self.elapsed, 4),
+                "reason": self.reason, "elapsed_s": round(self.elapsed, 4),
                 "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
                 "round_trips": self.round_trips, "agent": self.agent, "data": self.data,
                 **({"interrupted": self.interrupted} if self.interrupted else {})}
@@ -132,13 +135,10 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     emit(FleetEvent(host.name, "connecting"))
     try:
         session = connect(host)
-    except DdopsError as exc:
-        result = HostResult(host.name, host.address, UNREACHABLE, message_for(host.name, exc),
-                            elapsed=time.monotonic() - started)
-        emit(FleetEvent(host.name, "done", result))
-        return result
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet
-        result = HostResult(host.name, host.address, UNREACHABLE, f"{type(exc).__name__}: {exc}",
+        failed = outcome_of_error(host.name, exc)
+        message = failed.message if isinstance(exc, DdopsError) else f"{type(exc).__name__}: {exc}"
+        result = HostResult(host.name, host.address, UNREACHABLE, message, reason=failed.reason,
                             elapsed=time.monotonic() - started)
         emit(FleetEvent(host.name, "done", result))
         return result
@@ -146,26 +146,28 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         _close(session)
         return _not_started(host, emit)
     emit(FleetEvent(host.name, "running"))
-    cancelled = False
     try:
         outcome = task(host, session)
-    except Cancelled as exc:
-        cancelled = True
-        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
-    except ConnectionLost as exc:
-        outcome = TaskOutcome(UNREACHABLE, message_for(host.name, exc))
-    except DdopsError as exc:
-        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
     except Exception as exc:  # noqa: BLE001
-        outcome = TaskOutcome(FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        outcome = outcome_of_error(host.name, exc)
     finally:
         _close(session)
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
                         round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
-                        interrupted=CANCELLED if cancelled else FINISHED if interrupt.requested else None)
+                        interrupted=CANCELLED if outcome.reason == Cancelled.kind else
+                        FINISHED if interrupt.requested else None, reason=outcome.reason)
     emit(FleetEvent(host.name, "done", result))
     return result
+
+
+def outcome_of_error(host: str, exc: BaseException) -> TaskOutcome:
+    """What an error that ended a host's task makes of it: unreachable when the connection died, failed otherwise,
+    with the error's kind as the reason."""
+    if isinstance(exc, DdopsError):
+        return TaskOutcome(UNREACHABLE if isinstance(exc, ConnectionLost) else FAILED, message_for(host, exc),
+                           reason=exc.kind)
+    return TaskOutcome(FAILED, f"internal error: {type(exc).__name__}: {exc}", reason=INTERNAL)
 
 
 def _not_started(host: Host, emit: Callable[[FleetEvent], None]) -> HostResult:

@@ -43,6 +43,8 @@ PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED = PinState
 class SyncError(DdopsError):
     """A controller-side git step failed (resolving a pin, making a bundle)."""
 
+    kind = "sync"
+
 
 @dataclass(frozen=True, slots=True)
 class Pin:

@@ -46,7 +46,7 @@ def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = Non
     from ddops.patching.snapshot import all_patches, make_planner
     from ddops.tasks.patch import patch_host
 
-    run = OnHosts(ctx, "patch", selection)
+    run = OnHosts(ctx, selection)
     books = _playbooks(run.state, playbook)
     planner = make_planner(all_patches(books))
     results = run.run(lambda h, s: patch_host(h, s, books, planner=planner, check=check, lock_timeout=lock_timeout),
@@ -87,7 +87,7 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
     """Run the playbooks' checks and print what matched, like grep."""
     from ddops.tasks.patch import verify_host
 
-    run = OnHosts(ctx, "verify", selection)
+    run = OnHosts(ctx, selection)
     books = _playbooks(run.state, playbook)
     run.finish(run.run(lambda h, s: verify_host(h, s, books)), render=_show_checks)
 
@@ -112,7 +112,7 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
     """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
     from ddops.tasks.patch import rollback_host
 
-    run = OnHosts(ctx, "rollback", selection, everywhere_when_empty=True)
+    run = OnHosts(ctx, selection, everywhere_when_empty=True)
     patch_ids = None
     if playbook:
         from ddops.patching.snapshot import all_patches
@@ -131,7 +131,7 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
     from ddops.patching.snapshot import all_patches, make_planner
     from ddops.tasks.patch import status_host
 
-    run = OnHosts(ctx, "status", selection, everywhere_when_empty=True)
+    run = OnHosts(ctx, selection, everywhere_when_empty=True)
     if not (playbook or run.inventory.patches):
         # No playbook to plan against: show what each host's journal holds, as rollback reads it.
         from ddops.tasks.journal_status import journal_status_host

@@ -88,7 +88,7 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
     except AgentError as exc:
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
-                                       "run again)", data)
+                                       "run again)", data, reason=exc.kind)
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
@@ -141,11 +141,12 @@ def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[A
     if running:
         who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
         return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
-                                   f"{', '.join(states)}; `ddops status` shows how it ends", data)
+                                   f"{', '.join(states)}; `ddops status` shows how it ends", data,
+                           reason=CommandTimeout.kind)
     if len(patched) == len(changing):
         return TaskOutcome(CHANGED, f"patched {', '.join(patched)} ({late}, but the host's files and journal show "
                                     f"that it finished)", data)
-    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", data)
+    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", data, reason=CommandTimeout.kind)
 
 
 def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
