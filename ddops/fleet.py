@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from ddops.errors import Cancelled, ConnectionLost, DdopsError, message_for
 from ddops.inventory import Host
@@ -32,17 +32,34 @@ DEFAULT_FORKS = 32
 INTERNAL = "internal"  # the reason of a host's surprise: an exception that is no DdopsError (a bug)
 
 
+class Report(Protocol):
+    """What a task found and did on one host, as a value (a JsonValue): --json shows its to_json() as `data`."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    """A report as --json shows it (`data`)."""
+    if report is None:
+        return {}
+    return report.to_json() if hasattr(report, "to_json") else report
+
+
 @dataclass(frozen=True, slots=True)
 class TaskOutcome:
-    """What a per-host task reports back."""
+    """What a per-host task reports back: how the host came out, in a word and a line, and its report."""
 
     status: HostStatus
     message: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    report: Any = None  # a Report (a plain dict until every task has its report value)
     reason: str | None = None  # the kind of the error that decided it (DdopsError.kind), for machines
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return report_json(self.report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +70,7 @@ class HostResult:
     address: str
     status: HostStatus
     message: str = ""  # what happened, without the host's name: every view shows it beside the host
-    data: dict[str, Any] = field(default_factory=dict)
+    report: Any = None  # the task's Report (a plain dict until every task has its report value)
     elapsed: float = 0.0
     connect_time: float | None = None
     round_trips: int = 0
@@ -64,6 +81,10 @@ class HostResult:
     @property
     def failed(self) -> bool:
         return self.status in FAILING
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return report_json(self.report)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
@@ -152,7 +173,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         outcome = outcome_of_error(host.name, exc)
     finally:
         _close(session)
-    result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
+    result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.report,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
                         round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
                         interrupted=CANCELLED if outcome.reason == Cancelled.kind else

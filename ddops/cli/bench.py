@@ -109,8 +109,8 @@ def run(ctx: typer.Context, selection: Selection,
                 _hints(rid, detached=False)
 
     if not following:
-        on.finish(results, {"check": False, "run_id": rid if launched else None, "plan": bench_plan.name}, render=render,
-                  failed=not launched)
+        on.finish(results, {"check": False, "run_id": rid if launched else None, "plan": bench_plan.name},
+                  render=render, failed=not launched)
         return
     render(results)
     code = follow_run(on.state, on.inventory, launched, rid)
