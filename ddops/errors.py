@@ -10,15 +10,18 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
 class DdopsError(Exception):
-    """A fault ddops reports as one line and an exit code, never as a traceback."""
+    """A fault ddops reports as one line and an exit code, never as a traceback; `kind` names it for machines (a
+    host's `reason` in --json)."""
 
     exit_code = EXIT_HOST_FAILED
+    kind = "error"
 
 
 class UsageError(DdopsError):
     """Bad command line, bad selection, or anything the user must fix before we start."""
 
     exit_code = EXIT_USAGE
+    kind = "usage"
 
 
 class InventoryError(UsageError):
@@ -39,8 +42,6 @@ class HostError(DdopsError):
     """A fault on one host. `host` names it and `kind` says what went wrong; no message spells the host itself: a
     host's result keeps `message` (every view shows the host beside it, message_for), and str() puts it in front
     where the error is shown alone (`host1: connection lost: ...`)."""
-
-    kind = "error"
 
     def __init__(self, message: str, kind: str | None = None, *, host: str | None = None) -> None:
         super().__init__(message)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from ddops.errors import Cancelled, ConnectionLost, DdopsError, message_for
 from ddops.inventory import Host
@@ -29,18 +29,37 @@ OK, CHANGED, FAILED, UNREACHABLE, DRIFTED, SKIPPED = HostStatus
 STATUSES = tuple(HostStatus)
 FAILING = frozenset({FAILED, UNREACHABLE, DRIFTED})
 DEFAULT_FORKS = 32
+INTERNAL = "internal"  # the reason of a host's surprise: an exception that is no DdopsError (a bug)
+
+
+class Report(Protocol):
+    """What a task found and did on one host, as a value (a JsonValue): --json shows its to_json() as `data`."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    """A report as --json shows it (`data`)."""
+    if report is None:
+        return {}
+    return report.to_json() if hasattr(report, "to_json") else report
 
 
 @dataclass(frozen=True, slots=True)
 class TaskOutcome:
-    """What a per-host task reports back."""
+    """What a per-host task reports back: how the host came out, in a word and a line, and its report."""
 
     status: HostStatus
     message: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    report: Any = None  # a Report (a plain dict until every task has its report value)
+    reason: str | None = None  # the kind of the error that decided it (DdopsError.kind), for machines
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return report_json(self.report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,20 +70,25 @@ class HostResult:
     address: str
     status: HostStatus
     message: str = ""  # what happened, without the host's name: every view shows it beside the host
-    data: dict[str, Any] = field(default_factory=dict)
+    report: Any = None  # the task's Report (a plain dict until every task has its report value)
     elapsed: float = 0.0
     connect_time: float | None = None
     round_trips: int = 0
     agent: str | None = None  # how the host's agent was reached: "resident", "started", or None (not called)
     interrupted: str | None = None  # in a run the user interrupted: NOT_STARTED, FINISHED or CANCELLED; else None
+    reason: str | None = None  # the kind of the error that decided the status (DdopsError.kind); None when none did
 
     @property
     def failed(self) -> bool:
         return self.status in FAILING
 
+    @property
+    def data(self) -> dict[str, Any]:
+        return report_json(self.report)
+
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
-                "elapsed_s": round(self.elapsed, 4),
+                "reason": self.reason, "elapsed_s": round(self.elapsed, 4),
                 "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
                 "round_trips": self.round_trips, "agent": self.agent, "data": self.data,
                 **({"interrupted": self.interrupted} if self.interrupted else {})}
@@ -132,13 +156,10 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     emit(FleetEvent(host.name, "connecting"))
     try:
         session = connect(host)
-    except DdopsError as exc:
-        result = HostResult(host.name, host.address, UNREACHABLE, message_for(host.name, exc),
-                            elapsed=time.monotonic() - started)
-        emit(FleetEvent(host.name, "done", result))
-        return result
     except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet
-        result = HostResult(host.name, host.address, UNREACHABLE, f"{type(exc).__name__}: {exc}",
+        failed = outcome_of_error(host.name, exc)
+        message = failed.message if isinstance(exc, DdopsError) else f"{type(exc).__name__}: {exc}"
+        result = HostResult(host.name, host.address, UNREACHABLE, message, reason=failed.reason,
                             elapsed=time.monotonic() - started)
         emit(FleetEvent(host.name, "done", result))
         return result
@@ -146,26 +167,28 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         _close(session)
         return _not_started(host, emit)
     emit(FleetEvent(host.name, "running"))
-    cancelled = False
     try:
         outcome = task(host, session)
-    except Cancelled as exc:
-        cancelled = True
-        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
-    except ConnectionLost as exc:
-        outcome = TaskOutcome(UNREACHABLE, message_for(host.name, exc))
-    except DdopsError as exc:
-        outcome = TaskOutcome(FAILED, message_for(host.name, exc))
     except Exception as exc:  # noqa: BLE001
-        outcome = TaskOutcome(FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        outcome = outcome_of_error(host.name, exc)
     finally:
         _close(session)
-    result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.data,
+    result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.report,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
                         round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
-                        interrupted=CANCELLED if cancelled else FINISHED if interrupt.requested else None)
+                        interrupted=CANCELLED if outcome.reason == Cancelled.kind else
+                        FINISHED if interrupt.requested else None, reason=outcome.reason)
     emit(FleetEvent(host.name, "done", result))
     return result
+
+
+def outcome_of_error(host: str, exc: BaseException) -> TaskOutcome:
+    """What an error that ended a host's task makes of it: unreachable when the connection died, failed otherwise,
+    with the error's kind as the reason."""
+    if isinstance(exc, DdopsError):
+        return TaskOutcome(UNREACHABLE if isinstance(exc, ConnectionLost) else FAILED, message_for(host, exc),
+                           reason=exc.kind)
+    return TaskOutcome(FAILED, f"internal error: {type(exc).__name__}: {exc}", reason=INTERNAL)
 
 
 def _not_started(host: Host, emit: Callable[[FleetEvent], None]) -> HostResult:

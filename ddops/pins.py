@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ddops.errors import DdopsError, UsageError
+from ddops.jsonvalue import JsonValue, omitted_when_none
 from ddops.strenum import StrEnum
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED = PinState
 
 class SyncError(DdopsError):
     """A controller-side git step failed (resolving a pin, making a bundle)."""
+
+    kind = "sync"
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,18 +237,33 @@ class Pins:
             return dict(self._pins)
 
 
-def pin_summary(host: "Host", head: str | None, pin: Pin | None) -> dict[str, str | None]:
-    """What status shows for a host's pin: its state, the pin as `main@73068c9`, and where it was resolved."""
+@dataclass(frozen=True, slots=True)
+class PinSummary(JsonValue):
+    """What status shows for a host's pin: its state, the pin as `main@73068c9`, the commit it names, where it was
+    resolved, and why it could not be."""
+
+    state: PinState
+    pin: str | None
+    commit: str | None = None
+    resolved_in: str | None = None
+    error: str | None = omitted_when_none()
+
+    @property
+    def cell(self) -> str:
+        """`at-pin main@73068c9`: the state and the pin as the controller resolved it."""
+        return f"{self.state} {self.pin}" if self.pin else str(self.state)
+
+
+def pin_summary(host: "Host", head: str | None, pin: Pin | None) -> PinSummary:
+    """A host's PinSummary, from its checkout's head and its resolved pin (None: the host has no pin)."""
     if pin is None:
-        return {"state": pin_state(host, head), "pin": host.commit, "commit": None, "resolved_in": None}
-    resolved = pin.commit
-    return {"state": pin_state(host, head, resolved), "pin": pin.shown,
-            "commit": resolved, "resolved_in": pin.resolved_in if pin and pin.commit else None,
-            **({"error": pin.error} if pin is not None and pin.error else {})}
+        return PinSummary(pin_state(host, head), host.commit)
+    return PinSummary(pin_state(host, head, pin.commit), pin.shown, pin.commit,
+                      pin.resolved_in if pin.commit else None, pin.error or None)
 
 
 def host_pins(hosts: Sequence["Host"], heads: Sequence[str | None], pins: Pins | None = None
-              ) -> dict[str, dict[str, str | None]]:
+              ) -> dict[str, PinSummary]:
     """host name -> pin_summary, each distinct pin resolved once on the controller (what `ddops status` shows)."""
     # A table must not wait a minute for an unreachable forge: its pin then shows as unresolved, with why.
     pins = pins or Pins(timeout=STATUS_GIT_TIMEOUT)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
         current = current_state()
         if current is not None and current.json:  # --json: still one document on stdout, saying what went wrong
-            write_document(current.command, exc.exit_code, {"error": str(exc)})
+            write_document(exc.exit_code, {"error": str(exc)})
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
         show = getattr(exc, "show", None)

@@ -28,7 +28,7 @@ def list_(ctx: typer.Context, selection: Selection) -> None:
     """Every saved foreign edit of the selected hosts (all when none is selected): file, when, who, where."""
     from ddops.tasks.backups import list_backups_host
 
-    run = OnHosts(ctx, "backups list", selection, everywhere_when_empty=True)
+    run = OnHosts(ctx, selection, everywhere_when_empty=True)
     run.finish(run.run(list_backups_host, title="backups list"), render=_saved_table)
 
 
@@ -57,7 +57,7 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
 
     from ddops.tasks.backups import show_saved_task
 
-    run = OnHosts(ctx, "backups show", one_host(host))
+    run = OnHosts(ctx, one_host(host))
     results = run.run(show_saved_task(which, with_current=diff), progress=False)  # nothing around the bytes
     if run.json or results[0].failed:
         run.finish(results)
@@ -83,7 +83,7 @@ def restore(ctx: typer.Context, host: HostArg, which: WhichArg, yes: YesOpt = Fa
     """Put a saved edit back in its file: only over what ddops last wrote there (no patch of ddops in place)."""
     from ddops.tasks.backups import restore_backup_host
 
-    run = OnHosts(ctx, "backups restore", one_host(host))
+    run = OnHosts(ctx, one_host(host))
     if not yes and sys.stdin.isatty() and not run.json:
         if not typer.confirm(f"Put the saved edit {which} back on {run.hosts[0].name}?"):
             raise typer.Exit(1)

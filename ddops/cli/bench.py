@@ -85,11 +85,11 @@ def run(ctx: typer.Context, selection: Selection,
 
     pins = Pins(from_clone=checked_clone(from_) if from_ else None)  # each pin resolved once, on this machine
     if check:
-        on = OnHosts(ctx, "bench --check", selection)
+        on = OnHosts(ctx, selection)
         on.finish(on.run(check_task(bench_plan, pins, inventory), title=f"bench {bench_plan.name} --check"),
-                  {"plan": bench_plan.name})
+                  {"check": True, "plan": bench_plan.name})
         return
-    on = OnHosts(ctx, "bench", selection)
+    on = OnHosts(ctx, selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
     results = on.run(launch_task(bench_plan, rid, pins, inventory), title=f"bench {bench_plan.name}")
     launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
@@ -109,8 +109,8 @@ def run(ctx: typer.Context, selection: Selection,
                 _hints(rid, detached=False)
 
     if not following:
-        on.finish(results, {"run_id": rid if launched else None, "plan": bench_plan.name}, render=render,
-                  failed=not launched)
+        on.finish(results, {"check": False, "run_id": rid if launched else None, "plan": bench_plan.name},
+                  render=render, failed=not launched)
         return
     render(results)
     code = follow_run(on.state, on.inventory, launched, rid)
@@ -326,13 +326,13 @@ def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id:
 # --- status, logs, stop, list -----------------------------------------------------------------------------------------
 
 
-def _run_hosts(ctx: typer.Context, name: str, selection: Selection, root: Path, run_id: str) -> OnHosts:
+def _run_hosts(ctx: typer.Context, selection: Selection, root: Path, run_id: str) -> OnHosts:
     """The selection when one is given, else the hosts the run was launched on (else every inventory host)."""
     from ddops.bench.runs import run_hosts
 
     if not selection.empty:
-        return OnHosts(ctx, name, selection)
-    return OnHosts(ctx, name, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, run_id))
+        return OnHosts(ctx, selection)
+    return OnHosts(ctx, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, run_id))
 
 
 def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
@@ -399,7 +399,7 @@ def status(ctx: typer.Context, selection: Selection,
 
     root = results_root(results_dir)
     rid = resolve_run_id(root, run_id)
-    on = _run_hosts(ctx, "bench status", selection, root, rid)
+    on = _run_hosts(ctx, selection, root, rid)
     results = on.run(status_task(rid), title=f"bench status {rid}")
 
     def render(results: Sequence["HostResult"]) -> None:
@@ -424,7 +424,7 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     from ddops.tasks.bench import logs_task
 
     rid = check_run_id(run_id)
-    on = _run_hosts(ctx, "bench logs", selection, results_root(results_dir), rid)
+    on = _run_hosts(ctx, selection, results_root(results_dir), rid)
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
@@ -457,7 +457,7 @@ def stop(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     from ddops.tasks.slurm import check_tasks_option
 
     rid = check_run_id(run_id)
-    on = _run_hosts(ctx, "bench stop", selection, results_root(results_dir), rid)
+    on = _run_hosts(ctx, selection, results_root(results_dir), rid)
     if not yes and sys.stdin.isatty() and not on.json:
         typer.confirm(f"stop run {rid} on {len(on.hosts)} host(s)?", abort=True)
     check_tasks_option(on.hosts, task or [])
@@ -469,7 +469,7 @@ def list_runs(ctx: typer.Context, selection: Selection) -> None:
     """Every bench run found on the hosts (all inventory hosts when none is selected), newest first."""
     from ddops.tasks.bench import list_task
 
-    on = OnHosts(ctx, "bench list", selection, everywhere_when_empty=True)
+    on = OnHosts(ctx, selection, everywhere_when_empty=True)
     on.finish(on.run(list_task, title="bench list"), render=_runs_table)
 
 
@@ -511,7 +511,7 @@ def collect(ctx: typer.Context, selection: Selection,
     max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
     rid = resolve_run_id(root, run_id)
-    on = _run_hosts(ctx, "bench collect", selection, root, rid)
+    on = _run_hosts(ctx, selection, root, rid)
     results = on.run(collect_task(rid, root, max_bytes), title=f"bench collect {rid}")
     manifest = write_manifest(root, rid, manifest_entries(results))
 
@@ -570,7 +570,7 @@ def report(ctx: typer.Context,
     if fmt == "json":
         import json
 
-        write_document("bench report", code, {"run_ids": ids, **json.loads(to_json(rep, views)),
+        write_document(code, {"run_ids": ids, **json.loads(to_json(rep, views)),
                                               "problems": problems, **({"note": note} if note else {})})
     elif fmt == "csv":
         sys.stdout.write(to_csv(rep, by))  # --by: the aggregated rows of that table; without it, every result row

@@ -71,7 +71,7 @@ class AppState:
     ask_key_passphrase: bool = False
     adhoc_hosts: str | None = None  # -H user@host:port,...: these hosts instead of an inventory file
     all_rows: bool = False  # --all-rows: the recap never folds
-    command: str = ""  # the running command's name (`bench status`), for the --json document of an error
+    command: str = ""  # the running command's name (`bench status`): its --json document's and its progress title
     _inventory_cache: Any = field(default=None, repr=False)
 
     def given_here(self, *, inventory: str | None, json_out: bool, verbose: int, forks: int | None,
@@ -251,12 +251,11 @@ class OnHosts:
     """One command over the selected hosts: the inventory and hosts chosen once, the fleet run with its progress
     view and Ctrl-C handling, then one JSON document or the rendered recap, then the exit code."""
 
-    def __init__(self, ctx: typer.Context, name: str, selection: Any, *, everywhere_when_empty: bool = False,
+    def __init__(self, ctx: typer.Context, selection: Any, *, everywhere_when_empty: bool = False,
                  hosts: Sequence["Host"] | None = None) -> None:
         from ddops.fleet import Interrupt
         from ddops.inventory import select
 
-        self.name = name
         self.state = state(ctx)
         self.inventory = self.state.load_inventory()
         self.interrupt = Interrupt()
@@ -280,7 +279,7 @@ class OnHosts:
         """The task over the hosts: a progress view unless `progress` is off (or --json); the first Ctrl-C stops
         starting hosts (tasks that can be cancelled watch `self.interrupt.event`), a second abandons."""
         with ctrl_c(self.interrupt):
-            return fleet_run(self.state, self.inventory, self.hosts, task, title=title or self.name,
+            return fleet_run(self.state, self.inventory, self.hosts, task, title=title or self.state.command,
                              progress=progress, interrupt=self.interrupt)
 
     def finish(self, results: Sequence["HostResult"], extra: dict[str, Any] | None = None, *,
@@ -299,7 +298,7 @@ class OnHosts:
         if interrupted:
             code = EXIT_INTERRUPTED
         if self.json:
-            emit_json(self.name, results, extra, exit_code=code, interrupted=interrupted)
+            emit_json(results, extra, exit_code=code, interrupted=interrupted)
         else:
             try:
                 if render is not None:
@@ -431,11 +430,12 @@ def escape(text: str) -> str:
 SCHEMA_VERSION = 1
 
 
-def write_document(command: str, exit_code: int, body: dict[str, Any] | None = None, *,
-                   interrupted: bool = False) -> None:
-    """The one JSON document of a --json run: the envelope's keys, then the command's own."""
-    doc = {"schema_version": SCHEMA_VERSION, "command": command, "exit_code": exit_code, "interrupted": interrupted,
-           **(body or {})}
+def write_document(exit_code: int, body: dict[str, Any] | None = None, *, interrupted: bool = False) -> None:
+    """The one JSON document of a --json run: the envelope's keys (the running command's name from its state, the
+    one home of that name), then the command's own."""
+    current = current_state()
+    doc = {"schema_version": SCHEMA_VERSION, "command": current.command if current else "", "exit_code": exit_code,
+           "interrupted": interrupted, **(body or {})}
     # Indented for a person at a terminal; compact otherwise, which the json module writes in C (indented output
     # goes through its pure-Python encoder: a quarter of a 32-host `patch --check --json` run's CPU).
     indent = 2 if sys.stdout.isatty() else None
@@ -443,12 +443,12 @@ def write_document(command: str, exit_code: int, body: dict[str, Any] | None = N
     sys.stdout.flush()
 
 
-def emit_json(command: str, results: Sequence[HostResult], extra: dict[str, Any] | None = None, *,
+def emit_json(results: Sequence[HostResult], extra: dict[str, Any] | None = None, *,
               exit_code: int | None = None, interrupted: bool = False) -> None:
     """A fleet command's document: the envelope, a count per status, and one result per host."""
     fleet = _fleet()
     code = fleet.worst_exit_code(results) if exit_code is None else exit_code
-    write_document(command, code, {"summary": fleet.counts(results), "hosts": [r.to_json() for r in results],
+    write_document(code, {"summary": fleet.counts(results), "hosts": [r.to_json() for r in results],
                                    **(extra or {})}, interrupted=interrupted)
 
 

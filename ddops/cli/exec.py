@@ -40,7 +40,7 @@ def exec_command(ctx: typer.Context, selection: Selection, command: CommandArg =
     from ddops.tasks.adhoc import ExecSpec, exec_host
 
     spec = ExecSpec(argv=tuple(command or ()), shell=shell, in_repo=in_repo, sudo=sudo, timeout=timeout)
-    run = OnHosts(ctx, "exec", selection)
+    run = OnHosts(ctx, selection)
     printer = _LinePrinter([h.name for h in run.hosts]) if not (run.json or grouped) else None
     results = run.run(lambda h, s: exec_host(h, s, spec, printer.line if printer else None,
                                              cancel=run.interrupt.event), progress=False)

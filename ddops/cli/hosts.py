@@ -22,9 +22,9 @@ def register(app: typer.Typer) -> None:
 
 def hosts(ctx: typer.Context, selection: Selection) -> None:
     """List the selected hosts (all of them when nothing is selected)."""
-    chosen = OnHosts(ctx, "hosts", selection, everywhere_when_empty=True).hosts
+    chosen = OnHosts(ctx, selection, everywhere_when_empty=True).hosts
     if state(ctx).json:
-        write_document("hosts", 0, {"hosts": [
+        write_document(0, {"hosts": [
             {"host": h.name, "address": h.address, "port": h.port, "user": h.user, "repo": h.repo, "python": h.python,
              "groups": list(h.groups), "proxy_jump": h.proxy_jump} for h in chosen]})
         return
@@ -49,7 +49,7 @@ def inventory_check(ctx: typer.Context) -> None:
     books = load_inventory_playbooks(inventory) if inventory.patches else []
     patches = f"; patches: {', '.join(b.name for b in books)}" if books else ""
     if state(ctx).json:
-        write_document("inventory check", 0, {"inventory": {
+        write_document(0, {"inventory": {
             "path": inventory.path, "hosts": len(inventory.hosts), "groups": len(inventory.groups),
             "patches": [b.name for b in books]}})
         return
@@ -59,7 +59,7 @@ def inventory_check(ctx: typer.Context) -> None:
 
 def ping(ctx: typer.Context, selection: Selection) -> None:
     """Connect to the selected hosts and report hostname, OS, python, GPUs, free disk and round-trip time."""
-    run = OnHosts(ctx, "ping", selection)
+    run = OnHosts(ctx, selection)
     from ddops.tasks.ping import ping_task
 
     run.finish(run.run(ping_task), columns=[

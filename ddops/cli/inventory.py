@@ -69,7 +69,7 @@ def import_inventory(
     path = _write_checked(ctx, output, force, imp.render_inventory(imported, header))
     groups = {g for h in imported.hosts for g in h.groups}
     if state(ctx).json:
-        write_document("inventory import", 0, {"written": str(path), "hosts": [h.name for h in imported.hosts],
+        write_document(0, {"written": str(path), "hosts": [h.name for h in imported.hosts],
                                                "groups": sorted(groups), "not_imported": list(imported.not_imported)})
         return
     console.print(f"wrote {escape(str(path))}: {len(imported.hosts)} hosts, {len(groups)} groups "
@@ -84,7 +84,7 @@ def init(ctx: typer.Context, output: OutputOpt = None, force: ForceOpt = False) 
 
     path = _write_checked(ctx, output, force, starter_inventory())
     if state(ctx).json:
-        write_document("inventory init", 0, {"written": str(path)})
+        write_document(0, {"written": str(path)})
         return
     console.print(f"wrote {escape(str(path))}: edit its hosts, then `ddops -i {escape(str(path))} inventory check`")
 

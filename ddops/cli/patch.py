@@ -12,6 +12,7 @@ from ddops.cli.common import AppState, CheckOpt, ExitCodeOpt, OnHosts, YesOpt, c
 from ddops.errors import UsageError
 
 if TYPE_CHECKING:
+    from ddops.fleet import HostResult
     from ddops.inventory import Selection
 
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
@@ -46,7 +47,7 @@ def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = Non
     from ddops.patching.snapshot import all_patches, make_planner
     from ddops.tasks.patch import patch_host
 
-    run = OnHosts(ctx, "patch", selection)
+    run = OnHosts(ctx, selection)
     books = _playbooks(run.state, playbook)
     planner = make_planner(all_patches(books))
     results = run.run(lambda h, s: patch_host(h, s, books, planner=planner, check=check, lock_timeout=lock_timeout),
@@ -66,18 +67,18 @@ def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = Non
                exit_code_on_change=exit_code)
 
 
-def show_diffs(results: Sequence[Any]) -> None:
+def show_diffs(results: Sequence[HostResult]) -> None:
     """Each distinct diff once, with the hosts that share it."""
     from rich.syntax import Syntax
 
     from ddops.patching.plan import group_diffs
+    from ddops.patching.reports import PatchReport
 
-    shown = [r for r in results if r.status in ("changed", "ok") and r.data.get("diff")]
-    plain_text_files = {r.host: {f["path"] for f in r.data.get("files", [])
-                                 if any(p.get("plain_text") for p in f["patches"])} for r in shown}
-    for group in group_diffs({r.host: r.data["diff"] for r in shown}):
+    shown = {r.host: r.report for r in results
+             if r.status in ("changed", "ok") and isinstance(r.report, PatchReport) and r.report.diff}
+    for group in group_diffs({host: report.diff for host, report in shown.items()}):
         console.rule(f"[bold]{escape(group.title)}[/] ({escape(', '.join(group.hosts))})", align="left")
-        plain = sorted(set().union(*(plain_text_files[h] for h in group.hosts)))
+        plain = sorted(set().union(*(shown[h].plain_text_files for h in group.hosts)))
         if plain:
             console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(plain))}")
         console.print(Syntax(group.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
@@ -87,23 +88,23 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
     """Run the playbooks' checks and print what matched, like grep."""
     from ddops.tasks.patch import verify_host
 
-    run = OnHosts(ctx, "verify", selection)
+    run = OnHosts(ctx, selection)
     books = _playbooks(run.state, playbook)
     run.finish(run.run(lambda h, s: verify_host(h, s, books)), render=_show_checks)
 
 
-def _show_checks(results: Sequence[Any]) -> None:
+def _show_checks(results: Sequence[HostResult]) -> None:
+    from ddops.patching.reports import VerifyReport
+
     for r in results:
-        for c in r.data.get("checks", []):
-            mark = "[green]ok[/]  " if c["ok"] else "[bold red]FAIL[/]"
-            lines = c.get("grep") or []
-            if c["kind"] in ("contains", "unchanged", "count") and lines:
-                for line in lines:
+        for c in r.report.checks if isinstance(r.report, VerifyReport) else ():
+            mark = "[green]ok[/]  " if c.ok else "[bold red]FAIL[/]"
+            if c.finds_lines:
+                for line in c.grep_lines():
                     console.print(f"{mark} {escape(r.host)}  {escape(line)}")
             else:
-                detail = c.get("message") or ""
-                console.print(f"{mark} {escape(r.host)}  {escape(c['name'])}"
-                              + (f": {escape(detail.splitlines()[-1])}" if detail and not c["ok"] else ""))
+                console.print(f"{mark} {escape(r.host)}  {escape(c.name)}"
+                              + (f": {escape(c.message.splitlines()[-1])}" if c.message and not c.ok else ""))
     recap(results, title="ddops verify")
 
 
@@ -112,7 +113,7 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
     """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
     from ddops.tasks.patch import rollback_host
 
-    run = OnHosts(ctx, "rollback", selection, everywhere_when_empty=True)
+    run = OnHosts(ctx, selection, everywhere_when_empty=True)
     patch_ids = None
     if playbook:
         from ddops.patching.snapshot import all_patches
@@ -129,9 +130,9 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
 def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
     """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
     from ddops.patching.snapshot import all_patches, make_planner
-    from ddops.tasks.patch import status_host
+    from ddops.tasks.patch import status_host, with_pins
 
-    run = OnHosts(ctx, "status", selection, everywhere_when_empty=True)
+    run = OnHosts(ctx, selection, everywhere_when_empty=True)
     if not (playbook or run.inventory.patches):
         # No playbook to plan against: show what each host's journal holds, as rollback reads it.
         from ddops.tasks.journal_status import journal_status_host
@@ -141,22 +142,14 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         books = _playbooks(run.state, playbook)
         planner = make_planner(all_patches(books))
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
-    results = run.run(task)
-    from ddops.pins import host_pins
-
-    summaries = host_pins(run.hosts, [r.data.get("commit") for r in results])
-    pins = {name: _pin_cell(summary) for name, summary in summaries.items()}
-    if run.json:
-        for r in results:
-            if r.host in summaries:
-                r.data["pin"] = summaries[r.host]["state"]
-                r.data["pin_detail"] = summaries[r.host]
-    run.finish(results, render=lambda results: _status_table(results, books, pins))
+    results = with_pins(run.run(task), run.hosts)
+    run.finish(results, render=lambda results: _status_table(results, books))
 
 
-def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, str]) -> None:
+def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
+    shown = {r.host: r.report.status for r in results if r.report.status is not None}
     patch_ids = [p.id for b in books for p in b.patches] or list(
-        dict.fromkeys(pid for r in results for pid in r.data.get("patches", {})))
+        dict.fromkeys(pid for status in shown.values() for pid in status.patches))
     from rich.table import Table
 
     table = Table(title="ddops status", header_style="bold")
@@ -167,18 +160,13 @@ def _status_table(results: Sequence[Any], books: Sequence[Any], pins: dict[str, 
         table.add_column(pid)
     table.add_column("note", overflow="fold")
     for r in results:
-        states = r.data.get("patches", {})
-        commit = r.data.get("commit") or ""
+        status = shown.get(r.host)
+        states = status.patches if status else {}
         cells = []
         for pid in patch_ids:
             s = states.get(pid, "-")
             cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
         note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
-        table.add_row(escape(r.host), commit[:10], escape(pins.get(r.host, "")), *cells, escape(note))
+        table.add_row(escape(r.host), ((status and status.commit) or "")[:10], escape(r.report.pin.cell), *cells,
+                      escape(note))
     console.print(table)
-
-
-def _pin_cell(summary: dict) -> str:
-    """`at-pin main@73068c9`: the state and the pin as the controller resolved it."""
-    shown = summary.get("pin")
-    return f"{summary['state']} {shown}" if shown else str(summary["state"])

@@ -39,7 +39,7 @@ def lint(
         if sample:
             raise UsageError("--sample tries patch playbooks; a bench plan has no transform to try")
         if state(ctx).json:
-            write_document("playbook lint", 0, {"file": str(file), "kind": "bench plan", "name": plan.name})
+            write_document(0, {"file": str(file), "kind": "bench plan", "name": plan.name})
             return
         console.print(f"{escape(str(file))}: ok (bench plan {escape(plan.name)})")
         return
@@ -51,7 +51,7 @@ def lint(
     reports = [_lint_sample(book, spec, diff, show=not as_json) for spec in sample or ()]
     failed = not all(ok for ok, _ in reports)
     if as_json:
-        write_document("playbook lint", int(failed), {"file": str(file), "kind": "playbook", "name": book.name,
+        write_document(int(failed), {"file": str(file), "kind": "playbook", "name": book.name,
                                                       "files": list(book.files),
                                                       "samples": [found for _, found in reports]})
     if failed:

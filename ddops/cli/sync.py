@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 def _run(ctx: typer.Context, name: str, selection: Selection, exit_code: bool, **options: Any) -> None:
     from ddops.tasks.sync import SyncOptions, prepare_sync
 
-    run = OnHosts(ctx, name, selection)
+    run = OnHosts(ctx, selection)
     with prepare_sync(run.inventory, run.hosts, SyncOptions(**options)) as prepared:
         results = run.run(prepared.sync_task if name == "sync" else prepared.deploy_task)
     run.finish(results, columns=_COLUMNS[name], exit_code_on_change=exit_code)

@@ -69,7 +69,7 @@ def up(
     if inventory_out is not None:
         shutil.copyfile(tb.inventory_path, inventory_out)
     if state(ctx).json:
-        write_document("testbed up", 0, {"testbed": {"root": str(tb.root), "engine": tb.engine,
+        write_document(0, {"testbed": {"root": str(tb.root), "engine": tb.engine,
                                                      "inventory": str(inventory_out or tb.inventory_path)},
                                          "hosts": [{"host": h.name, "address": h.address, "port": h.port}
                                                    for h in tb.hosts]})
@@ -90,7 +90,7 @@ def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--roo
     engine = testbed.load_testbed(where).engine
     stopped = testbed.down(where)
     if state(ctx).json:
-        write_document("testbed down", 0, {"testbed": {"root": str(where), "engine": engine},
+        write_document(0, {"testbed": {"root": str(where), "engine": engine},
                                            "stopped": len(stopped)})
         return
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
@@ -106,7 +106,7 @@ def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--r
     rows = testbed.status(where)
     code = 0 if all(r["running"] for r in rows) else 1
     if state(ctx).json:
-        write_document("testbed status", code, {"testbed": {"root": str(where)}, "hosts": [
+        write_document(code, {"testbed": {"root": str(where)}, "hosts": [
             {"host": r["name"], **{k: v for k, v in r.items() if k != "name"}} for r in rows]})
         raise typer.Exit(code)
     from rich.table import Table

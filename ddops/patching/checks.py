@@ -10,13 +10,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from ddops.jsonvalue import JsonValue
 from ddops.patching.playbook import CheckSpec
 
 Match = tuple[int, str]  # (1-based line number, the line without its line ending)
 
 
 @dataclass(frozen=True, slots=True)
-class CheckResult:
+class CheckResult(JsonValue):
     """One check on one file: passed or not, the lines it matched (like grep), and why."""
 
     name: str
@@ -30,9 +31,10 @@ class CheckResult:
         """`file:line: text` for each matching line."""
         return [f"{self.path}:{n}: {text}" for n, text in self.matches]
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "kind": self.kind, "path": self.path, "message": self.message,
-                "matches": [list(m) for m in self.matches]}
+    @property
+    def finds_lines(self) -> bool:
+        """A check whose matching lines say more than its name (contains, unchanged, count)."""
+        return self.kind in ("contains", "unchanged", "count") and bool(self.matches)
 
 
 def run_checks(path: str, before: bytes | None, after: bytes, checks: Iterable[CheckSpec]) -> list[CheckResult]:

@@ -109,21 +109,6 @@ def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> di
     return states
 
 
-def plan_summary(plan: HostPlan, snap: Snapshot) -> list[dict[str, Any]]:
-    """Per file of the plan: its state, hashes and each patch's result, as --json shows them."""
-    files = []
-    for f in plan.files:
-        files.append({
-            "path": f.path, "state": ERROR if f.path in snap.errors else f.state, "changed": f.changed,
-            "before_sha256": f.before_sha, "after_sha256": f.after_sha,
-            "error": snap.errors.get(f.path),
-            "patches": [{"id": r.patch_id, "state": r.state, "message": r.message,
-                         "plain_text": r.outcome.plain_text,
-                         "lines": list(r.outcome.pending_lines or r.outcome.applied_lines)} for r in f.results],
-        })
-    return files
-
-
 def plan_problems(plan: HostPlan, snap: Snapshot) -> tuple[list[str], list[str]]:
     """(hard failures, drifts) as `file: patch: message` lines."""
     hard, drift = [], []

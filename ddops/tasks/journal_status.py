@@ -12,20 +12,21 @@ from typing import Any, Mapping, Sequence
 
 from ddops.fleet import DRIFTED, OK, TaskOutcome
 from ddops.inventory import Host
+from ddops.jsonvalue import JsonValue
 from ddops.patching import journal as journal_mod
 
 APPLIED, MODIFIED, MISSING = journal_mod.JOURNAL_APPLIED, journal_mod.MODIFIED, "missing"
 
 
 @dataclass(frozen=True, slots=True)
-class AppliedPatch:
+class AppliedPatch(JsonValue):
     """One patch ddops applied on a host and has not rolled back."""
 
     patch: str
     files: tuple[str, ...]
     changed_since: tuple[str, ...]  # its files whose content is not what ddops last wrote
     missing: tuple[str, ...]        # its files that are gone
-    time: str                       # when it was (last) applied
+    applied_at: str                 # when it was (last) applied
 
     @property
     def state(self) -> str:
@@ -34,8 +35,23 @@ class AppliedPatch:
         return MODIFIED if self.changed_since else APPLIED
 
     def to_json(self) -> dict[str, Any]:
-        return {"patch": self.patch, "state": self.state, "files": list(self.files),
-                "changed_since": list(self.changed_since), "missing": list(self.missing), "applied_at": self.time}
+        return {**JsonValue.to_json(self), "state": self.state}
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReport(JsonValue):
+    """What one host's journal holds (ddops' patches in place, each one's state now) and the repo's commit."""
+
+    commit: str | None
+    applied: tuple[AppliedPatch, ...]
+    journal_corrupt: tuple[Mapping[str, Any], ...]
+
+    @property
+    def patches(self) -> dict[str, str]:
+        return {p.patch: p.state for p in self.applied}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**JsonValue.to_json(self), "patches": self.patches}
 
 
 def applied_patches(journal: Sequence[Mapping[str, Any]],
@@ -52,7 +68,7 @@ def applied_patches(journal: Sequence[Mapping[str, Any]],
             patch, files,
             changed_since=tuple(f for f in files if f in modified and current_sha_by_file.get(f) is not None),
             missing=tuple(f for f in files if f in modified and current_sha_by_file.get(f) is None),
-            time=max(a.time for a in apps)))
+            applied_at=max(a.time for a in apps)))
     return out
 
 
@@ -69,23 +85,19 @@ def journal_status_host(host: Host, session: Any) -> TaskOutcome:
             record = snap["files"].get(path) or {}
             shas[path] = record.get("sha256") if record.get("exists") else None
     applied = applied_patches(journal, shas)
-    data: dict[str, Any] = {
-        "commit": (first.get("facts") or {}).get("git_commit"),
-        "patches": {p.patch: p.state for p in applied},
-        "applied": [p.to_json() for p in applied],
-        "journal_corrupt": first.get("journal_corrupt") or [],
-    }
-    corrupt = journal_mod.describe_corrupt(data["journal_corrupt"])
+    report = JournalReport((first.get("facts") or {}).get("git_commit"), tuple(applied),
+                           tuple(first.get("journal_corrupt") or ()))
+    corrupt = journal_mod.describe_corrupt(report.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     if not applied:
-        return TaskOutcome(OK, "no ddops patch applied" + said, data)
+        return TaskOutcome(OK, "no ddops patch applied" + said, report)
     attention = [p for p in applied if p.state != APPLIED]
     if attention:
         return TaskOutcome(DRIFTED, "; ".join(
             f"{p.patch} {p.state}: " + ", ".join(p.missing or p.changed_since) + (" gone" if p.missing else
                                                                                  " changed since ddops wrote it")
-            for p in attention) + said, data)
-    return TaskOutcome(OK, f"{len(applied)} applied" + said, data)
+            for p in attention) + said, report)
+    return TaskOutcome(OK, f"{len(applied)} applied" + said, report)
 
 
-__all__ = ["AppliedPatch", "applied_patches", "journal_status_host"]
+__all__ = ["AppliedPatch", "JournalReport", "applied_patches", "journal_status_host"]

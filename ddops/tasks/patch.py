@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 from ddops import __version__
 from ddops.errors import AgentError, CommandTimeout, message_for
-from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, TaskOutcome
+from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
+from ddops.patching.backups import SavedEdit
 from ddops.patching.checks import CheckResult, host_checks, run_checks
 from ddops.patching.kinds import APPLIED, CHANGING_STATES, PARTIAL, PENDING
 from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
 from ddops.patching.plan import Planner
-from ddops.patching.playbook import PatchPlaybook
+from ddops.patching.playbook import CheckSpec, PatchPlaybook
+from ddops.patching.reports import (PatchReport, Refusal, RollbackReport, SavedCopy, StatusReport, VerifyCheck,
+                                    VerifyReport, file_reports)
 from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
-                                     plan_summary, with_host_python)
+                                     with_host_python)
+from ddops.pins import PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
+from ddops.tasks.journal_status import JournalReport
 
 def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
     """One agent round trip: every target file's bytes and hash, plus the journal."""
@@ -36,18 +42,16 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
     plan = planner.plan_host(patches, snap.files, snap.ours(patches))
-    states = patch_states(plan, patches, snap)
-    data: dict[str, Any] = {"patches": states, "files": plan_summary(plan, snap), "diff": plan.diff,
-                            "written": [], "checks": [], "reverted": False, "check_mode": check}
+    report = PatchReport(patch_states(plan, patches, snap), file_reports(plan, snap), plan.diff, check_mode=check)
     hard, drift = plan_problems(plan, snap)
     if hard:
-        return TaskOutcome(FAILED, "; ".join(hard), data)
+        return TaskOutcome(FAILED, "; ".join(hard), report)
     if drift:
         # All or nothing per host: patches may depend on each other, and a half-patched repo helps nobody.
-        return TaskOutcome(DRIFTED, "nothing written: " + "; ".join(drift), data)
+        return TaskOutcome(DRIFTED, "nothing written: " + "; ".join(drift), report)
     changing = [f for f in plan.files if f.changed]
     if not changing:
-        return TaskOutcome(OK, f"already applied ({len(patches)} patch{'es' if len(patches) != 1 else ''})", data)
+        return TaskOutcome(OK, f"already applied ({len(patches)} patch{'es' if len(patches) != 1 else ''})", report)
 
     # Pure checks run on the exact bytes about to be written: a failing check means nothing is written at all.
     results: list[CheckResult] = []
@@ -62,15 +66,15 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
             command = with_host_python(host.python, c.run or "")
             post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command,
                                                            "timeout": c.timeout})
-    data["checks"] = [r.to_dict() for r in results]
+    report = replace(report, checks=tuple(results))
     failed_checks = [r for r in results if not r.ok]
     if failed_checks:
         return TaskOutcome(FAILED, "nothing written: check failed: " + "; ".join(
-            f"{r.name}: {r.message}" for r in failed_checks), data)
+            f"{r.name}: {r.message}" for r in failed_checks), report)
     if check:
         names = sorted({r.patch_id for f in changing for r in f.results if r.state in CHANGING_STATES})
         return TaskOutcome(CHANGED, f"would change {len(changing)} file{'s' if len(changing) != 1 else ''} "
-                                    f"({', '.join(names)})", data)
+                                    f"({', '.join(names)})", report)
 
     changes = [{
         "path": f.path,
@@ -88,21 +92,21 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
     except AgentError as exc:
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
-                                       "run again)", data)
+                                       "run again)", report, reason=exc.kind)
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
-        return after_commit_timeout(host, session, changing, seconds, lock_timeout, data)
-    data["written"] = reply.get("written", [])
-    data["reverted"] = bool(reply.get("reverted"))
-    data["checks"] += [{"name": c["name"], "ok": c["ok"], "kind": "command", "path": "", "message":
-                        (c.get("output") or "").strip()[-400:], "matches": []} for c in reply.get("checks", [])]
-    if data["reverted"]:
-        failed = [c for c in reply.get("checks", []) if not c.get("ok")]
+        return after_commit_timeout(host, session, changing, seconds, lock_timeout, report)
+    ran = reply.get("checks", [])
+    commands = tuple(CheckResult(c["name"], c["ok"], message=(c.get("output") or "").strip()[-400:], kind="command")
+                     for c in ran)
+    report = replace(report, written=tuple(reply.get("written", [])), reverted=bool(reply.get("reverted")),
+                     checks=report.checks + commands)
+    if report.reverted:
         detail = "; ".join(f"{c['name']} (exit {c.get('exit_code')}): {(c.get('output') or '').strip()[-200:]}"
-                           for c in failed)
-        return TaskOutcome(FAILED, f"check failed after writing, originals restored: {detail}", data)
-    return TaskOutcome(CHANGED, f"patched {', '.join(data['written'])}", data)
+                           for c in ran if not c.get("ok"))
+        return TaskOutcome(FAILED, f"check failed after writing, originals restored: {detail}", report)
+    return TaskOutcome(CHANGED, f"patched {', '.join(report.written)}", report)
 
 
 def commit_timeout(host: Host, lock_timeout: float, post_checks: Sequence[dict[str, Any]]) -> float:
@@ -112,7 +116,7 @@ def commit_timeout(host: Host, lock_timeout: float, post_checks: Sequence[dict[s
 
 
 def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[Any], seconds: float,
-                         lock_timeout: float, data: dict[str, Any]) -> TaskOutcome:
+                         lock_timeout: float, report: PatchReport) -> TaskOutcome:
     """The outcome of a commit whose answer did not come within `seconds`: read the files, the lock and the journal
     (waiting up to lock_timeout for a commit still running there to end) and report what the host holds."""
     settle_until = time.monotonic() + lock_timeout
@@ -136,28 +140,27 @@ def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[A
             states.append(f"{f.path} original")
         else:
             states.append(f"{f.path} changed by someone else (sha256 {found})" if found else f"{f.path} missing")
-    data["written"] = patched
+    report = replace(report, written=tuple(patched))
     late = f"the commit's answer did not come within {seconds:g}s"
     if running:
         who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
         return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
-                                   f"{', '.join(states)}; `ddops status` shows how it ends", data)
+                                   f"{', '.join(states)}; `ddops status` shows how it ends", report,
+                           reason=CommandTimeout.kind)
     if len(patched) == len(changing):
         return TaskOutcome(CHANGED, f"patched {', '.join(patched)} ({late}, but the host's files and journal show "
-                                    f"that it finished)", data)
-    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", data)
+                                    f"that it finished)", report)
+    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", report, reason=CommandTimeout.kind)
 
 
 def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
                 planner: Planner | None = None) -> TaskOutcome:
-    """Run every check of the playbooks against the files as they are now; grep-style matches in data."""
+    """Run every check of the playbooks against the files as they are now; grep-style matches in the report."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
-    results: list[dict[str, Any]] = []
-    commands: dict[str, dict[str, Any]] = {}
-    failures: list[str] = []
-    for path, message in snap.errors.items():
-        failures.append(f"{path}: {message}")
+    results: list[VerifyCheck] = []
+    commands: dict[str, tuple[str, CheckSpec]] = {}
+    failures = [f"{path}: {message}" for path, message in snap.errors.items()]
     for patch in patches:
         for path in patch.files:
             content = snap.files.get(path)
@@ -167,25 +170,23 @@ def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
                 failures.append(f"{path}: missing")
                 continue
             for r in run_checks(path, None, content, patch.checks_for(path)):
-                entry = {**r.to_dict(), "patch": patch.id, "grep": r.grep_lines()}
-                results.append(entry)
+                results.append(VerifyCheck(r.name, r.ok, r.matches, r.message, r.path, r.kind, patch=patch.id))
                 if not r.ok:
                     failures.append(f"{patch.id}: {r.name}: {r.message}")
             for c in host_checks(patch.checks_for(path), path):
-                commands.setdefault(c.run or "", {"patch": patch.id, "check": c})
-    for command, item in commands.items():
-        check = item["check"]
+                commands.setdefault(c.run or "", (patch.id, c))
+    for command, (patch_id, check) in commands.items():
         ran = session.run(f"cd {shell_path(host.repo)} && {with_host_python(host.python, command)}",
                           timeout=check.timeout)
-        ok, output, code = ran.ok, (ran.stdout + ran.stderr).strip(), ran.exit_code
-        results.append({"name": check.name, "ok": ok, "kind": "command", "path": "", "patch": item["patch"],
-                        "message": output[-400:], "matches": [], "grep": [], "exit_code": code})
-        if not ok:
-            failures.append(f"{item['patch']}: {check.name} exited {code}: {output[-200:]}")
-    data = {"checks": results}
+        output = (ran.stdout + ran.stderr).strip()
+        results.append(VerifyCheck(check.name, ran.ok, (), output[-400:], "", "command", patch=patch_id,
+                                   exit_code=ran.exit_code))
+        if not ran.ok:
+            failures.append(f"{patch_id}: {check.name} exited {ran.exit_code}: {output[-200:]}")
+    report = VerifyReport(tuple(results))
     if failures:
-        return TaskOutcome(FAILED, "; ".join(failures), data)
-    return TaskOutcome(OK, f"{len(results)} checks passed", data)
+        return TaskOutcome(FAILED, "; ".join(failures), report)
+    return TaskOutcome(OK, f"{len(results)} checks passed", report)
 
 
 def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
@@ -195,17 +196,35 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     snap = take_snapshot(host, session, all_files(patches), facts=True)
     plan = (planner or make_planner()).plan_host(patches, snap.files, snap.ours(patches))
     states = patch_states(plan, patches, snap)
-    facts = snap.facts or {}
-    data = {"patches": states, "commit": facts.get("git_commit"), "files": plan_summary(plan, snap)}
-    data["journal_corrupt"] = list(snap.journal_corrupt)
+    report = StatusReport(states, (snap.facts or {}).get("git_commit"), file_reports(plan, snap),
+                          snap.journal_corrupt)
     corrupt = journal_mod.describe_corrupt(snap.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
     if attention:
         status = DRIFTED if all(s in (PLAN_DRIFTED, journal_mod.MODIFIED) for s in attention.values()) else FAILED
-        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()) + said, data)
+        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()) + said, report)
     pending = [pid for pid, s in states.items() if s != APPLIED]
-    return TaskOutcome(OK, (f"{len(pending)} pending" if pending else "all applied") + said, data)
+    return TaskOutcome(OK, (f"{len(pending)} pending" if pending else "all applied") + said, report)
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedStatus:
+    """A host's status (None: it was not reached) and its pin as the controller resolved it: what `ddops status`
+    shows of each host."""
+
+    status: StatusReport | JournalReport | None
+    pin: PinSummary
+
+    def to_json(self) -> dict[str, Any]:
+        shown = self.status.to_json() if self.status else {}
+        return {**shown, "pin": self.pin.state, "pin_detail": self.pin.to_json()}
+
+
+def with_pins(results: Sequence[HostResult], hosts: Sequence[Host]) -> list[HostResult]:
+    """Each status result with its host's pin, every distinct pin resolved once on the controller."""
+    pins = host_pins(hosts, [r.report.commit if r.report else None for r in results])
+    return [replace(r, report=PinnedStatus(r.report, pins[r.host])) for r in results]
 
 
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
@@ -232,49 +251,30 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
     entries = journal_mod.parse_journal(raw)
     actives = journal_mod.active_applications(entries)
     if not actives:
-        return TaskOutcome(OK, "nothing to roll back", {"restored": [], "refused": []})
+        return TaskOutcome(OK, "nothing to roll back", RollbackReport())
     # The agent compares each file with what ddops last wrote (compare-and-swap); plan as if it still is.
     written = journal_mod.last_written_by_file(entries)
     expected = {a.file: written.get(a.file) for a in actives}
     plan = journal_mod.plan_rollback(entries, expected, patch_ids, force=force)
-    data: dict[str, Any] = {"restored": [], "refused": [{"patch": r.patch, "file": r.file, "reason": r.reason}
-                                                         for r in plan.refused],
-                            "not_applied": list(plan.not_applied), "patches": list(plan.patches)}
+    report = RollbackReport(refused=tuple(Refusal(r.file, r.reason, r.patch) for r in plan.refused),
+                            not_applied=tuple(plan.not_applied), patches=tuple(plan.patches))
     if not plan.restores:
         if plan.refused:
-            return TaskOutcome(FAILED, rollback_message(host, data), data)
+            return TaskOutcome(FAILED, report.summary(host.name), report)
         return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
-                                                         if plan.not_applied else ""), data)
+                                                         if plan.not_applied else ""), report)
     reply = session.call_agent("rollback", {
         "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
         "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw),
         "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
                       "restore_sha256": r.restore, "force": force} for r in plan.restores]})
-    data["restored"] = reply.get("restored", []) + reply.get("unchanged", [])
-    data["saved"] = [{**s, "backup": saved_edit_path(host.repo, s["sha256"])} for s in reply.get("saved", [])]
-    for refusal in reply.get("refused", []):
-        why = ("changed since ddops wrote it: left untouched (--force saves that edit, then restores)"
-               if refusal.get("reason") == "modified" else refusal.get("reason", "refused"))
-        data["refused"].append({"file": refusal["path"], "reason": f"{refusal['path']} {why}"})
-    for failure in reply.get("failed", []):
-        data["refused"].append({"file": failure["path"], "reason": f"{failure['path']}: {failure.get('message')}"})
-    return TaskOutcome(FAILED if data["refused"] else CHANGED, rollback_message(host, data), data)
-
-
-def saved_edit_path(repo: str, sha: str) -> str:
-    """Where a foreign edit that rollback --force saved lies on the host (its content-addressed backup)."""
-    return f"{repo.rstrip('/')}/.ddops/backups/{sha}"
-
-
-def rollback_message(host: Host, data: Mapping[str, Any]) -> str:
-    """Every file restored and refused, and where each saved foreign edit is (with the command that shows it)."""
-    parts = []
-    if data.get("restored"):
-        parts.append(f"restored {', '.join(sorted(data['restored']))}")
-    if data.get("refused"):
-        parts.append(f"refused {'; '.join(r['reason'] for r in data['refused'])}")
-    for saved in data.get("saved", []):
-        parts.append(f"saved the foreign edit of {saved['path']} at {saved['backup']} "
-                     f"(ddops backups show {host.name} {saved['sha256'][:12]})")
-    return "; ".join(parts) or "nothing to roll back"
-
+    refused = [Refusal(r["path"], f"{r['path']} " + ("changed since ddops wrote it: left untouched (--force saves "
+                                                     "that edit, then restores)" if r.get("reason") == "modified"
+                                                     else r.get("reason", "refused")))
+               for r in reply.get("refused", [])]
+    refused += [Refusal(f["path"], f"{f['path']}: {f.get('message')}") for f in reply.get("failed", [])]
+    report = replace(report, restored=tuple(reply.get("restored", []) + reply.get("unchanged", [])),
+                     refused=report.refused + tuple(refused),
+                     saved=tuple(SavedCopy(s["path"], s["sha256"], SavedEdit(s["path"], s["sha256"]).path_on_host(
+                         host.repo)) for s in reply.get("saved", [])))
+    return TaskOutcome(FAILED if report.refused else CHANGED, report.summary(host.name), report)

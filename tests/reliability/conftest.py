@@ -70,6 +70,17 @@ def patched(seed: Path, books: list[Any], planner: Any) -> dict[str, bytes]:
     return {f.path: f.new for f in plan.files}
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What assert_nothing_lost read on one host: the agent's journal answer and status's report."""
+
+    journal: dict[str, Any]
+    status: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+
 @dataclass
 class Fleet:
     """A running testbed and in-process ddops over it: patch / rollback / status return {host: HostResult}."""
@@ -184,7 +195,7 @@ class Fleet:
         def look(host: Any, session: Any) -> Any:
             journal = session.call_agent("journal", {"repo": host.repo})
             status = status_host(host, session, self.books, planner=self.planner)
-            return TaskOutcome("ok", status.message, {"journal": journal, "status": status.data})
+            return TaskOutcome("ok", status.message, Seen(journal, status.report))
 
         hosts = list(hosts or self.hosts(*names))
         seen = self.run(look, hosts)
@@ -198,10 +209,11 @@ class Fleet:
     def _check(self, name: str, seen: Any) -> dict[str, str]:
         from ddops.patching import journal as jr
 
-        assert seen.status == "ok" and "journal" in seen.data, f"{name}: {seen.status}: {seen.message}"
+        assert seen.status == "ok" and isinstance(seen.report, Seen), f"{name}: {seen.status}: {seen.message}"
         states = self.file_states(name, PATCHED_FILES)
-        assert seen.data["journal"]["corrupt"] == [], seen.data["journal"]["corrupt"]
-        entries = seen.data["journal"]["entries"]
+        journal, status = seen.report.journal, seen.report.status
+        assert journal["corrupt"] == [], journal["corrupt"]
+        entries = journal["entries"]
         actives = jr.active_applications(entries)
         for f, state in states.items():
             mine = {a.patch for a in actives if a.file == f}
@@ -215,7 +227,7 @@ class Fleet:
                 assert backup.read_bytes() == original, f"{name}:{f}: the backup of the original is not intact"
         want = {p.id: "applied" if all(states[f] == "new" for f in p.files) else "pending"
                 for b in self.books for p in b.patches}
-        assert seen.data["status"]["patches"] == want, (name, seen.message, seen.data["status"]["patches"], states)
+        assert status.patches == want, (name, seen.message, status.patches, states)
         return {f: states[f] for f in FILES}
 
     def assert_clean(self, name: str) -> None:

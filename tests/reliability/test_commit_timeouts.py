@@ -37,7 +37,7 @@ def test_a_commit_answer_that_comes_too_late_reports_what_the_host_really_holds(
     assert result.status == "failed", result.message
     assert "the commit's answer did not come within 1.5s; a commit is still running on the host" in result.message
     assert "so far dflash.py patched, ddtree.py original" in result.message, result.message
-    assert result.data["written"] == ["dflash.py"]
+    assert result.report.written == ("dflash.py",)
     # The host did go on committing, and finished: ddops status and the invariant agree with the files.
     state = fleet.repo("host1") / ".ddops"
     wait_until(lambda: not (state / "lock.info").exists(), timeout=20)

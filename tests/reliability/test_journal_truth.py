@@ -67,7 +67,7 @@ def test_a_torn_last_journal_line_is_shown_by_status_and_rollback_uses_the_backu
 
     status = fleet.status("host1")["host1"]
     assert f".ddops/journal.jsonl line {first_of_last_append + 1} torn (read as far as it goes)" in status.message
-    assert status.data["journal_corrupt"][0]["line"] == first_of_last_append + 1
+    assert status.report.journal_corrupt[0]["line"] == first_of_last_append + 1
 
     rolled = fleet.rollback("host1")["host1"]
     assert rolled.status == "changed", rolled.message

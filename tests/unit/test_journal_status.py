@@ -22,7 +22,7 @@ JOURNAL = [
 
 def test_rolled_back_patches_are_gone_and_the_rest_are_applied_in_order_when_files_are_as_ddops_left_them():
     applied = applied_patches(JOURNAL, {"dflash.py": C, "ddtree.py": D})
-    assert [(p.patch, p.state, p.files, p.time) for p in applied] == [
+    assert [(p.patch, p.state, p.files, p.applied_at) for p in applied] == [
         ("cpu-timing", "applied", ("dflash.py",), "t1"),
         ("hybrid-cache", "applied", ("ddtree.py", "dflash.py"), "t3")]
 

@@ -34,3 +34,14 @@ def test_inventory_init_says_what_it_wrote(tmp_path):
     assert code == 0 and doc == {**doc, "command": "inventory init", "written": str(out)} and out.exists()
     code, doc = ddops_json("inventory", "init", "-o", str(out))  # exists: refused, still one document
     assert code == 2 and "exists" in doc["error"]
+
+
+def test_a_command_has_one_name_whether_it_reached_its_hosts_or_failed_before(tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  gone: {address: 127.0.0.1, port: 1}\n")  # nothing listens on port 1
+    code, reached = ddops_json("-i", str(inventory), "bench", "mini-ddtree-bench", "--check", "--all")
+    assert code == 1 and (reached["command"], reached["check"]) == ("bench run", True)
+    [host] = reached["hosts"]
+    assert (host["status"], host["reason"]) == ("unreachable", "transport")
+    code, failed = ddops_json("-i", str(inventory), "bench", "no-such-plan", "--check", "--all")
+    assert code == 2 and failed["command"] == "bench run" and "no-such-plan" in failed["error"]

@@ -358,9 +358,10 @@ def test_status_shows_a_branch_pin_resolved_on_the_controller_not_unresolved(ups
     off = Host(name="off", address="o", repo_url=upstream["url"], commit="main")
     none = Host(name="none", address="n")
     shown = host_pins([at, off, none], [upstream["second"], upstream["first"], upstream["first"]])
-    assert shown["at"]["state"] == PIN_AT and shown["at"]["pin"] == f"main@{upstream['second'][:7]}"
-    assert shown["at"]["resolved_in"] == f"the remote {upstream['url']}"
-    assert shown["off"]["state"] == PIN_OFF and shown["none"]["state"] == PIN_NONE
+    assert shown["at"].state == PIN_AT and shown["at"].pin == f"main@{upstream['second'][:7]}"
+    assert shown["at"].resolved_in == f"the remote {upstream['url']}"
+    assert shown["off"].state == PIN_OFF and shown["none"].state == PIN_NONE
+    assert shown["at"].cell == f"at-pin main@{upstream['second'][:7]}"
 
 
 def test_bench_preflight_compares_the_head_with_the_controllers_commit_not_the_hosts_branch(upstream):

@@ -63,12 +63,12 @@ def planner() -> Planner:
 def test_patch_host_writes_every_file_then_says_already_applied(host, session, books, repo, touched):
     first = patch_host(host, session, books, planner=planner(), actor="tester@here")
     assert first.status == CHANGED, first.message
-    assert set(first.data["written"]) == set(touched) >= {"ddtree.py", "dflash.py"}
+    assert set(first.report.written) == set(touched) >= {"ddtree.py", "dflash.py"}
     assert TARGET_NEW in (repo / "ddtree.py").read_text()
     assert (repo / ".ddops" / "journal.jsonl").is_file()
     again = patch_host(host, session, books, planner=planner())
     assert again.status == OK and again.message.startswith("already applied")
-    assert set(again.data["patches"].values()) == {PatchState.APPLIED}
+    assert set(again.report.patches.values()) == {PatchState.APPLIED}
 
 
 def test_patch_host_in_check_mode_reports_the_change_and_writes_nothing(host, session, books, repo, touched):
@@ -94,7 +94,7 @@ def test_status_host_says_modified_when_a_patched_file_was_edited_after(host, se
         fh.write("# edited by hand\n")
     status = status_host(host, session, books, planner=planner())
     assert status.status == DRIFTED
-    assert PatchState.MODIFIED in status.data["patches"].values()
+    assert PatchState.MODIFIED in status.report.patches.values()
     assert "modified" in status.message
 
 
@@ -103,6 +103,7 @@ def test_rollback_host_restores_the_exact_original_bytes(host, session, books, r
     outcome = rollback_host(host, session, actor="tester@here")
     assert outcome.status == CHANGED, outcome.message
     assert {f: sha(repo / f) for f in touched} == {f: sha(seed / f) for f in touched}
+    assert set(outcome.report.restored) == set(touched) and outcome.report.refused == ()
     assert rollback_host(host, session).message == "nothing to roll back"
 
 
@@ -112,7 +113,7 @@ def test_verify_host_runs_the_checks_against_the_files_as_they_are(host, session
     assert patch_host(host, session, books, planner=planner()).status == CHANGED
     verified = verify_host(host, session, books)
     assert verified.status == OK, verified.message
-    assert verified.data["checks"] and all(c["ok"] for c in verified.data["checks"])
+    assert verified.report.checks and all(c.ok for c in verified.report.checks)
 
 
 def test_local_session_raises_the_agents_error_with_its_kind_and_keeps_serving(host, session, tmp_path):
