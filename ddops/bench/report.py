@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from statistics import fmean, pstdev
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order
@@ -33,17 +33,21 @@ class CodeId:
 
     commit: str | None = None
     patches: tuple[tuple[str, str | None], ...] = ()  # (patch id, sha256 of the patched file), sorted
-    versions: tuple[tuple[str, str | None], ...] = ()  # (library, version): torch, transformers, python
+    versions: tuple[tuple[str, str | None], ...] = ()  # (library, version): torch, transformers, python[, vllm]
+    playbooks: tuple[str, ...] = ()  # the playbooks those patches come from, where the controller knows them
 
     @classmethod
-    def from_manifest(cls, entry: Any) -> "CodeId":
-        """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest)."""
+    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> "CodeId":
+        """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest); playbook_of maps
+        patch ids to the playbook that defines them."""
         patches = sorted({(str(p.get("id")), p.get("sha256")) for p in entry.get("patches") or ()
                           if isinstance(p, dict) and p.get("in_place", True)}, key=lambda x: (x[0], x[1] or ""))
-        versions = tuple((lib, None if entry.get(lib) is None else str(entry.get(lib)))
-                         for lib in ("torch", "transformers", "python"))
+        libs = ("torch", "transformers", "python") + (("vllm",) if isinstance(entry.get("vllm"), str) else ())
+        versions = tuple((lib, None if entry.get(lib) is None else str(entry.get(lib))) for lib in libs)
         commit = entry.get("repo_commit")
-        return cls(commit=str(commit) if commit else None, patches=tuple(patches), versions=versions)
+        names = sorted({(playbook_of or {}).get(pid, pid) for pid, _ in patches})
+        return cls(commit=str(commit) if commit else None, patches=tuple(patches), versions=versions,
+                   playbooks=tuple(names))
 
     @property
     def patch_set(self) -> str:
@@ -51,9 +55,11 @@ class CodeId:
 
     @property
     def label(self) -> str:
-        """`73068c9 +hybrid-tree-verify` (or `73068c9 no patches`)."""
+        """`73068c9 +hybrid-tree-verify` (playbook names, or patch ids where no playbook is known), or
+        `73068c9 no patches`."""
         commit = self.commit[:7] if self.commit else "unknown commit"
-        return f"{commit} +{self.patch_set}" if self.patches else f"{commit} no patches"
+        names = self.playbooks or tuple(dict.fromkeys(pid for pid, _ in self.patches))
+        return f"{commit} " + " ".join(f"+{n}" for n in names) if names else f"{commit} no patches"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +232,26 @@ def pooling_note(report: Report) -> str | None:
             ": each code's rows are reported side by side")
 
 
+def report_title(rows: Sequence[Any], run_ids: Sequence[str]) -> str:
+    """`bench report RUN: Qwen3-8B, 73068c9 +hybrid-tree-verify`: the runs, and the target and code when there is one
+    of each (a table or plot of one target shows no Model or Code column, so its title names them)."""
+    models = list(dict.fromkeys(_short_model(r.model) for r in rows if r.model))
+    codes = code_ids(rows)
+    what = ([models[0]] if len(models) == 1 else [f"{len(models)} targets"] if models else []) + (
+        [code_label(codes[0])] if len(codes) == 1 and codes[0] is not None else
+        [f"{len(codes)} code variants"] if len(codes) > 1 else [])
+    return f"bench report {', '.join(run_ids)}" + (": " + ", ".join(what) if what else "")
+
+
 def code_label(code: CodeId | None, among: Sequence[CodeId | None] = ()) -> str:
     """The code's label, with library versions when they are what tells it apart from the others."""
     if code is None:
         return "unknown code"
     label = code.label
-    if any(o is not None and o != code and o.label == label for o in among):
+    alike = [o for o in among if o is not None and o != code and o.label == label]
+    if any(o.patches != code.patches for o in alike):  # one playbook's patches, not all of them in place
+        label += " (patches " + ",".join(pid for pid, _ in code.patches) + ")"
+    if any(o.versions != code.versions for o in alike):
         label += " (" + ", ".join(f"{lib} {v}" for lib, v in code.versions if v) + ")"
     return label
 
