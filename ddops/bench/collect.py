@@ -172,6 +172,8 @@ class Gap:
 
     @property
     def line(self) -> str:
+        if self.nothing:
+            return f"{self.host}: produced nothing ({self.reason})"
         return f"{self.host}: " + (f"run {self.label}: " if self.label else "") + self.reason
 
     def to_json(self) -> dict[str, Any]:
@@ -220,9 +222,6 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> Collected:
         doc = read_manifest(root, run_id)
         launched = (read_launch_record(root, run_id) or {}).get("hosts") or []
         hosts[run_id] = tuple(dict.fromkeys([*doc["hosts"], *(h for h in launched if isinstance(h, str))]))
-        for host in hosts[run_id][len(doc["hosts"]):]:
-            gaps.append(Gap(run_id, host, f"launched, but not collected: run `ddops bench collect {run_id}`",
-                            nothing=True))
         for host, entry in doc["hosts"].items():
             summarizer = entry.get("summarizer") or doc.get("summarizer") or "ddtree"
             code = CodeId.from_manifest(entry, playbooks)
@@ -249,6 +248,8 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> Collected:
                 items.extend(Labeled(host, run_label, s, code=code, incomplete=incomplete, run_id=run_id)
                              for s in summaries)
             gaps += host_gaps(run_id, host, entry, produced, unreadable)
+        gaps += [Gap(run_id, host, f"launched, but not collected: run `ddops bench collect {run_id}`", nothing=True)
+                 for host in hosts[run_id][len(doc["hosts"]):]]
     return Collected(tuple(items), tuple(problems), tuple(gaps), hosts)
 
 

@@ -627,7 +627,7 @@ def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[An
     from ddops.bench.report import note_label
 
     table = Table(title=escape(title), caption=escape(caption) or None, caption_style="bold red",
-                  header_style="bold")
+                  caption_justify="left", header_style="bold")
     for h in headers:
         numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "T", "Hosts", "vs best chain")
         table.add_column(h, justify="right" if numeric else "left")

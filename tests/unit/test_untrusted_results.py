@@ -291,4 +291,4 @@ def test_numbers_too_large_to_average_refuse_that_hosts_file_and_the_other_hosts
     collected = load_collected(tmp_path, ["r1"])
     assert [i.host for i in collected.items] == ["h2"]
     assert collected.problems == (f"h1: {run / 'h1' / 'gsm8k.pt'}: refused: its numbers are too large to average",)
-    assert [g.line for g in collected.gaps] == ["h1: 1 result file could not be read"]
+    assert [g.line for g in collected.gaps] == ["h1: produced nothing (1 result file could not be read)"]
