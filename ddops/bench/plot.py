@@ -55,7 +55,7 @@ def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption
     notes += caption.splitlines()
     lines = [piece for note in notes for piece in textwrap.wrap(note, 150)]
 
-    fig = Figure(figsize=(max(8.0, 1.1 * len(methods) * len(panels)), 4.2 + 0.18 * len(lines)))
+    fig = Figure(figsize=(max(8.0, 2.0 + 0.8 * len(methods) * len(panels)), 4.2 + 0.18 * len(lines)))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (attr, panel_title) in zip(axes, panels):
         bars_of = _chain_bars(chains) if attr == "vs_best_chain" else {
@@ -74,11 +74,12 @@ def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption
         ax.set_title(panel_title, fontsize="medium")
         ax.set_xticks(range(len(methods)))
         ax.set_xticklabels(methods, rotation=45, ha="right")
-        ax.legend(fontsize="small")
+        if attr != "acceptance_length":  # its series are the speedup panel's
+            ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.text(0.01, 0.01, "\n".join(lines), fontsize="small", va="bottom")
-    fig.tight_layout(rect=(0, min(0.6, 0.045 * (len(lines) + 1)), 1, 1))
+    fig.tight_layout(rect=(0, min(0.6, 0.2 * (len(lines) + 1) / (4.2 + 0.18 * len(lines))), 1, 1))
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -550,7 +550,7 @@ def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells for aggregated rows: each number as mean ± std over its n runs (n shown once per row)."""
-    show_model = len({g.model for g in groups}) > 1
+    show_model = len({_short_model(g.model) for g in groups}) > 1  # engines name one target by different paths
     show_attn = len({g.attn for g in groups}) > 1
     by = groups[0].by if groups else "method"
     by_host = by in ("host", "run")
