@@ -44,16 +44,7 @@ def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption
     if chains:
         panels.append(("vs_best_chain", "tok/s against the best chain method"))
 
-    notes = [f"mean over hosts and repeats (up to n={max((g.runs for g in groups), default=0)} runs), "
-             "error bars ± std"]
-    if any(g.lossy for g in groups):
-        notes.append("hatched //: output differs from baseline at T=0 (NOT LOSSLESS)")
-    notes += [f"hatched xx: {g.method}: {reference_note(g.verify_paths)}" for g in groups
-              if REFERENCE_PATH in g.flags]
-    if chains:
-        notes.append("*: faster or slower than the best chain prompt by prompt (sign test p < 0.05)")
-    notes += caption.splitlines()
-    lines = [piece for note in notes for piece in textwrap.wrap(note, 150)]
+    lines = plot_notes(groups, bool(chains), caption)
 
     fig = Figure(figsize=(max(8.0, 2.0 + 0.8 * len(methods) * len(panels)), 4.2 + 0.18 * len(lines)))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -84,6 +75,21 @@ def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     return out
+
+
+def plot_notes(groups: Sequence[GroupRow], chains: bool, caption: str = "") -> list[str]:
+    """The lines under the charts: what the bars and marks mean, each reference-path method with why, and what
+    produced nothing (`caption`), wrapped to the figure."""
+    notes = [f"mean over hosts and repeats (up to n={max((g.runs for g in groups), default=0)} runs), "
+             "error bars ± std"]
+    if any(g.lossy for g in groups):
+        notes.append("hatched //: output differs from baseline at T=0 (NOT LOSSLESS)")
+    notes += [f"hatched xx: {g.method}: {reference_note(g.verify_paths)}" for g in groups
+              if REFERENCE_PATH in g.flags]
+    if chains:
+        notes.append("*: faster or slower than the best chain prompt by prompt (sign test p < 0.05)")
+    notes += caption.splitlines()
+    return [piece for note in notes for piece in textwrap.wrap(note, 150)]
 
 
 Bar = tuple[float, float, str, bool]  # height, error bar, hatch, starred

@@ -244,3 +244,54 @@ def test_json_holds_every_comparison_with_its_statistics():
     assert tree["paired"]["faster"] == 41 and tree["paired"]["ci95"] == [pytest.approx(0.8), pytest.approx(0.8)]
     assert tree["paired"]["verdict"].startswith("ddtree_tb8 faster than vllm:mtp")
     assert "prompt_times" not in json.loads(to_json(report))["rows"][0]  # per-prompt lists stay out of the rows
+
+
+def test_repeats_of_the_same_prompts_are_paired_by_their_mean_time_per_prompt():
+    dd = [summarize_ddtree(ddtree_result({"baseline": [0.05] * 2, "ddtree_tb8": t}), "dd.pt")
+          for t in ([0.008, 0.012], [0.010, 0.008])]
+    report = build_report([Labeled("h1", f"r{k}", s, run_id=f"r{k}") for k, run in enumerate(dd) for s in run])
+    (tree,) = [g for g in aggregate(report, "host") if g.method == "ddtree_tb8"]
+    assert tree.runs == 2 and tree.prompt_times == pytest.approx((0.009, 0.010))
+
+
+# --- through the CLI ----------------------------------------------------------------------------------------------
+
+
+def collected_engines(root, n=12):
+    """results/<run>/ for a DDTree run (a .pt) and a vLLM run (one JSON per method) of one host, with manifests."""
+    import torch
+
+    tree = [0.008] * (n - 1) + [0.012]
+    (root / "r-dd" / "h1").mkdir(parents=True)
+    torch.save(ddtree_result({"baseline": [0.05] * n, "dflash": [0.03] * n, "ddtree_tb8": tree}),
+               root / "r-dd" / "h1" / "gsm8k.pt")
+    (root / "r-vllm" / "h1").mkdir(parents=True)
+    for method, tpots in (("baseline", [0.02] * n), ("mtp", [0.010] * n)):
+        (root / "r-vllm" / "h1" / f"{method}.json").write_text(json.dumps(vllm_result(method, tpots)))
+    for run_id, summarizer, files in (("r-dd", "ddtree", ["gsm8k.pt"]), ("r-vllm", "vllm", ["baseline.json",
+                                                                                          "mtp.json"])):
+        entry = {"summarizer": summarizer, "status": "completed", "repo_commit": "73068c9d16b7", "files": [
+            {"path": f} for f in files], "commands": [{"index": i, "label": f, "command": f"x {f}", "status": "ok"}
+                                                      for i, f in enumerate(files)]}
+        (root / run_id / "manifest.json").write_text(json.dumps({"run_id": run_id, "hosts": {"h1": entry}}))
+
+
+@pytest.mark.torch
+def test_bench_report_of_a_ddtree_and_a_vllm_run_shows_the_engines_side_by_side(tmp_path):
+    pytest.importorskip("torch")
+    from tests.conftest import run_ddops
+
+    collected_engines(tmp_path)
+    proc = run_ddops("bench", "report", "r-dd", "r-vllm", "--results-dir", str(tmp_path), "--plot",
+                     str(tmp_path / "r.png"))
+    assert proc.returncode == 0, proc.stderr
+    assert "engines side by side" in proc.stdout and "vs best chain" in proc.stdout
+    assert "h1 qwen3-attn gsm8k T=0: ddtree_tb8 faster than vllm:mtp on 11/12 prompts, p = 0.006; median time " \
+           "ratio 0.80" in proc.stdout
+    assert (tmp_path / "r.png").stat().st_size > 0
+    doc = json.loads(run_ddops("--json", "bench", "report", "r-dd", "r-vllm", "--results-dir", str(tmp_path)).stdout)
+    assert doc["views"] == ["engine"] and doc["title"] == "bench report r-dd, r-vllm: qwen3-attn, 73068c9 no patches"
+    (table,) = doc["comparisons"]
+    assert table["best_chain"] == "vllm:mtp" and len(doc["by_host"]) == 5
+    by_host = run_ddops("bench", "report", "r-dd", "r-vllm", "--by", "host", "--results-dir", str(tmp_path))
+    assert by_host.returncode == 0 and "vs best chain" not in by_host.stdout and "vllm:mtp" in by_host.stdout

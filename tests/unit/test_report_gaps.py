@@ -161,3 +161,17 @@ def test_bench_report_names_what_produced_nothing_in_the_caption_stderr_and_json
         assert [g["host"] for g in doc["gaps"]] == ["host2", "host3"]
     else:
         assert said in " ".join(proc.stdout.split())  # the table's caption
+
+
+def test_the_plot_caption_names_what_produced_nothing(tmp_path):
+    from ddops.bench.plot import plot_notes, plot_report
+    from ddops.bench.report import aggregate
+
+    three_hosts(tmp_path)
+    collected = load_collected(tmp_path, ["r1"])
+    report = build_report(collected.items)
+    notes = " ".join(plot_notes(aggregate(report, "method"), False, collected.caption))
+    assert "2 of 3 hosts produced nothing: host2 (exit 1, ModuleNotFoundError: No module named 'torch')" in notes
+    pytest.importorskip("matplotlib")
+    out = plot_report(report, tmp_path / "r.png", title=report_title(report.rows, ["r1"]), caption=collected.caption)
+    assert out.stat().st_size > 0
