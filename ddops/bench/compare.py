@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Sequence
 
-from ddops.bench.report import GroupRow, Report, aggregate, group_columns
+from ddops.bench.report import GroupRow, Report, aggregate, group_columns, groups_csv, md_notes, md_table
 from ddops.bench.summarize_ddtree import BASELINE
 
 ENGINE_VIEW = "engine"  # `--by engine`: this module's table, the default when the rows hold several engines
@@ -218,3 +218,23 @@ def engine_columns(tables: Sequence[SideBySide]) -> tuple[list[str], list[list[s
     for r, row_cells in zip(rows, cells):
         row_cells += ["—" if r.vs_best_chain is None else f"{r.vs_best_chain:.2f}x", r.paired_cell]
     return headers + ["vs best chain", "Paired (per prompt)"], cells
+
+
+def engines_markdown(tables: Sequence[SideBySide]) -> str:
+    """The engine table as GitHub-flavoured markdown, flagged rows' notes and the verdicts below."""
+    groups = [r.group for t in tables for r in t.rows]
+    text = md_table(*engine_columns(tables), groups) + md_notes(groups)
+    return text + "".join(f"\n- {line}" for line in verdicts(tables)) + ("\n" if tables else "")
+
+
+PAIRED_FIELDS = ("vs_best_chain", "best_chain", "paired_against", "paired_prompts", "faster", "slower",
+                 "median_time_ratio", "ci95_low", "ci95_high", "p_value", "unpaired")
+
+
+def engines_csv(tables: Sequence[SideBySide]) -> str:
+    """One line per engine row: the per-host columns, then the comparison with the best chain method."""
+    rows = [r for t in tables for r in t.rows]
+    cells = [[r.vs_best_chain, r.best_chain] + ([p.against, p.prompts, p.faster, p.slower, p.median_ratio, p.low,
+                                                 p.high, p.p_value] if (p := r.paired) else [None] * 8)
+             + [r.unpaired] for r in rows]
+    return groups_csv([r.group for r in rows], PAIRED_FIELDS, cells)

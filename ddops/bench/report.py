@@ -494,24 +494,34 @@ GROUP_TAIL = ("fidelity", "equal_responses", "compared_responses", "tree_budget"
 def to_csv(report: Report, by: str | None = None) -> str:
     """Every field, one row per ReportRow (by None), or one row per aggregated row of `aggregate(report, by)` in the
     table's order (`--by`); empty cells for unknown values."""
+    if by is not None:
+        return groups_csv(aggregate(report, by))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     codes = code_ids(report.rows)
-    if by is None:
-        writer.writerow(FIELDS + ("code", "flags"))
-        for r in report.rows:
-            cells = [_csv_cell(r, f) for f in FIELDS]
-            writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
-        return buf.getvalue()
+    writer.writerow(FIELDS + ("code", "flags"))
+    for r in report.rows:
+        cells = [_csv_cell(r, f) for f in FIELDS]
+        writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
+    return buf.getvalue()
+
+
+def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()
+               ) -> str:
+    """Aggregated rows, each spread as its mean and std columns, then the `extra` columns given per row."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    codes = code_ids(groups)
     writer.writerow(GROUP_FIELDS + tuple(f"{f}_{part}" for f in SPREAD_FIELDS for part in ("mean", "std"))
-                    + GROUP_TAIL)
-    for g in aggregate(report, by):
+                    + GROUP_TAIL + tuple(extra))
+    for k, g in enumerate(groups):
         head = {"hosts": ";".join(g.hosts), "code": code_label(g.code, codes) if g.code else ""}
         cells = [head[f] if f in head else getattr(g, f) for f in GROUP_FIELDS]
         for f in SPREAD_FIELDS:
             spread = getattr(g, f)
             cells += ["", ""] if spread is None else [spread.mean, spread.std]
         cells += [";".join(g.flags) if f == "flags" else _csv_cell(g, f) for f in GROUP_TAIL]
+        cells += list(extra_cells[k]) if extra else []
         writer.writerow(["" if c is None else c for c in cells])
     return buf.getvalue()
 
@@ -597,10 +607,10 @@ def _scaled(s: Spread | None, k: float) -> Spread | None:
 def groups_markdown(groups: Sequence[GroupRow]) -> str:
     """Aggregated rows as a GitHub-flavoured table, lossy rows flagged, their notes below."""
     headers, rows = group_columns(groups)
-    return _md_table(headers, rows, groups) + _md_notes(groups)
+    return md_table(headers, rows, groups) + md_notes(groups)
 
 
-def _md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -> str:
+def md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -> str:
     method_col = headers.index("Method")
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r, cells in zip(items, rows):
@@ -613,7 +623,7 @@ def _md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -
     return "\n".join(lines) + "\n"
 
 
-def _md_notes(items: Sequence[Any]) -> str:
+def md_notes(items: Sequence[Any]) -> str:
     notes = [f"- {note_label(r)}: {r.note}" for r in items if r.note]
     return ("\n" + "\n".join(notes) + "\n") if notes else ""
 
@@ -628,7 +638,7 @@ def note_label(row: Any) -> str:
 def to_markdown(report: Report) -> str:
     """A GitHub-flavoured table, best budgets in bold, lossy rows flagged, and the notes below."""
     headers, rows = report_columns(report)
-    text = _md_table(headers, rows, report.rows)
+    text = md_table(headers, rows, report.rows)
     notes = [f"- {r.host} {r.dataset} {r.method}: {r.note}" for r in report.rows if r.note]
     return text + ("\n" + "\n".join(notes) + "\n" if notes else "")
 

@@ -545,7 +545,8 @@ def report(ctx: typer.Context,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.compare import ENGINE_VIEW, engine_columns, side_by_side, verdicts
+    from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, \
+        verdicts
     from ddops.bench.report import BY, DEFAULT_VIEWS, aggregate, build_report, group_columns, groups_markdown, \
         pooling_note, report_title, to_csv, to_json
     from ddops.bench.runs import check_run_id, results_root
@@ -568,7 +569,7 @@ def report(ctx: typer.Context,
     collected = load_collected(root, ids)
     rep = build_report(collected.items)
     views = [by] if by else [ENGINE_VIEW] if len({r.engine for r in rep.rows}) > 1 else list(DEFAULT_VIEWS)
-    tables = side_by_side(rep) if ENGINE_VIEW in views or fmt == "json" else ()
+    tables = side_by_side(rep) if ENGINE_VIEW in views or fmt == "json" or by == ENGINE_VIEW else ()
     title = report_title(rep.rows, ids)
     problems = [*collected.problems, *(g.line for g in collected.gaps)]
     note = pooling_note(rep)
@@ -583,11 +584,12 @@ def report(ctx: typer.Context,
                                               "views": views, "comparisons": [t.to_json() for t in tables],
                                               "problems": problems, "gaps": [g.to_json() for g in collected.gaps],
                                               **({"note": note} if note else {})})
-    elif fmt == "csv":  # --by: the aggregated rows of that table (engine: per host); without it, every result row
-        sys.stdout.write(to_csv(rep, "host" if by == ENGINE_VIEW else by))
+    elif fmt == "csv":  # --by: the aggregated rows of that table; without it, every result row
+        sys.stdout.write(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by))
     elif fmt == "md":
         sys.stdout.write(f"**{title}**\n\n" + "\n".join(
-            groups_markdown(aggregate(rep, "host" if view == ENGINE_VIEW else view)) for view in views))
+            engines_markdown(tables) if view == ENGINE_VIEW else groups_markdown(aggregate(rep, view))
+            for view in views))
     elif rep.rows:
         for view in views:
             if view == ENGINE_VIEW:

@@ -295,3 +295,20 @@ def test_bench_report_of_a_ddtree_and_a_vllm_run_shows_the_engines_side_by_side(
     assert table["best_chain"] == "vllm:mtp" and len(doc["by_host"]) == 5
     by_host = run_ddops("bench", "report", "r-dd", "r-vllm", "--by", "host", "--results-dir", str(tmp_path))
     assert by_host.returncode == 0 and "vs best chain" not in by_host.stdout and "vllm:mtp" in by_host.stdout
+
+
+def test_md_and_csv_carry_the_comparison_too():
+    from ddops.bench.compare import engines_csv, engines_markdown
+
+    tables = side_by_side(engines_report([0.008] * 41 + [0.012] * 7, [0.010] * 48))
+    md = engines_markdown(tables)
+    assert "| vs best chain | Paired (per prompt) |" in md and "| 41/48 faster, p < 0.001 |" in md
+    assert "- h1 qwen3-attn gsm8k T=0: ddtree_tb8 faster than vllm:mtp on 41/48 prompts, p < 0.001" in md
+    import csv
+    import io
+
+    lines = {r["method"]: r for r in csv.DictReader(io.StringIO(engines_csv(tables)))}
+    tree = lines["ddtree_tb8"]
+    assert (tree["engine"], tree["paired_against"], tree["faster"], tree["slower"]) == ("ddtree", "vllm:mtp", "41", "7")
+    assert float(tree["vs_best_chain"]) == pytest.approx(1.1646, rel=1e-3) and float(tree["p_value"]) < 0.001
+    assert lines["vllm:mtp"]["best_chain"] == "True" and lines["vllm:mtp"]["paired_prompts"] == ""
