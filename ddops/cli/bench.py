@@ -580,10 +580,9 @@ def report(ctx: typer.Context,
         import json
 
         write_document(code, {"run_ids": ids, "title": title,
-                                              **json.loads(to_json(rep, [v for v in views if v != ENGINE_VIEW])),
-                                              "views": views, "comparisons": [t.to_json() for t in tables],
-                                              "problems": problems, "gaps": [g.to_json() for g in collected.gaps],
-                                              **({"note": note} if note else {})})
+                              **json.loads(to_json(rep, [v for v in views if v != ENGINE_VIEW])),
+                              "views": views, "comparisons": [t.to_json() for t in tables], "problems": problems,
+                              "gaps": [g.to_json() for g in collected.gaps], **({"note": note} if note else {})})
     elif fmt == "csv":  # --by: the aggregated rows of that table; without it, every result row
         sys.stdout.write(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by))
     elif fmt == "md":
