@@ -216,10 +216,10 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> Collected:
     problems: list[str] = []
     gaps: list[Gap] = []
     hosts: dict[str, tuple[str, ...]] = {}
-    playbooks = playbook_names(p.get("id") for entry in _entries(root, run_ids) for p in entry.get("patches") or ()
-                               if isinstance(p, dict))
-    for run_id in run_ids:
-        doc = read_manifest(root, run_id)
+    docs = {run_id: read_manifest(root, run_id) for run_id in run_ids}
+    playbooks = playbook_names(p.get("id") for doc in docs.values() for entry in doc["hosts"].values()
+                               if isinstance(entry, dict) for p in entry.get("patches") or () if isinstance(p, dict))
+    for run_id, doc in docs.items():
         launched = (read_launch_record(root, run_id) or {}).get("hosts") or []
         hosts[run_id] = tuple(dict.fromkeys([*doc["hosts"], *(h for h in launched if isinstance(h, str))]))
         for host, entry in doc["hosts"].items():
@@ -253,10 +253,6 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> Collected:
     return Collected(tuple(items), tuple(problems), tuple(gaps), hosts)
 
 
-def _entries(root: Path, run_ids: Sequence[str]) -> list[Mapping[str, Any]]:
-    return [e for r in run_ids for e in read_manifest(root, r)["hosts"].values() if isinstance(e, dict)]
-
-
 def playbook_names(patch_ids: Iterable[Any]) -> dict[str, str]:
     """patch id -> the name of the playbook that defines it, among the playbooks this controller finds (its
     $DDOPS_PLAYBOOK_PATH and the built-ins); a playbook that does not load is passed over."""
@@ -273,7 +269,7 @@ def playbook_names(patch_ids: Iterable[Any]) -> dict[str, str]:
 def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[str], unreadable: int) -> list[Gap]:
     """What one host's run did not produce, and why: the host as a whole when it gave no result row, else each
     run that failed; and the run being stopped, whatever it gave."""
-    from ddops.bench.runs import RUNNING_STATUSES, RunStatus
+    from ddops.bench.runs import RUNNING_STATUSES, RunStatus, StepStatus
 
     status = RunStatus.of(entry.get("status"))
     commands = [c for c in entry.get("commands") or () if isinstance(c, dict)]
@@ -282,7 +278,8 @@ def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[st
     failed = [(c, reason) for c in commands if c.get("label") not in produced
               for reason in [command_reason(c, status, tails.get(str(c.get("index"))), entry)] if reason]
     if going:  # still running: only what has already failed is a gap; the rest may come
-        failed = [(c, r) for c, r in failed if c.get("status") not in (None, "pending", "running")]
+        failed = [(c, r) for c, r in failed if StepStatus.of(c.get("status")) not in (StepStatus.PENDING,
+                                                                                        StepStatus.RUNNING)]
     gaps = []
     if not produced and not going:
         reasons = list(dict.fromkeys(r for _, r in failed))
@@ -300,7 +297,7 @@ def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[st
     else:
         gaps += [Gap(run_id, host, reason, label=str(c.get("label"))) for c, reason in failed]
     if status == RunStatus.STOPPED:
-        ok = sum(1 for c in commands if c.get("status") == "ok")
+        ok = sum(1 for c in commands if c.get("status") == StepStatus.OK)
         gaps.append(Gap(run_id, host, f"the run was stopped (`bench stop`) after {ok} of {len(commands)} runs"))
     return gaps
 
@@ -308,21 +305,23 @@ def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[st
 def command_reason(c: Mapping[str, Any], run_status: Any, tail: Any, entry: Mapping[str, Any]) -> str | None:
     """Why one command of a run gave no result (`exit 1, ModuleNotFoundError: No module named 'torch'`), or None
     when it ended well."""
-    status = c.get("status")
-    if status == "ok":
+    from ddops.bench.runs import StepStatus
+
+    status = StepStatus.of(c.get("status"))
+    if status == StepStatus.OK:
         return None
     slurm = c.get("slurm") if isinstance(c.get("slurm"), dict) else None
     if entry.get("executor") == "slurm" and slurm is not None:
         why = f"Slurm task {slurm.get('array_job_id')}_{c.get('index')} {slurm.get('detail') or status}"
     elif c.get("signal"):
         why = f"killed by signal {c.get('signal')}"
-    elif status == "failed":
+    elif status == StepStatus.FAILED:
         why = f"exit {c.get('exit_code')}"
-    elif status == "timeout":
+    elif status == StepStatus.TIMEOUT:
         why = "timed out" + (f" after {c['seconds']:.0f} s" if isinstance(c.get("seconds"), (int, float)) else "")
-    elif status == "stopped":
+    elif status == StepStatus.STOPPED:
         why = "stopped by `bench stop`"
-    elif status in (None, "pending"):
+    elif status == StepStatus.PENDING:
         why = f"never started (the run {run_status})"
     else:
         why = str(status)

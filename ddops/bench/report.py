@@ -50,10 +50,6 @@ class CodeId:
                    playbooks=tuple(names))
 
     @property
-    def patch_set(self) -> str:
-        return ",".join(dict.fromkeys(pid for pid, _ in self.patches)) or "no patches"
-
-    @property
     def label(self) -> str:
         """`73068c9 +hybrid-tree-verify` (playbook names, or patch ids where no playbook is known), or
         `73068c9 no patches`."""
@@ -577,9 +573,9 @@ def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]
         cells = ([g.run_id] if by == "run" else []) + ([g.host] if by_host else [str(len(g.hosts))]) + (
             [code_label(g.code, codes)] if show_code else []) + ([_short_model(g.model)] if show_model else []) + [
             _s(g.dataset), _num(g.temperature, "g")] + ([_s(g.attn)] if show_attn else []) + [g.method] + (
-            [verify_cell(g.verify_paths) or "—"] if show_verify else []) + [_spread(g.tokens_per_s, ".1f"), _spread(g.speedup, ".2f", "x"),
-            _spread(g.acceptance_length, ".2f"), _spread(ttft, ".1f", " ms"), str(g.runs), str(g.n_responses),
-            _group_fidelity(g), ", ".join(g.flags)]
+            [verify_cell(g.verify_paths) or "—"] if show_verify else []) + [
+            _spread(g.tokens_per_s, ".1f"), _spread(g.speedup, ".2f", "x"), _spread(g.acceptance_length, ".2f"),
+            _spread(ttft, ".1f", " ms"), str(g.runs), str(g.n_responses), _group_fidelity(g), ", ".join(g.flags)]
         rows.append(cells)
     return headers, rows
 
@@ -611,14 +607,14 @@ def groups_markdown(groups: Sequence[GroupRow]) -> str:
 
 
 def md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -> str:
-    method_col = headers.index("Method")
+    method_col, flags_col = headers.index("Method"), headers.index("Flags")
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r, cells in zip(items, rows):
         cells = [c.replace("|", "\\|") for c in cells]
         if r.best_budget:
             cells[method_col] = f"**{cells[method_col]}**"
         for warning in (NOT_LOSSLESS, REFERENCE_PATH):
-            cells[-1] = cells[-1].replace(warning, f"⚠ {warning}")
+            cells[flags_col] = cells[flags_col].replace(warning, f"⚠ {warning}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -605,10 +605,8 @@ def report(ctx: typer.Context,
 
         written = plot_report(rep, plot, title=title, caption=collected.caption)
         err_console.print(f"plot: {escape(str(written))}")
-    for problem in collected.problems:
-        err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}")
-    if collected.caption:
-        err_console.print(f"[bold red]ddops: error:[/] {escape(collected.caption)}")
+    for problem in [*collected.problems, *collected.caption.splitlines()]:  # one line each, never wrapped
+        err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}", soft_wrap=True)
     if code:
         if not rep.rows:
             err_console.print("no result rows")

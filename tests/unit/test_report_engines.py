@@ -59,8 +59,9 @@ def ddtree_result(per_method_tpots, *, inputs=None, model="models/qwen3-attn", d
     """benchmark.py's saved dict: responses[i][method] namespaces, args."""
     n = len(next(iter(per_method_tpots.values())))
     inputs = inputs or [20 + i for i in range(n)]
-    responses = [{m: SimpleNamespace(time_per_output_token=tpots[i], time_to_first_token=0.04, num_input_tokens=inputs[i],
-                                     num_output_tokens=32, output_ids=[[1] * inputs[i] + [7] * 32],
+    responses = [{m: SimpleNamespace(time_per_output_token=tpots[i], time_to_first_token=0.04,
+                                     num_input_tokens=inputs[i], num_output_tokens=32,
+                                     output_ids=[[1] * inputs[i] + [7] * 32],
                                      acceptance_lengths=[3.0] if m != "baseline" else [])
                   for m, tpots in per_method_tpots.items()} for i in range(n)]
     return {"responses": responses, "args": {"dataset": dataset, "temperature": temperature,
