@@ -8,9 +8,10 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.bench.runs import MANIFEST
 from ddops.errors import DdopsError, UsageError
@@ -158,27 +159,82 @@ def _label_for(file_path: str, commands: Sequence[Mapping[str, Any]]) -> str:
     return PurePosixPath(file_path).stem
 
 
-def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[str]]:
-    """(Labeled summaries, problems): every collected result file of these runs through its summarizer."""
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Something a run was meant to produce and did not: a host with no result at all, one of its runs, or the
+    whole run stopped; with why, from the manifest (exit code, the log's last error line, Slurm's state)."""
+
+    run_id: str
+    host: str
+    reason: str
+    label: str | None = None  # the run (matrix label) that produced nothing; None: the host as a whole
+    nothing: bool = False  # the host produced no result row at all in this run
+
+    @property
+    def line(self) -> str:
+        if self.nothing:
+            return f"{self.host}: produced nothing ({self.reason})"
+        return f"{self.host}: " + (f"run {self.label}: " if self.label else "") + self.reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "host": self.host, "run": self.label, "reason": self.reason,
+                "nothing": self.nothing}
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """What `bench report` reads: the summaries, the files it could not read, and what produced nothing."""
+
+    items: tuple[Any, ...]  # Labeled
+    problems: tuple[str, ...]  # files refused or unreadable
+    gaps: tuple[Gap, ...]
+    hosts: Mapping[str, tuple[str, ...]]  # run id -> the hosts it ran on
+
+    @property
+    def caption(self) -> str:
+        """`2 of 3 hosts produced nothing: host2 (exit 1, ModuleNotFoundError: ...); ...`, per run; empty if none."""
+        parts = []
+        for run_id, hosts in self.hosts.items():
+            gaps = [g for g in self.gaps if g.run_id == run_id]
+            empty = [g for g in gaps if g.nothing]
+            lines = ([f"{len(empty)} of {len(hosts)} host{'s' if len(hosts) != 1 else ''} produced nothing: "
+                      + "; ".join(f"{g.host} ({g.reason})" for g in empty)] if empty else [])
+            lines += [g.line for g in gaps if not g.nothing]
+            if lines:
+                parts.append((f"run {run_id}: " if len(self.hosts) > 1 else "") + "; ".join(lines))
+        return "\n".join(parts)
+
+
+def load_collected(root: Path, run_ids: Sequence[str]) -> Collected:
+    """Every collected result file of these runs through its summarizer, and every host and run that gave none."""
     from ddops.bench.report import CodeId, Labeled
     from ddops.bench.results import summarize_file
-    from ddops.bench.runs import RUNNING_STATUSES, RunStatus
+    from ddops.bench.runs import RUNNING_STATUSES, RunStatus, read_launch_record
     from ddops.bench.summary import ResultFileError
 
     items: list[Any] = []
     problems: list[str] = []
-    for run_id in run_ids:
-        doc = read_manifest(root, run_id)
+    gaps: list[Gap] = []
+    hosts: dict[str, tuple[str, ...]] = {}
+    docs = {run_id: read_manifest(root, run_id) for run_id in run_ids}
+    playbooks = playbook_names(p.get("id") for doc in docs.values() for entry in doc["hosts"].values()
+                               if isinstance(entry, dict) for p in entry.get("patches") or () if isinstance(p, dict))
+    for run_id, doc in docs.items():
+        launched = (read_launch_record(root, run_id) or {}).get("hosts") or []
+        hosts[run_id] = tuple(dict.fromkeys([*doc["hosts"], *(h for h in launched if isinstance(h, str))]))
         for host, entry in doc["hosts"].items():
             summarizer = entry.get("summarizer") or doc.get("summarizer") or "ddtree"
-            code = CodeId.from_manifest(entry)
+            code = CodeId.from_manifest(entry, playbooks)
             # Collected while still going: the rows so far, marked, since more results (and repeats) may come.
             incomplete = RunStatus.of(entry.get("status")) in RUNNING_STATUSES
+            produced: set[str] = set()
+            unreadable = 0
             for f in entry.get("files") or []:
                 try:
                     local = (root / run_id / host).joinpath(*safe_relpath(f["path"]).parts)
                 except DdopsError as exc:
                     problems.append(f"{host}: {exc}")
+                    unreadable += 1
                     continue
                 label = _label_for(f["path"], entry.get("commands") or [])
                 run_label = label if len(run_ids) == 1 else f"{run_id}:{label}"
@@ -186,11 +242,107 @@ def load_collected(root: Path, run_ids: Sequence[str]) -> tuple[list[Any], list[
                     summaries = summarize_file(local, summarizer, metrics=entry.get("metrics"))
                 except ResultFileError as exc:
                     problems.append(f"{host}: {exc}")
+                    unreadable += 1
                     continue
+                produced.add(label)
                 items.extend(Labeled(host, run_label, s, code=code, incomplete=incomplete, run_id=run_id)
                              for s in summaries)
-            problems.extend(f"{host}: {line}" for line in slurm_task_problems(entry))
-    return items, problems
+            gaps += host_gaps(run_id, host, entry, produced, unreadable)
+        gaps += [Gap(run_id, host, f"launched, but not collected: run `ddops bench collect {run_id}`", nothing=True)
+                 for host in hosts[run_id][len(doc["hosts"]):]]
+    return Collected(tuple(items), tuple(problems), tuple(gaps), hosts)
+
+
+def playbook_names(patch_ids: Iterable[Any]) -> dict[str, str]:
+    """patch id -> the name of the playbook that defines it, among the playbooks this controller finds (its
+    $DDOPS_PLAYBOOK_PATH and the built-ins); a playbook that does not load is passed over."""
+    from ddops.patching.playbook import playbooks_defining
+
+    wanted = {p for p in patch_ids if isinstance(p, str)}
+    try:
+        books = playbooks_defining(wanted)
+    except DdopsError:
+        return {}
+    return {p.id: book.name for book in books for p in book.patches if p.id in wanted}
+
+
+def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[str], unreadable: int) -> list[Gap]:
+    """What one host's run did not produce, and why: the host as a whole when it gave no result row, else each
+    run that failed; and the run being stopped, whatever it gave."""
+    from ddops.bench.runs import RUNNING_STATUSES, RunStatus, StepStatus
+
+    status = RunStatus.of(entry.get("status"))
+    commands = [c for c in entry.get("commands") or () if isinstance(c, dict)]
+    tails = entry.get("failures") if isinstance(entry.get("failures"), dict) else {}
+    going = status in RUNNING_STATUSES
+    failed = [(c, reason) for c in commands if c.get("label") not in produced
+              for reason in [command_reason(c, status, tails.get(str(c.get("index"))), entry)] if reason]
+    if going:  # still running: only what has already failed is a gap; the rest may come
+        failed = [(c, r) for c, r in failed if StepStatus.of(c.get("status")) not in (StepStatus.PENDING,
+                                                                                        StepStatus.RUNNING)]
+    gaps = []
+    if not produced and not going:
+        reasons = list(dict.fromkeys(r for _, r in failed))
+        if reasons:
+            share = f"{len(failed)} of {len(commands)} runs: " if 1 < len(commands) != len(failed) else ""
+            why = share + "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else "")
+        elif unreadable:
+            why = f"{unreadable} result file{'s' if unreadable != 1 else ''} could not be read"
+        elif entry.get("refused"):
+            why = "its result files were refused: " + ", ".join(
+                f"{r.get('path')} ({r.get('reason')})" for r in entry["refused"] if isinstance(r, dict))
+        else:
+            why = f"its runs ended without a result file matching `{entry.get('results')}`"
+        gaps.append(Gap(run_id, host, why, nothing=True))
+    else:
+        gaps += [Gap(run_id, host, reason, label=str(c.get("label"))) for c, reason in failed]
+    if status == RunStatus.STOPPED:
+        ok = sum(1 for c in commands if c.get("status") == StepStatus.OK)
+        gaps.append(Gap(run_id, host, f"the run was stopped (`bench stop`) after {ok} of {len(commands)} runs"))
+    return gaps
+
+
+def command_reason(c: Mapping[str, Any], run_status: Any, tail: Any, entry: Mapping[str, Any]) -> str | None:
+    """Why one command of a run gave no result (`exit 1, ModuleNotFoundError: No module named 'torch'`), or None
+    when it ended well."""
+    from ddops.bench.runs import StepStatus
+
+    status = StepStatus.of(c.get("status"))
+    if status == StepStatus.OK:
+        return None
+    slurm = c.get("slurm") if isinstance(c.get("slurm"), dict) else None
+    if entry.get("executor") == "slurm" and slurm is not None:
+        why = f"Slurm task {slurm.get('array_job_id')}_{c.get('index')} {slurm.get('detail') or status}"
+    elif c.get("signal"):
+        why = f"killed by signal {c.get('signal')}"
+    elif status == StepStatus.FAILED:
+        why = f"exit {c.get('exit_code')}"
+    elif status == StepStatus.TIMEOUT:
+        why = "timed out" + (f" after {c['seconds']:.0f} s" if isinstance(c.get("seconds"), (int, float)) else "")
+    elif status == StepStatus.STOPPED:
+        why = "stopped by `bench stop`"
+    elif status == StepStatus.PENDING:
+        why = f"never started (the run {run_status})"
+    else:
+        why = str(status)
+    line = error_line(tail) if isinstance(tail, str) else None
+    return f"{why}, {line}" if line else why
+
+
+# The last line a Python traceback (or a shell) ends with names the error; launchers' own wrappers come after it.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)|[\w./-]+: .*(?:not found|No such file))"
+                         r"\b.*")
+_WRAPPERS = ("ChildFailedError", "CalledProcessError")
+
+
+def error_line(tail: str, width: int = 160) -> str | None:
+    """The line of a log's tail that says what went wrong: the last error line not from a launcher's wrapper."""
+    lines = [line.strip() for line in tail.splitlines()]
+    found = [line for line in lines if _ERROR_LINE.match(line) and not any(w in line for w in _WRAPPERS)]
+    if not found:
+        return None
+    line = found[-1]
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def collected_run_ids(root: Path) -> list[str]:
@@ -199,18 +351,3 @@ def collected_run_ids(root: Path) -> list[str]:
         return sorted((p.name for p in root.iterdir() if (p / MANIFEST).is_file()), reverse=True)
     except OSError:
         return []
-
-
-def slurm_task_problems(entry: Mapping[str, Any]) -> list[str]:
-    """What the report says about a Slurm run's tasks that did not finish their work (their rows are missing)."""
-    if entry.get("executor") != "slurm":
-        return []
-    from ddops.bench.slurm import FAILED_STATUSES
-
-    out = []
-    for c in entry.get("commands") or []:
-        slurm = c.get("slurm") or {}
-        if c.get("status") in FAILED_STATUSES or c.get("status") in ("cancelled", "pending", "running", "unknown"):
-            out.append(f"{c.get('label')}: Slurm task {slurm.get('array_job_id')}_{c.get('index')} "
-                       f"{slurm.get('detail') or c.get('status')}: no result from it")
-    return out

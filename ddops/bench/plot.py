@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from ddops.bench.report import GroupRow, Report, aggregate, code_ids, code_label
+from ddops.bench.compare import SideBySide, side_by_side
+from ddops.bench.report import REFERENCE_PATH, GroupRow, Report, aggregate, code_ids, code_label, reference_note
 
 
 def plot_series(groups: Sequence[GroupRow]) -> dict[str, dict[str, GroupRow]]:
@@ -26,51 +28,86 @@ def plot_series(groups: Sequence[GroupRow]) -> dict[str, dict[str, GroupRow]]:
     return series
 
 
-def plot_report(report: Report, out_png: str | Path) -> Path:
-    """Two bar charts (speedup, tau): one bar per method and target, mean over hosts and runs, ± std as error
-    bars; lossy bars hatched. Returns the path written."""
+def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption: str = "") -> Path:
+    """Bar charts of speedup and tau (and, with several engines, tokens/s against the best chain method): one bar
+    per method and target, mean over hosts and runs, ± std as error bars; lossy bars hatched, reference-path bars
+    cross-hatched; `title` on top and `caption` (what produced nothing) under the notes. Returns the path written."""
     # A bare Figure renders through Agg on savefig without touching pyplot's global backend or state.
     from matplotlib.figure import Figure
 
     groups = aggregate(report, "method")
     methods = list(dict.fromkeys(g.method for g in groups))
     series = plot_series(groups)
+    engines = {g.engine for g in groups}
+    chains = [t for t in side_by_side(report) if t.best_chain] if len(engines) > 1 else []
+    panels = [("speedup", "Speedup over the same engine's baseline"), ("acceptance_length", "Acceptance length τ")]
+    if chains:
+        panels.append(("vs_best_chain", "tok/s against the best chain method"))
 
-    fig = Figure(figsize=(max(8.0, 1.1 * len(methods) * 2), 4.8))
-    axes = fig.subplots(1, 2, squeeze=False)
-    width = 0.8 / max(1, len(series))
-    for ax, attr, title in ((axes[0][0], "speedup", "Speedup over baseline"),
-                            (axes[0][1], "acceptance_length", "Acceptance length τ")):
-        for k, (name, by_method) in enumerate(series.items()):
-            xs, heights, errors, hatches = [], [], [], []
-            for j, method in enumerate(methods):
-                row = by_method.get(method)
-                spread = getattr(row, attr) if row is not None else None
-                if spread is None:
-                    continue
-                xs.append(j - 0.4 + width * (k + 0.5))
-                heights.append(spread.mean)
-                errors.append(spread.std)
-                hatches.append("//" if row.lossy else "")
-            bars = ax.bar(xs, heights, width=width, yerr=errors, capsize=3, label=name)
-            for bar, hatch in zip(bars, hatches):
+    lines = plot_notes(groups, bool(chains), caption)
+
+    fig = Figure(figsize=(max(8.0, 2.0 + 0.8 * len(methods) * len(panels)), 4.2 + 0.18 * len(lines)))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (attr, panel_title) in zip(axes, panels):
+        bars_of = _chain_bars(chains) if attr == "vs_best_chain" else {
+            name: {m: _bar(getattr(g, attr), g) for m, g in by_method.items()} for name, by_method in series.items()}
+        width = 0.8 / max(1, len(bars_of))
+        for k, (name, by_method) in enumerate(bars_of.items()):
+            shown = [(j, by_method[m]) for j, m in enumerate(methods) if by_method.get(m) is not None]
+            bars = ax.bar([j - 0.4 + width * (k + 0.5) for j, _ in shown], [b[0] for _, b in shown], width=width,
+                          yerr=[b[1] for _, b in shown], capsize=3, label=name)
+            for bar, (_, (_, _, hatch, star)) in zip(bars, shown):
                 bar.set_hatch(hatch)
-        if attr == "speedup":
+                if star:
+                    ax.annotate("*", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+        if attr != "acceptance_length":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_title(title)
+        ax.set_title(panel_title, fontsize="medium")
         ax.set_xticks(range(len(methods)))
         ax.set_xticklabels(methods, rotation=45, ha="right")
-    axes[0][0].legend(fontsize="small")
-    runs = max((g.runs for g in groups), default=0)
-    caption = f"mean over hosts and repeats (up to n={runs} runs), error bars ± std"
-    if any(g.lossy for g in groups):
-        caption += "; hatched: output differs from baseline at T=0 (NOT LOSSLESS)"
-    fig.text(0.01, 0.01, caption, fontsize="small")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+        if attr != "acceptance_length":  # its series are the speedup panel's
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize="small", va="bottom")
+    fig.tight_layout(rect=(0, min(0.6, 0.2 * (len(lines) + 1) / (4.2 + 0.18 * len(lines))), 1, 1))
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     return out
+
+
+def plot_notes(groups: Sequence[GroupRow], chains: bool, caption: str = "") -> list[str]:
+    """The lines under the charts: what the bars and marks mean, each reference-path method with why, and what
+    produced nothing (`caption`), wrapped to the figure."""
+    notes = [f"mean over hosts and repeats (up to n={max((g.runs for g in groups), default=0)} runs), "
+             "error bars ± std"]
+    if any(g.lossy for g in groups):
+        notes.append("hatched //: output differs from baseline at T=0 (NOT LOSSLESS)")
+    notes += [f"hatched xx: {g.method}: {reference_note(g.verify_paths)}" for g in groups
+              if REFERENCE_PATH in g.flags]
+    if chains:
+        notes.append("*: faster or slower than the best chain prompt by prompt (sign test p < 0.05)")
+    notes += caption.splitlines()
+    return [piece for note in notes for piece in textwrap.wrap(note, 150)]
+
+
+Bar = tuple[float, float, str, bool]  # height, error bar, hatch, starred
+
+
+def _bar(value: Any, row: GroupRow, star: bool = False) -> Bar | None:
+    """A bar for a value (a Spread: mean ± std; a float: no error bar), hatched as its row is flagged."""
+    if value is None:
+        return None
+    height, error = (value, 0.0) if isinstance(value, float) else (value.mean, value.std)
+    return height, error, "//" if row.lossy else "xx" if REFERENCE_PATH in row.flags else "", star
+
+
+def _chain_bars(tables: Sequence[SideBySide]) -> dict[str, dict[str, Bar | None]]:
+    """Series (host, target, dataset, temperature) -> method -> its tokens/s over the best chain's, starred where
+    the paired test shows a difference."""
+    return {t.title: {r.group.method: _bar(r.vs_best_chain, r.group, r.paired is not None and r.paired.shown)
+                      for r in t.rows} for t in tables}
 
 
 def _mean(g: GroupRow, attr: str) -> float:

@@ -9,14 +9,15 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from statistics import fmean, pstdev
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from ddops.bench.summary import Divergence, MethodSummary
+from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order
 
 BEST = "best"
 NOT_LOSSLESS = "NOT LOSSLESS"
 INCOMPLETE = "incomplete"
+REFERENCE_PATH = "REFERENCE PATH"  # some verify rounds took the slow exact fallback: the speed is not the method's
 # What `--by` makes one row of: a host (its repeats pooled), a method (every host and repeat pooled), a run (one
 # collected run id, nothing pooled across runs), or a patch set (each method's rows per code side by side).
 BY = ("host", "method", "run", "patchset")
@@ -32,27 +33,29 @@ class CodeId:
 
     commit: str | None = None
     patches: tuple[tuple[str, str | None], ...] = ()  # (patch id, sha256 of the patched file), sorted
-    versions: tuple[tuple[str, str | None], ...] = ()  # (library, version): torch, transformers, python
+    versions: tuple[tuple[str, str | None], ...] = ()  # (library, version): torch, transformers, python[, vllm]
+    playbooks: tuple[str, ...] = ()  # the playbooks those patches come from, where the controller knows them
 
     @classmethod
-    def from_manifest(cls, entry: Any) -> "CodeId":
-        """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest)."""
+    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> "CodeId":
+        """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest); playbook_of maps
+        patch ids to the playbook that defines them."""
         patches = sorted({(str(p.get("id")), p.get("sha256")) for p in entry.get("patches") or ()
                           if isinstance(p, dict) and p.get("in_place", True)}, key=lambda x: (x[0], x[1] or ""))
-        versions = tuple((lib, None if entry.get(lib) is None else str(entry.get(lib)))
-                         for lib in ("torch", "transformers", "python"))
+        libs = ("torch", "transformers", "python") + (("vllm",) if isinstance(entry.get("vllm"), str) else ())
+        versions = tuple((lib, None if entry.get(lib) is None else str(entry.get(lib))) for lib in libs)
         commit = entry.get("repo_commit")
-        return cls(commit=str(commit) if commit else None, patches=tuple(patches), versions=versions)
-
-    @property
-    def patch_set(self) -> str:
-        return ",".join(dict.fromkeys(pid for pid, _ in self.patches)) or "no patches"
+        names = sorted({(playbook_of or {}).get(pid, pid) for pid, _ in patches})
+        return cls(commit=str(commit) if commit else None, patches=tuple(patches), versions=versions,
+                   playbooks=tuple(names))
 
     @property
     def label(self) -> str:
-        """`73068c9 +hybrid-tree-verify` (or `73068c9 no patches`)."""
+        """`73068c9 +hybrid-tree-verify` (playbook names, or patch ids where no playbook is known), or
+        `73068c9 no patches`."""
         commit = self.commit[:7] if self.commit else "unknown commit"
-        return f"{commit} +{self.patch_set}" if self.patches else f"{commit} no patches"
+        names = self.playbooks or tuple(dict.fromkeys(pid for pid, _ in self.patches))
+        return f"{commit} " + " ".join(f"+{n}" for n in names) if names else f"{commit} no patches"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +95,20 @@ class ReportRow:
     code: CodeId | None = None
     incomplete: bool = False
     run_id: str = ""
+    verify_paths: tuple[tuple[str, int], ...] = ()  # (path, rounds): which verify ran, where the results say
+    prompt_times: tuple[float | None, ...] = ()  # per prompt: seconds per output token
+    prompt_lengths: tuple[int | None, ...] = ()
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return _flags(self.best_budget, self.lossy, self.incomplete)
+        return _flags(self.best_budget, self.lossy, self.incomplete, self.verify_paths)
 
     @property
     def note(self) -> str:
         """Why a row is flagged, in words, with the first differing token of one response as the example."""
-        if not self.lossy or self.fidelity is None:
-            return ""
-        return _lossy_note(self.fidelity, self.speedup, self.divergence)
+        lossy = _lossy_note(self.fidelity, self.speedup, self.divergence) if self.lossy and self.fidelity is not None \
+            else ""
+        return "; ".join(n for n in (lossy, reference_note(self.verify_paths)) if n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +125,39 @@ class Report:
         return tuple(r for r in self.rows if r.lossy and r.speedup is not None and r.speedup > 1)
 
 
-def _flags(best: bool, lossy: bool, incomplete: bool) -> tuple[str, ...]:
-    return tuple(flag for flag, on in ((BEST, best), (NOT_LOSSLESS, lossy), (INCOMPLETE, incomplete)) if on)
+def _flags(best: bool, lossy: bool, incomplete: bool, paths: Sequence[tuple[str, int]] = ()) -> tuple[str, ...]:
+    reference = any(label != ONE_FORWARD and rounds for label, rounds in paths)
+    return tuple(flag for flag, on in ((BEST, best), (NOT_LOSSLESS, lossy), (REFERENCE_PATH, reference),
+                                       (INCOMPLETE, incomplete)) if on)
+
+
+def reference_note(paths: Sequence[tuple[str, int]]) -> str:
+    """`REFERENCE PATH: 10 of 40 verify rounds took the reference path (<reason>): ...`; empty when none did."""
+    fallback = [(label, rounds) for label, rounds in paths if label != ONE_FORWARD and rounds]
+    if not fallback:
+        return ""
+    total = sum(rounds for _, rounds in paths)
+    took = sum(rounds for _, rounds in fallback)
+    reasons = "; ".join(label.partition(": ")[2] or label for label, _ in fallback)
+    share = "every verify round" if took == total else f"{took} of {total} verify rounds"
+    return (f"{REFERENCE_PATH}: {share} took the reference path ({reasons}): this speed is the slow exact "
+            "fallback's, not the one-forward verify's")
+
+
+def verify_cell(paths: Sequence[tuple[str, int]]) -> str:
+    """Which verify path ran: `one-forward`, `reference: <reason>`, or each with its rounds when they were mixed."""
+    ran = [(label, rounds) for label, rounds in paths if rounds]
+    if len(ran) == 1:
+        return ran[0][0]
+    return ", ".join(f"{label} ({rounds} rounds)" for label, rounds in ran)
+
+
+def _add_paths(rows: Iterable[Any]) -> tuple[tuple[str, int], ...]:
+    total: dict[str, int] = {}
+    for r in rows:
+        for label, rounds in r.verify_paths:
+            total[label] = total.get(label, 0) + rounds
+    return tuple(sorted(total.items()))
 
 
 def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> Report:
@@ -153,7 +190,8 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
                 mean_tpot_s=s.mean_tpot_s, speedup=speedup, acceptance_length=s.acceptance_length,
                 mean_ttft_s=s.mean_ttft_s, fidelity=fidelity, tree_budget=s.tree_budget,
                 best_budget=False, lossy=lossy, source=s.source, attn=s.attn, divergence=s.first_difference,
-                code=m.code, incomplete=m.incomplete, run_id=m.run_id,
+                code=m.code, incomplete=m.incomplete, run_id=m.run_id, verify_paths=s.verify_paths,
+                prompt_times=s.prompt_times, prompt_lengths=s.prompt_lengths,
             ))
         best = _best_budget(group_rows)
         rows.extend(replace(r, best_budget=True) if r is best else r for r in group_rows)
@@ -190,12 +228,26 @@ def pooling_note(report: Report) -> str | None:
             ": each code's rows are reported side by side")
 
 
+def report_title(rows: Sequence[Any], run_ids: Sequence[str]) -> str:
+    """`bench report RUN: Qwen3-8B, 73068c9 +hybrid-tree-verify`: the runs, and the target and code when there is one
+    of each (a table or plot of one target shows no Model or Code column, so its title names them)."""
+    models = list(dict.fromkeys(_short_model(r.model) for r in rows if r.model))
+    codes = code_ids(rows)
+    what = ([models[0]] if len(models) == 1 else [f"{len(models)} targets"] if models else []) + (
+        [code_label(codes[0])] if len(codes) == 1 and codes[0] is not None else
+        [f"{len(codes)} code variants"] if len(codes) > 1 else [])
+    return f"bench report {', '.join(run_ids)}" + (": " + ", ".join(what) if what else "")
+
+
 def code_label(code: CodeId | None, among: Sequence[CodeId | None] = ()) -> str:
     """The code's label, with library versions when they are what tells it apart from the others."""
     if code is None:
         return "unknown code"
     label = code.label
-    if any(o is not None and o != code and o.label == label for o in among):
+    alike = [o for o in among if o is not None and o != code and o.label == label]
+    if any(o.patches != code.patches for o in alike):  # one playbook's patches, not all of them in place
+        label += " (patches " + ",".join(pid for pid, _ in code.patches) + ")"
+    if any(o.versions != code.versions for o in alike):
         label += " (" + ", ".join(f"{lib} {v}" for lib, v in code.versions if v) + ")"
     return label
 
@@ -285,6 +337,9 @@ class GroupRow:
     code: CodeId | None = None  # every row pooled here ran this code
     incomplete: bool = False  # some pooled run was collected while still going
     run_id: str = ""  # by run: the run
+    verify_paths: tuple[tuple[str, int], ...] = ()  # summed over the pooled rows
+    prompt_times: tuple[float | None, ...] = ()  # per prompt, the mean over the pooled runs (same prompts only)
+    prompt_lengths: tuple[int | None, ...] = ()
 
     @property
     def fidelity(self) -> float | None:
@@ -299,18 +354,18 @@ class GroupRow:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return _flags(self.best_budget, self.lossy, self.incomplete)
+        return _flags(self.best_budget, self.lossy, self.incomplete, self.verify_paths)
 
     @property
     def note(self) -> str:
-        if not self.lossy:
-            return ""
-        speed = self.speedup.mean if self.speedup is not None else None
-        where = self.divergence[1] if self.divergence is not None else None
-        text = _lossy_note(self.fidelity or 0.0, speed, where)
-        if self.divergence is not None and len(self.hosts) > 1:
-            text += f" on {self.divergence[0]}"
-        return text
+        text = ""
+        if self.lossy:
+            speed = self.speedup.mean if self.speedup is not None else None
+            where = self.divergence[1] if self.divergence is not None else None
+            text = _lossy_note(self.fidelity or 0.0, speed, where)
+            if self.divergence is not None and len(self.hosts) > 1:
+                text += f" on {self.divergence[0]}"
+        return "; ".join(n for n in (text, reference_note(self.verify_paths)) if n)
 
 
 def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
@@ -338,6 +393,7 @@ def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
             compared_responses=sum(r.n_responses for r in compared) if compared else None,
             tree_budget=rows[0].tree_budget, best_budget=False, divergence=example, code=rows[0].code,
             incomplete=any(r.incomplete for r in rows), run_id=(rows[0].run_id or rows[0].run) if by == "run" else "",
+            verify_paths=_add_paths(rows), **_prompts_of(rows),
         ))
     out = _mark_best(out, by)
     if by in ("method", "patchset"):  # each target's methods together, in the report's order of targets
@@ -355,6 +411,17 @@ def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
         run_rank = _first_seen(g.run_id for g in out)
         out.sort(key=lambda g: run_rank[g.run_id])  # stable: report order within a run
     return tuple(out)
+
+
+def _prompts_of(rows: Sequence[ReportRow]) -> dict[str, tuple]:
+    """Per-prompt times averaged over repeats of the same prompts (same count and lengths); none otherwise."""
+    first = rows[0]
+    if not first.prompt_times or any(len(r.prompt_times) != len(first.prompt_times)
+                                     or r.prompt_lengths != first.prompt_lengths for r in rows):
+        return {}
+    columns = zip(*(r.prompt_times for r in rows))
+    means = tuple(None if None in ts else fmean(ts) for ts in columns)  # type: ignore[arg-type]
+    return {"prompt_times": means, "prompt_lengths": first.prompt_lengths}
 
 
 def _mark_best(groups: list[GroupRow], by: str) -> list[GroupRow]:
@@ -378,7 +445,7 @@ def _replace_best(g: GroupRow) -> GroupRow:
 
 FIELDS = ("host", "run", "model", "dataset", "temperature", "method", "engine", "n_responses", "tokens_per_s",
           "mean_tpot_s", "speedup", "acceptance_length", "mean_ttft_s", "fidelity", "tree_budget", "best_budget",
-          "lossy", "source", "incomplete")
+          "lossy", "source", "incomplete", "verify_paths")
 
 
 def to_json(report: Report, views: Sequence[str] = DEFAULT_VIEWS) -> str:
@@ -389,6 +456,8 @@ def to_json(report: Report, views: Sequence[str] = DEFAULT_VIEWS) -> str:
 
     def doc(row: Any) -> dict[str, Any]:
         d = asdict(row)
+        del d["prompt_times"], d["prompt_lengths"]  # per prompt: what `comparisons` summarizes, too long to list
+        d["verify_paths"] = dict(row.verify_paths) or None
         if isinstance(row, GroupRow):
             d["fidelity"] = row.fidelity
             d["lossy"] = row.lossy
@@ -404,6 +473,8 @@ def to_json(report: Report, views: Sequence[str] = DEFAULT_VIEWS) -> str:
         "rows": [doc(r) for r in report.rows],
         **{f"by_{view}": [doc(g) for g in groups] for view, groups in grouped.items()},
         "not_lossless": [f"{g.model} {g.dataset} {g.method}: {g.note}" for g in grouped["method"] if g.lossy],
+        "reference_path": [f"{g.model} {g.dataset} {g.method}: {reference_note(g.verify_paths)}"
+                           for g in grouped["method"] if REFERENCE_PATH in g.flags],
         "faster_but_lossy": len(report.faster_but_lossy),
     }, indent=2)
 
@@ -413,32 +484,49 @@ GROUP_FIELDS = ("by", "run_id", "host", "hosts", "code", "model", "dataset", "te
                 "runs", "n_responses")
 SPREAD_FIELDS = ("tokens_per_s", "speedup", "acceptance_length", "mean_ttft_s")
 GROUP_TAIL = ("fidelity", "equal_responses", "compared_responses", "tree_budget", "best_budget", "lossy",
-              "incomplete", "flags")
+              "incomplete", "verify_paths", "flags")
 
 
 def to_csv(report: Report, by: str | None = None) -> str:
     """Every field, one row per ReportRow (by None), or one row per aggregated row of `aggregate(report, by)` in the
     table's order (`--by`); empty cells for unknown values."""
+    if by is not None:
+        return groups_csv(aggregate(report, by))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     codes = code_ids(report.rows)
-    if by is None:
-        writer.writerow(FIELDS + ("code", "flags"))
-        for r in report.rows:
-            cells = ["" if getattr(r, f) is None else getattr(r, f) for f in FIELDS]
-            writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
-        return buf.getvalue()
+    writer.writerow(FIELDS + ("code", "flags"))
+    for r in report.rows:
+        cells = [_csv_cell(r, f) for f in FIELDS]
+        writer.writerow(cells + [code_label(r.code, codes) if r.code else "", ";".join(r.flags)])
+    return buf.getvalue()
+
+
+def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()
+               ) -> str:
+    """Aggregated rows, each spread as its mean and std columns, then the `extra` columns given per row."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    codes = code_ids(groups)
     writer.writerow(GROUP_FIELDS + tuple(f"{f}_{part}" for f in SPREAD_FIELDS for part in ("mean", "std"))
-                    + GROUP_TAIL)
-    for g in aggregate(report, by):
+                    + GROUP_TAIL + tuple(extra))
+    for k, g in enumerate(groups):
         head = {"hosts": ";".join(g.hosts), "code": code_label(g.code, codes) if g.code else ""}
         cells = [head[f] if f in head else getattr(g, f) for f in GROUP_FIELDS]
         for f in SPREAD_FIELDS:
             spread = getattr(g, f)
             cells += ["", ""] if spread is None else [spread.mean, spread.std]
-        cells += [";".join(g.flags) if f == "flags" else getattr(g, f) for f in GROUP_TAIL]
+        cells += [";".join(g.flags) if f == "flags" else _csv_cell(g, f) for f in GROUP_TAIL]
+        cells += list(extra_cells[k]) if extra else []
         writer.writerow(["" if c is None else c for c in cells])
     return buf.getvalue()
+
+
+def _csv_cell(row: Any, field: str) -> Any:
+    if field == "verify_paths":
+        return ";".join(f"{label}={rounds}" for label, rounds in row.verify_paths)
+    value = getattr(row, field)
+    return "" if value is None else value
 
 
 def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -448,14 +536,17 @@ def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
     show_run = len(set(keys)) < len(keys)
     codes = code_ids(report.rows)
     show_code = len(codes) > 1
+    show_verify = any(r.verify_paths for r in report.rows)
     headers = ["Host"] + (["Run"] if show_run else []) + (["Code"] if show_code else []) + (
-        ["Model"] if show_model else []) + ["Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity",
-                                            "Flags"]
+        ["Model"] if show_model else []) + ["Dataset", "T", "Method"] + (["Verify"] if show_verify else []) + [
+        "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "Flags"]
     rows = []
     for r in report.rows:
         cells = [r.host] + ([r.run] if show_run else []) + ([code_label(r.code, codes)] if show_code else []) + (
             [_short_model(r.model)] if show_model else []) + [
-            _s(r.dataset), _num(r.temperature, "g"), r.method, _num(r.tokens_per_s, ".1f"),
+            _s(r.dataset), _num(r.temperature, "g"), r.method] + ([verify_cell(r.verify_paths) or "—"]
+                                                                  if show_verify else []) + [
+            _num(r.tokens_per_s, ".1f"),
             _num(r.speedup, ".2f", "x"), _num(r.acceptance_length, ".2f"),
             _num(None if r.mean_ttft_s is None else r.mean_ttft_s * 1000, ".1f", " ms"), str(r.n_responses),
             _fidelity_cell(r), ", ".join(r.flags)]
@@ -465,25 +556,26 @@ def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells for aggregated rows: each number as mean ± std over its n runs (n shown once per row)."""
-    show_model = len({g.model for g in groups}) > 1
+    show_model = len({_short_model(g.model) for g in groups}) > 1  # engines name one target by different paths
     show_attn = len({g.attn for g in groups}) > 1
     by = groups[0].by if groups else "method"
     by_host = by in ("host", "run")
     codes = code_ids(groups)
     show_code = len(codes) > 1 or by == "patchset"
+    show_verify = any(g.verify_paths for g in groups)
     headers = (["Run"] if by == "run" else []) + (["Host"] if by_host else ["Hosts"]) + (
         ["Code"] if show_code else []) + (["Model"] if show_model else []) + [
-        "Dataset", "T"] + (["Attn"] if show_attn else []) + [
-        "Method", "tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "Flags"]
+        "Dataset", "T"] + (["Attn"] if show_attn else []) + ["Method"] + (["Verify"] if show_verify else []) + [
+        "tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "Flags"]
     rows = []
     for g in groups:
         ttft = _scaled(g.mean_ttft_s, 1000)
         cells = ([g.run_id] if by == "run" else []) + ([g.host] if by_host else [str(len(g.hosts))]) + (
             [code_label(g.code, codes)] if show_code else []) + ([_short_model(g.model)] if show_model else []) + [
-            _s(g.dataset), _num(g.temperature, "g")] + ([_s(g.attn)] if show_attn else []) + [
-            g.method, _spread(g.tokens_per_s, ".1f"), _spread(g.speedup, ".2f", "x"),
-            _spread(g.acceptance_length, ".2f"), _spread(ttft, ".1f", " ms"), str(g.runs), str(g.n_responses),
-            _group_fidelity(g), ", ".join(g.flags)]
+            _s(g.dataset), _num(g.temperature, "g")] + ([_s(g.attn)] if show_attn else []) + [g.method] + (
+            [verify_cell(g.verify_paths) or "—"] if show_verify else []) + [
+            _spread(g.tokens_per_s, ".1f"), _spread(g.speedup, ".2f", "x"), _spread(g.acceptance_length, ".2f"),
+            _spread(ttft, ".1f", " ms"), str(g.runs), str(g.n_responses), _group_fidelity(g), ", ".join(g.flags)]
         rows.append(cells)
     return headers, rows
 
@@ -511,24 +603,24 @@ def _scaled(s: Spread | None, k: float) -> Spread | None:
 def groups_markdown(groups: Sequence[GroupRow]) -> str:
     """Aggregated rows as a GitHub-flavoured table, lossy rows flagged, their notes below."""
     headers, rows = group_columns(groups)
-    return _md_table(headers, rows, groups) + _md_notes(groups)
+    return md_table(headers, rows, groups) + md_notes(groups)
 
 
-def _md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -> str:
-    method_col = headers.index("Method")
+def md_table(headers: list[str], rows: list[list[str]], items: Sequence[Any]) -> str:
+    method_col, flags_col = headers.index("Method"), headers.index("Flags")
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r, cells in zip(items, rows):
         cells = [c.replace("|", "\\|") for c in cells]
         if r.best_budget:
             cells[method_col] = f"**{cells[method_col]}**"
-        if r.lossy:
-            cells[-1] = cells[-1].replace(NOT_LOSSLESS, f"⚠ {NOT_LOSSLESS}")
+        for warning in (NOT_LOSSLESS, REFERENCE_PATH):
+            cells[flags_col] = cells[flags_col].replace(warning, f"⚠ {warning}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _md_notes(items: Sequence[Any]) -> str:
-    notes = [f"- {note_label(r)}: {r.note}" for r in items if r.lossy]
+def md_notes(items: Sequence[Any]) -> str:
+    notes = [f"- {note_label(r)}: {r.note}" for r in items if r.note]
     return ("\n" + "\n".join(notes) + "\n") if notes else ""
 
 
@@ -542,8 +634,8 @@ def note_label(row: Any) -> str:
 def to_markdown(report: Report) -> str:
     """A GitHub-flavoured table, best budgets in bold, lossy rows flagged, and the notes below."""
     headers, rows = report_columns(report)
-    text = _md_table(headers, rows, report.rows)
-    notes = [f"- {r.host} {r.dataset} {r.method}: {r.note}" for r in report.rows if r.lossy]
+    text = md_table(headers, rows, report.rows)
+    notes = [f"- {r.host} {r.dataset} {r.method}: {r.note}" for r in report.rows if r.note]
     return text + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 

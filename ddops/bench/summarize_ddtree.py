@@ -6,7 +6,8 @@ import re
 from statistics import fmean
 from typing import Any, Iterable
 
-from ddops.bench.summary import Divergence, MethodSummary, ResultFileError, finite_number, output_digest
+from ddops.bench.summary import Divergence, MethodSummary, ResultFileError, add_verify_paths, finite_number, \
+    output_digest
 
 BASELINE = "baseline"
 _TREE = re.compile(r"ddtree_tb(\d+)\Z")
@@ -54,6 +55,11 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
     baseline_tpot: float | None = None
     baseline_outputs: dict[int, list[int]] = {}
     prompt_lengths: dict[int, int] = {}
+    for method, items in per_method.items():  # a prompt's length is the same whichever method ran it
+        for i, v in items:
+            prompt = _number(source, i, method, v, "num_input_tokens", optional=True)
+            if prompt is not None:
+                prompt_lengths.setdefault(i, int(prompt))
     if BASELINE in per_method:
         baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token")
                               for i, v in per_method[BASELINE])
@@ -61,9 +67,6 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             tokens = _tokens(source, i, BASELINE, v)
             if tokens is not None:
                 baseline_outputs[i] = tokens
-            prompt = _number(source, i, BASELINE, v, "num_input_tokens", optional=True)
-            if prompt is not None:
-                prompt_lengths[i] = int(prompt)
 
     out: list[MethodSummary] = []
     for method in sorted(per_method, key=method_order):
@@ -80,6 +83,14 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
         if method != BASELINE:
             per_response = [fmean(a) for a in (_acceptance(source, i, method, v) for i, v in items) if a]
             tau = fmean(per_response) if per_response else None
+
+        times: dict[int, float] = {i: t for (i, _), t in zip(items, tpots)}
+        paths: dict[str, int] = {}
+        for i, v in items:
+            raw = _field(source, i, method, v, "verify_paths")
+            if raw is not _MISSING and raw is not None:
+                add_verify_paths(paths, {k: _scalar(n) for k, n in raw.items()} if isinstance(raw, dict) else raw,
+                                 f"{source}: responses[{i}].{method}")
 
         speedup = None
         if baseline_tpot is not None and mean_tpot:
@@ -106,6 +117,9 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             attn=str(attn) if attn is not None else None,
             output_digests=digests if len(digests) == len(items) else (),
             first_difference=divergence,
+            prompt_times=tuple(times.get(i) for i in range(len(responses))),
+            prompt_lengths=tuple(prompt_lengths.get(i) for i in range(len(responses))),
+            verify_paths=tuple(sorted(paths.items())),
         ))
     return out
 

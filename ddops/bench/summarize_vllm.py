@@ -35,6 +35,7 @@ def summarize_vllm(data: dict[str, Any], source: str, *, method: str | None = No
     if isinstance(texts, list) and all(isinstance(t, str) for t in texts):
         digests = tuple(output_digest(t) for t in texts)
 
+    times, lengths = _per_prompt(source, data)
     temp = temperature if temperature is not None else data.get("temperature")
     return [MethodSummary(
         method=name, source=source, engine="vllm", n_responses=completed,
@@ -51,7 +52,52 @@ def summarize_vllm(data: dict[str, Any], source: str, *, method: str | None = No
         output_throughput=_num(source, data, "output_throughput"),
         failed=_int(source, data, "failed"),
         output_digests=digests,
+        prompt_times=times,
+        prompt_lengths=lengths,
     )]
+
+
+# What `--save-detailed` keeps, one item per request in prompt order: input_lens, output_lens, ttfts (s), itls (s,
+# one list per request), errors (empty where it succeeded), and in newer clients latencies (s, end to end).
+def _per_prompt(source: str, data: dict) -> tuple[tuple[float | None, ...], tuple[int | None, ...]]:
+    """Per request: seconds per output token after the first (as vLLM's own TPOT), and input tokens."""
+    ttfts = data.get("ttfts")
+    if not isinstance(ttfts, list):
+        return (), ()
+    n = len(ttfts)
+    inputs = _list(source, data, "input_lens", n, _is_count)
+    outputs = _list(source, data, "output_lens", n, _is_count)
+    itls = _list(source, data, "itls", n, lambda x: isinstance(x, list) and all(_is_seconds(t) for t in x))
+    latencies = _list(source, data, "latencies", n, _is_seconds)
+    errors = _list(source, data, "errors", n, lambda x: x is None or isinstance(x, str))
+    if not all(_is_seconds(t) for t in ttfts):
+        raise ResultFileError(f"{source}: ttfts: not a list of non-negative seconds")
+    times: list[float | None] = []
+    for i in range(n):
+        decode = latencies[i] - ttfts[i] if latencies else sum(itls[i]) if itls else None
+        failed = bool(errors and errors[i])
+        tokens = outputs[i] if outputs else 0
+        times.append(decode / (tokens - 1) if decode is not None and decode > 0 and tokens > 1 and not failed
+                     else None)
+    return tuple(times), tuple(inputs) if inputs else (None,) * n
+
+
+def _list(source: str, data: dict, key: str, n: int, valid) -> list:
+    """The per-request list at key (empty when absent); ResultFileError when it is not one valid item per request."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) != n or not all(valid(x) for x in value):
+        raise ResultFileError(f"{source}: {key}: not one valid item per request ({n} requests)")
+    return value
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_seconds(x: Any) -> bool:
+    return finite_number(x) and x >= 0
 
 
 def _num(source: str, data: dict, key: str) -> float | None:

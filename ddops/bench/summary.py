@@ -51,11 +51,35 @@ class MethodSummary:
     failed: int = 0  # vLLM: failed requests
     output_digests: tuple[str, ...] = ()  # per response, in prompt order: lets the report compare runs
     first_difference: Divergence | None = None  # the first response whose output differs from the baseline's
+    # Per prompt, in prompt order: seconds per output token (None where that prompt has no time: a failed request)
+    # and input tokens (None where the file does not say); what pairs this method with another prompt by prompt.
+    prompt_times: tuple[float | None, ...] = ()
+    prompt_lengths: tuple[int | None, ...] = ()
+    verify_paths: tuple[tuple[str, int], ...] = ()  # (path label, verify rounds) over all responses, sorted
 
     @property
     def label(self) -> str:
         """`ddtree_tb64`, or `vllm:mtp` for a vLLM run (so both can share a table)."""
         return self.method if self.engine == "ddtree" else f"{self.engine}:{self.method}"
+
+
+ONE_FORWARD = "one-forward"
+REFERENCE = "reference"  # a label `reference: <reason>`: the one-forward route was refused, for that reason
+
+
+def add_verify_paths(total: dict[str, int], raw: Any, where: str) -> None:
+    """Add one response's `verify_paths` ({label: rounds}, TEAM.md's contract) to total; ResultFileError unless it
+    holds exactly labels `one-forward` or `reference: <reason>` and round counts."""
+    if not isinstance(raw, dict):
+        raise ResultFileError(f"{where}.verify_paths: not a dict of verify path -> rounds")
+    for label, rounds in raw.items():
+        if not isinstance(label, str) or len(label) > 300 or not (
+                label == ONE_FORWARD or label.startswith(f"{REFERENCE}: ")):
+            raise ResultFileError(f"{where}.verify_paths: {str(label)[:80]!r} is not `{ONE_FORWARD}` or "
+                                  f"`{REFERENCE}: <reason>`")
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+            raise ResultFileError(f"{where}.verify_paths[{label[:80]!r}]: not a count of rounds")
+        total[label] = total.get(label, 0) + rounds
 
 
 def output_digest(tokens_or_text: Any) -> str:

@@ -531,18 +531,24 @@ def report(ctx: typer.Context,
            by: Annotated[Optional[str], typer.Option("--by", help="host: one row per host and method (repeats "
                                                      "aggregated); method: one row per method over every host and "
                                                      "repeat; run: one row per run, host and method; patchset: each "
-                                                     "method's code variants side by side. Different code (commit, "
-                                                     "patches, library versions) is never pooled. Default: host and "
-                                                     "method. --json and md follow it; csv has one line per "
+                                                     "method's code variants side by side; engine: every engine's "
+                                                     "methods per host, target, dataset and temperature against the "
+                                                     "best chain method, with per-prompt paired statistics. Different "
+                                                     "code (commit, patches, library versions) and engines are never "
+                                                     "pooled. Default: host and method, or engine when the runs hold "
+                                                     "several engines. --json and md follow it; csv has one line per "
                                                      "aggregated row with it, per result row without.",
                                                      show_default=False)] = None,
            plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here (speedup and "
-                                                        "τ per method, with error bars).", show_default=False)] = None,
+                                                        "τ per method, with error bars; with several engines, tok/s "
+                                                        "against the best chain method).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.report import BY, DEFAULT_VIEWS, aggregate, build_report, groups_markdown, pooling_note, \
-        to_csv, to_json
+    from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, \
+        verdicts
+    from ddops.bench.report import BY, DEFAULT_VIEWS, aggregate, build_report, group_columns, groups_markdown, \
+        pooling_note, report_title, to_csv, to_json
     from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 
@@ -551,9 +557,8 @@ def report(ctx: typer.Context,
         fmt = "json"
     if fmt not in ("table", "json", "csv", "md"):
         raise UsageError(f"--format {fmt}: use table, json, csv or md")
-    if by is not None and by not in BY:
-        raise UsageError(f"--by {by}: use {', '.join(BY)}")
-    views = [by] if by else list(DEFAULT_VIEWS)
+    if by is not None and by not in (*BY, ENGINE_VIEW):
+        raise UsageError(f"--by {by}: use {', '.join((*BY, ENGINE_VIEW))}")
     root = results_root(results_dir)
     ids = [check_run_id(r) for r in run_ids or []]
     if not ids:
@@ -561,8 +566,12 @@ def report(ctx: typer.Context,
         if not newest:
             raise UsageError(f"nothing collected under {root}: run `ddops bench collect RUN` first")
         ids = newest
-    items, problems = load_collected(root, ids)
-    rep = build_report(items)
+    collected = load_collected(root, ids)
+    rep = build_report(collected.items)
+    views = [by] if by else [ENGINE_VIEW] if len({r.engine for r in rep.rows}) > 1 else list(DEFAULT_VIEWS)
+    tables = side_by_side(rep) if ENGINE_VIEW in views or fmt == "json" or by == ENGINE_VIEW else ()
+    title = report_title(rep.rows, ids)
+    problems = [*collected.problems, *(g.line for g in collected.gaps)]
     note = pooling_note(rep)
     if note and fmt != "json":
         err_console.print(escape(note))
@@ -570,41 +579,56 @@ def report(ctx: typer.Context,
     if fmt == "json":
         import json
 
-        write_document(code, {"run_ids": ids, **json.loads(to_json(rep, views)),
-                                              "problems": problems, **({"note": note} if note else {})})
-    elif fmt == "csv":
-        sys.stdout.write(to_csv(rep, by))  # --by: the aggregated rows of that table; without it, every result row
+        write_document(code, {"run_ids": ids, "title": title,
+                              **json.loads(to_json(rep, [v for v in views if v != ENGINE_VIEW])),
+                              "views": views, "comparisons": [t.to_json() for t in tables], "problems": problems,
+                              "gaps": [g.to_json() for g in collected.gaps], **({"note": note} if note else {})})
+    elif fmt == "csv":  # --by: the aggregated rows of that table; without it, every result row
+        sys.stdout.write(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by))
     elif fmt == "md":
-        sys.stdout.write("\n".join(groups_markdown(aggregate(rep, view)) for view in views))
+        sys.stdout.write(f"**{title}**\n\n" + "\n".join(
+            engines_markdown(tables) if view == ENGINE_VIEW else groups_markdown(aggregate(rep, view))
+            for view in views))
     elif rep.rows:
         for view in views:
-            _report_table(aggregate(rep, view), ids)
+            if view == ENGINE_VIEW:
+                _report_table(*engine_columns(tables), [r.group for t in tables for r in t.rows],
+                              f"{title}: engines side by side, per host (mean ± std over n runs)", collected.caption)
+                for line in verdicts(tables):
+                    console.print(escape(line))
+            else:
+                groups = aggregate(rep, view)
+                _report_table(*group_columns(groups), groups,
+                              f"{title}: {_SCOPES[view]} (mean ± std over n runs)", collected.caption)
     if plot is not None and rep.rows:
         from ddops.bench.plot import plot_report
 
-        written = plot_report(rep, plot)
+        written = plot_report(rep, plot, title=title, caption=collected.caption)
         err_console.print(f"plot: {escape(str(written))}")
-    for problem in problems:
-        err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}")
+    for problem in [*collected.problems, *collected.caption.splitlines()]:  # one line each, never wrapped
+        err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}", soft_wrap=True)
     if code:
         if not rep.rows:
             err_console.print("no result rows")
         raise typer.Exit(1)
 
 
-def _report_table(groups: Sequence[Any], run_ids: Sequence[str]) -> None:
-    """Aggregated rows as a rich table (mean ± std over n runs), lossy rows red, and a note under it for each."""
-    from ddops.bench.report import group_columns, note_label
+_SCOPES = {"host": "per host", "run": "per run and host", "patchset": "per patch set, all hosts",
+           "method": "per method, all hosts"}
 
-    headers, rows = group_columns(groups)
-    by = groups[0].by if groups else "method"
-    scope = {"host": "per host", "run": "per run and host", "patchset": "per patch set, all hosts"}.get(
-        by, "per method, all hosts")
+
+def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[Any], title: str,
+                  caption: str) -> None:
+    """Aggregated rows as a rich table, lossy rows red, a note under it for each flagged row; the caption names
+    what produced nothing."""
     from rich.table import Table
 
-    table = Table(title=f"bench report {', '.join(run_ids)}: {scope} (mean ± std over n runs)", header_style="bold")
+    from ddops.bench.report import note_label
+
+    table = Table(title=escape(title), caption=escape(caption) or None, caption_style="bold red",
+                  caption_justify="left", header_style="bold")
     for h in headers:
-        numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "T", "Hosts")
+        numeric = h in ("tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity", "T", "Hosts", "vs best chain")
         table.add_column(h, justify="right" if numeric else "left")
     method_col = headers.index("Method")
     for g, cells in zip(groups, rows):
@@ -614,5 +638,5 @@ def _report_table(groups: Sequence[Any], run_ids: Sequence[str]) -> None:
         table.add_row(*cells, style="red" if g.lossy else None)
     console.print(table)
     for g in groups:
-        if g.lossy:
+        if g.note:
             console.print(f"[red]{escape(note_label(g))}: {escape(g.note)}[/]")

@@ -288,6 +288,7 @@ def test_numbers_too_large_to_average_refuse_that_hosts_file_and_the_other_hosts
                     "args": {"dataset": "gsm8k"}}, run / host / "gsm8k.pt")
     (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "summarizer": "ddtree", "hosts": {
         host: {"files": [{"path": "gsm8k.pt"}]} for host in tpots}}))
-    items, problems = load_collected(tmp_path, ["r1"])
-    assert [i.host for i in items] == ["h2"]
-    assert problems == [f"h1: {run / 'h1' / 'gsm8k.pt'}: refused: its numbers are too large to average"]
+    collected = load_collected(tmp_path, ["r1"])
+    assert [i.host for i in collected.items] == ["h2"]
+    assert collected.problems == (f"h1: {run / 'h1' / 'gsm8k.pt'}: refused: its numbers are too large to average",)
+    assert [g.line for g in collected.gaps] == ["h1: produced nothing (1 result file could not be read)"]
