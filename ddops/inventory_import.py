@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ddops.errors import InventoryError
-from ddops.inventory import HOST_SCHEMA, TOP_KEYS, HostKey
+from ddops.inventory import HOST_SCHEMA, SSH_ONLY_KEYS, TOP_KEYS, HostKey
 from ddops.sshconfig import OpenSshConfig, SshConfig
 from ddops.yamlsrc import YamlDoc
 
@@ -266,6 +266,9 @@ def from_ansible(groups: Mapping[str, AnsibleGroup], source: str) -> Imported:
             notes.append(f"host {name}: not imported (ddops host names use letters, digits, '.', '_' and '-')")
             continue
         settings = _ddops_settings(values, f"host {name}", notes)
+        layers = [settings, *(group_settings.get(g, {}) for g in host_groups.get(name, [])), defaults]
+        if next((layer["connection"] for layer in layers if "connection" in layer), "ssh") == "local":
+            _drop_ssh_only(settings, f"host {name}", notes)
         hosts.append(ImportedHost(name, settings, tuple(host_groups.get(name, []))))
     return Imported(source, _unique_addresses(hosts, notes), group_settings, defaults, tuple(notes))
 
@@ -300,7 +303,17 @@ def _ddops_settings(values: Mapping[str, Any], who: str, notes: list[str]) -> di
                 notes.append(f"{who}: {key}: {' '.join(rest)} (no ddops key; ddops reads only a ProxyJump here)")
         else:
             notes.append(f"{who}: {key}={_shown(value)} (no ddops key)")
+    if out.get("connection") == "local":
+        _drop_ssh_only(out, who, notes)
     return out
+
+
+def _drop_ssh_only(settings: dict[str, Any], who: str, notes: list[str]) -> None:
+    """A `connection: local` host (or the group or defaults that make it one) takes no SSH setting: a note each."""
+    for key in SSH_ONLY_KEYS:
+        if key in settings:
+            notes.append(f"{who}: {key} {json.dumps(settings.pop(key))} (connection: local runs on this machine, "
+                         "as the user running ddops)")
 
 
 def _shown(value: Any) -> str:

@@ -12,11 +12,11 @@ from typing import Any, Mapping
 from ddops import settings
 from ddops.errors import InventoryError, UsageError
 from ddops.inventory.schema import (
-    BUILTIN_DEFAULTS, DEFAULT_INVENTORY, DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_CONFIG, GROUP_KEYS, HOST_SCHEMA, TOP_KEYS,
-    Host, HostKey, Inventory, is_type, looks_like_playbook_path, valid_name,
+    BUILTIN_DEFAULTS, DEFAULT_INVENTORY, DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_CONFIG, GROUP_KEYS, HOST_SCHEMA,
+    SSH_ONLY_KEYS, TOP_KEYS, Host, HostKey, Inventory, is_type, looks_like_playbook_path, valid_name,
 )
 from ddops.slurm_options import SlurmOptions
-from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, load_ssh_config, split_hop
+from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, jump_problem, load_ssh_config, split_hop
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
 ADHOC_SOURCE = "-H"  # an ad-hoc inventory's "file" in its error messages
@@ -44,12 +44,15 @@ def adhoc_inventory(spec: str, ssh_config: SshConfig | OpenSshConfig | None = No
         port_text = part.rpartition(":")[2] if ":" in part.rpartition("@")[2].rpartition("]")[2] else ""
         if not address or any(c.isspace() for c in part) or (port_text and port is None):
             raise UsageError(f"-H {part}: not a host ([user@]host[:port], comma-separated)")
+        if port is not None and not 0 < port < 65536:  # `:0` was port 22
+            raise UsageError(f"-H {part}: port {port} is out of range 1-65535")
         name = "".join(c if c.isalnum() or c in "._-" else "-" for c in address)
         if name in hosts:
             name = f"{name}-{port or 22}"
         if name in hosts:
             raise UsageError(f"-H {part}: named twice")
-        hosts[name] = {"address": address, **({"user": user} if user else {}), **({"port": port} if port else {})}
+        hosts[name] = {"address": address, **({"user": user} if user else {}),
+                       **({"port": port} if port is not None else {})}
     if not hosts:
         raise UsageError("-H: no host given (expected [user@]host[:port], comma-separated)")
     return parse_inventory(YamlDoc(ADHOC_SOURCE, {"hosts": hosts}), ssh_config)
@@ -238,12 +241,13 @@ def _resolve_host(name: str, values: Mapping[str, Any], sources: _Sources) -> Ho
     for g in groups:
         if g == name:
             raise sources.err(("hosts", name, "groups"), f"group '{g}' has the same name as a host")
+    _check_local(sources, name, values, groups)
     merged: dict[str, Any] = dict(BUILTIN_DEFAULTS)
     merged.update({k: v for k, v in defaults.items() if k != "groups"})
     from_config = sources.ssh_config.lookup(values.get("address", name))
-    for key in ("user", "port", "identity_file", "proxy_jump", "host_key_alias"):
+    for key in ("user", "port", "identity_file", "proxy_jump", "host_key_alias", "identities_only"):
         if key in from_config and key not in values and not any(key in (group_settings.get(g) or {}) for g in groups):
-            merged[key] = int(from_config[key]) if key == "port" and from_config[key].isdigit() else from_config[key]
+            merged[key] = _from_ssh_config(key, from_config[key])
     for g in reversed(groups):
         merged.update(group_settings.get(g) or {})
     merged.update({k: v for k, v in values.items() if k != "groups"})
@@ -254,6 +258,9 @@ def _resolve_host(name: str, values: Mapping[str, Any], sources: _Sources) -> Ho
                        **(values.get("slurm") or {})}
     if merged.get("proxy_jump") in ("none", ""):
         merged["proxy_jump"] = None
+    problem = jump_problem(merged["proxy_jump"]) if merged.get("proxy_jump") else None
+    if problem:  # said here, with the line that set it, rather than by ssh later
+        raise InventoryError(f"{sources.origin('proxy_jump', name, values, groups)}: {problem}")
     merged["address"] = from_config.get("hostname", values.get("address", name))
     if isinstance(merged.get("port"), str):
         raise sources.err(("hosts", name), f"ssh_config gives port '{merged['port']}', which is not a number")
@@ -268,6 +275,30 @@ def _resolve_host(name: str, values: Mapping[str, Any], sources: _Sources) -> Ho
         slurm=SlurmOptions.from_mapping(merged["slurm"]) if merged.get("executor") == "slurm" else None,
         identity_origin=sources.origin("identity_file", name, values, groups),
     )
+
+
+def _from_ssh_config(key: str, value: str) -> Any:
+    """An ssh_config value as the inventory's key holds it (a port a number where it is one, yes/no a bool)."""
+    if key == "port" and value.isdigit():
+        return int(value)
+    return value == "yes" if key == "identities_only" else value
+
+
+def _check_local(sources: _Sources, name: str, values: Mapping[str, Any], groups: list) -> None:
+    """A `connection: local` host runs here, as the user running ddops, without SSH: a key only SSH reads (user,
+    address, port, proxy_jump), set on the host itself or beside the `connection: local` that makes it local, would be
+    ignored (`user: nobody` ran as root), so it is refused there."""
+    layers = [(("hosts", name), values), *((("groups", g), sources.groups.get(g) or {}) for g in groups),
+              (("defaults",), sources.defaults)]
+    deciding = next(((keypath, layer) for keypath, layer in layers if "connection" in layer), None)
+    if deciding is None or deciding[1]["connection"] != "local":
+        return
+    for keypath, layer in dict([layers[0], deciding]).items():
+        key = next((k for k in SSH_ONLY_KEYS if k in layer), None)
+        if key is not None:
+            raise sources.err(keypath + (key,), "does not apply to a `connection: local` host (it runs on this "
+                                                "machine as the user running ddops, without SSH): remove it, or use "
+                                                "connection: ssh")
 
 
 def _field_value(spec: HostKey, value: Any) -> Any:

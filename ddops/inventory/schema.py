@@ -83,6 +83,7 @@ class HostKey:
     convert: Callable[[Any], Any] | None = None  # the YAML value as the Host field holds it
     in_groups: bool = True  # a group may set it
     nullable: bool = False  # `key:` with no value means "none" (an empty list or mapping)
+    ssh_only: bool = False  # meaningless on a `connection: local` host (it runs here, as the user running ddops)
     doc: str = ""
 
     def problems(self, value: Any) -> Iterator[tuple[tuple, str]]:
@@ -102,12 +103,15 @@ class HostKey:
 # fill (HostKey.convert) all come from here. `Host` below declares the same fields, its defaults read from this table
 # (tests/unit/test_inventory.py holds the two together).
 HOST_SCHEMA: dict[str, HostKey] = {
-    "address": HostKey(str, check=_address, in_groups=False, doc="what to connect to (default: the host's name)"),
+    "address": HostKey(str, check=_address, in_groups=False, ssh_only=True,
+                       doc="what to connect to (default: the host's name)"),
     "connection": HostKey(str, "ssh", choices=CONNECTIONS, doc="`local`: this machine, without sshd"),
-    "port": HostKey(int, 22, check=_port, convert=int, doc="sshd's port"),
-    "user": HostKey(str, "root", doc="the login user (not root: `exec --sudo` for root's commands)"),
+    "port": HostKey(int, 22, check=_port, convert=int, ssh_only=True, doc="sshd's port"),
+    "user": HostKey(str, "root", ssh_only=True, doc="the login user (not root: `exec --sudo` for root's commands)"),
     "identity_file": HostKey(str, doc="the private key (the ssh-agent's copy is used first)"),
-    "proxy_jump": HostKey(str, doc="`a,b`: hops, as OpenSSH's ProxyJump; `none`: no jump"),
+    "proxy_jump": HostKey(str, ssh_only=True, doc="`a,b`: hops, as OpenSSH's ProxyJump; `none`: no jump"),
+    "identities_only": HostKey(bool, False, doc="offer only identity_file (the ssh-agent's copy of it too), not "
+                                                "every key the agent holds, as OpenSSH's IdentitiesOnly"),
     # Two hosts at one address:port behind different jumps are two machines with two host keys: known_hosts tells
     # them apart by this name, as OpenSSH's HostKeyAlias does.
     "host_key_alias": HostKey(str, check=_address, doc="the host's name in known_hosts, instead of [address]:port"),
@@ -137,6 +141,7 @@ HOST_SCHEMA: dict[str, HostKey] = {
                      doc="sbatch options for executor slurm ({partition: gpu, gpus_per_task: 1, ...})"),
 }
 HOST_KEYS: dict[str, type | tuple[type, ...]] = {k: spec.type for k, spec in HOST_SCHEMA.items()}
+SSH_ONLY_KEYS = tuple(k for k, spec in HOST_SCHEMA.items() if spec.ssh_only)
 GROUP_KEYS = {k: spec for k, spec in HOST_SCHEMA.items() if spec.in_groups}
 BUILTIN_DEFAULTS: dict[str, Any] = {k: spec.default for k, spec in HOST_SCHEMA.items() if spec.default is not None}
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -167,6 +172,7 @@ class Host:
     user: str = _default("user")
     identity_file: str | None = None
     proxy_jump: str | None = None
+    identities_only: bool = _default("identities_only")
     host_key_alias: str | None = None
     repo: str = _default("repo")
     python: str = _default("python")
