@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from ddops import settings
 from ddops.errors import InventoryError, UsageError
+from ddops.ownership import UNTRUSTED_PLAYBOOKS, untrusted_in
 from ddops.inventory.schema import (
     BUILTIN_DEFAULTS, DEFAULT_INVENTORY, DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_CONFIG, GROUP_KEYS, HOST_SCHEMA,
     SSH_ONLY_KEYS, TOP_KEYS, Host, HostKey, Inventory, is_type, looks_like_playbook_path, valid_name,
@@ -157,14 +158,20 @@ def _bench(doc: YamlDoc, data: dict, folder: Path) -> str | None:
 
 def _playbook_dirs(doc: YamlDoc, data: dict, folder: Path) -> tuple[str, ...]:
     """The folders searched for playbooks and bench plans before the built-ins, absolute (relative ones are read
-    against the inventory's folder, so that cron and CI find them from anywhere)."""
-    playbook_dirs = data.get("playbook_dirs") or []
-    for i, d in enumerate(playbook_dirs):
+    against the inventory's folder, so that cron and CI find them from anywhere), each refused where another user
+    could change it or a playbook in it."""
+    found = []
+    for i, d in enumerate(data.get("playbook_dirs") or []):
         if not isinstance(d, str) or not d:
             raise _err(doc, ("playbook_dirs", i), f"must be a folder path, not {describe(d)}")
-        if not (folder / Path(d).expanduser()).is_dir():
+        path = (folder / Path(d).expanduser()).resolve()
+        if not path.is_dir():
             raise _err(doc, ("playbook_dirs", i), f"'{d}' is not a folder (read against {folder})")
-    return tuple(str(folder / Path(d).expanduser()) for d in playbook_dirs)
+        untrusted = untrusted_in(path)
+        if untrusted:
+            raise _err(doc, ("playbook_dirs", i), f"{untrusted}: {UNTRUSTED_PLAYBOOKS}")
+        found.append(str(path))
+    return tuple(found)
 
 
 def _hosts(sources: _Sources, raw_hosts: Any) -> tuple[Host, ...]:

@@ -11,12 +11,12 @@ private folder (mkdtemp), remembered in ddops' private cache for `down` and `sta
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 import tempfile
 from pathlib import Path
 
 from ddops.errors import TestbedError
+from ddops.ownership import others_may_change, user_name
 
 PRIVATE = 0o077  # a testbed root: others may not even look in (it holds the client's private key)
 NOT_WRITABLE = 0o022  # a Slurm root: munged (its own user) must enter it, no one else write it
@@ -52,11 +52,11 @@ def trusted(path: str | os.PathLike[str], *, closed: int = PRIVATE, what: str = 
     elif not stat.S_ISDIR(info.st_mode):
         problem = "is not a folder"
     elif info.st_uid != os.geteuid():
-        problem = f"belongs to {_user(info.st_uid)}"
+        problem = f"belongs to {user_name(info.st_uid)}"
     elif info.st_mode & closed:
         problem = f"is open to others (mode {stat.S_IMODE(info.st_mode):04o})"
     if problem:
-        raise TestbedError(f"{what} {path} {problem}: it must be a folder of {_user(os.geteuid())}'s, mode "
+        raise TestbedError(f"{what} {path} {problem}: it must be a folder of {user_name(os.geteuid())}'s, mode "
                            f"{0o777 & ~closed:04o} or closer, not a symlink (another user could change what ddops "
                            "runs as root from it); choose another one, or remove it")
     return Path(os.path.realpath(path))
@@ -71,22 +71,13 @@ def _check_folders_above(path: Path, what: str) -> None:
                 info = os.lstat(folder)
             except FileNotFoundError:
                 break  # claim makes the rest
-            problem = None
-            if info.st_uid not in (0, os.geteuid()):
-                problem = f"belongs to {_user(info.st_uid)}"
-            elif not stat.S_ISLNK(info.st_mode) and info.st_mode & NOT_WRITABLE and not info.st_mode & stat.S_ISVTX:
-                problem = f"is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+            problem = others_may_change(info, sticky_ok=True)
+            if stat.S_ISLNK(info.st_mode) and info.st_uid in (0, os.geteuid()):
+                problem = None  # a link's mode means nothing, and where it leads is the resolved chain's to check
             if problem:
                 raise TestbedError(f"{what} {path}: the folder above it {folder} {problem}: another user could "
                                    "swap what ddops runs as root from it; choose a folder only you and root can "
                                    "change")
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def fresh_default() -> Path:
