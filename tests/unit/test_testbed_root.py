@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def test_testbed_up_without_a_root_makes_a_fresh_private_one_that_status_and_dow
     bed = testbed.up(1, address_prefix=_fresh_prefix())
     try:
         root = Path(bed.root)
-        assert root.parent == Path(os.environ.get("TMPDIR", "/tmp")).resolve() and root.name != "ddops-testbed"
+        assert root.parent == Path(tempfile.gettempdir()).resolve() and root.name.startswith("ddops-testbed-")
         assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (0, 0o700)
         # the key root's sshd trusts: in folders only root can change, up to /
         for folder in Path(bed.client_key).parents:
