@@ -2,9 +2,10 @@
 
 ddops honours HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump (a chain `a,b,c` too), HostKeyAlias and
 UserKnownHostsFile (its first file). With an `ssh` client, OpenSSH itself resolves each host (Include, Match, tokens,
-`=` syntax: everything): one `ssh -G` per distinct name, all at once, only for names the config can affect, remembered on disk until a file it
-read changes. Without one, the small parser below reads `Host` blocks with patterns (`*`, `?`, `!negation`); as in
-OpenSSH the first value obtained for a key wins; `Match` blocks and `Include` are skipped.
+`=` syntax: everything): one `ssh -G` per distinct name, all at once, only for names the config can affect,
+remembered on disk until a file it read changes. Without one, the small parser below reads `Host` blocks with
+patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks and `Include`
+are skipped.
 """
 
 from __future__ import annotations
