@@ -12,12 +12,14 @@ import fnmatch
 import json
 import re
 import shlex
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ddops.errors import InventoryError
-from ddops.inventory import HOST_SCHEMA, TOP_KEYS, HostKey
+from ddops.inventory import HOST_SCHEMA, SSH_ONLY_KEYS, TOP_KEYS, HostKey
 from ddops.sshconfig import OpenSshConfig, SshConfig
+from ddops.yamlsrc import YamlDoc
 
 # Ansible's connection variables and the ddops key each one is (ansible_ssh_* are their older spellings).
 ANSIBLE_KEYS = {
@@ -30,6 +32,10 @@ ANSIBLE_KEYS = {
 # Read for a ProxyJump (-J, -o ProxyJump=, or the `ProxyCommand ssh -W %h:%p bastion` idiom); the rest reported.
 ANSIBLE_SSH_ARGS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 _RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
+# Variables whose value is a secret (ansible_ssh_pass, ansible_become_password, a vault token...): named in what is
+# reported, their value never shown nor written.
+_SECRET = re.compile(r"pass|secret|token|credential|(^|_)key$", re.IGNORECASE)
+_NAME = re.compile(r"[A-Za-z0-9._-]+")  # a ddops host or group name
 
 
 @dataclass(slots=True)
@@ -67,10 +73,11 @@ def parse_ansible_ini(text: str, path: str) -> dict[str, AnsibleGroup]:
     """An INI inventory's groups (`[g]`, `[g:vars]`, `[g:children]`); host patterns like `gpu[01:16]` expanded."""
     groups: dict[str, AnsibleGroup] = {"all": AnsibleGroup(), "ungrouped": AnsibleGroup()}
     section, kind = "ungrouped", "hosts"
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):  # lines as an editor numbers them
         line = raw.strip()
         if not line or line.startswith(("#", ";")):
             continue
+        _refuse_control_characters(line, f"{path}:{number}")
         if line.startswith("["):
             if not line.endswith("]"):
                 raise InventoryError(f"{path}:{number}: a section header must end with ']'")
@@ -148,8 +155,10 @@ def expand_host_pattern(pattern: str, where: str) -> list[str]:
 # --- Ansible, YAML ------------------------------------------------------------------------------------------------
 
 
-def parse_ansible_yaml(data: Any, path: str) -> dict[str, AnsibleGroup]:
+def parse_ansible_yaml(doc: YamlDoc) -> dict[str, AnsibleGroup]:
     """A YAML inventory (`all: {hosts:, vars:, children:}`, any group at the top) as groups."""
+    data, path = doc.data, doc.path
+    _refuse_control_characters_in(doc, data, ())
     if not isinstance(data, dict):
         raise InventoryError(f"{path}:1: an Ansible YAML inventory is a mapping of group names (`all:`)")
     groups: dict[str, AnsibleGroup] = {"all": AnsibleGroup(), "ungrouped": AnsibleGroup()}
@@ -185,6 +194,26 @@ def parse_ansible_yaml(data: Any, path: str) -> dict[str, AnsibleGroup]:
     return groups
 
 
+def _refuse_control_characters_in(doc: YamlDoc, node: Any, keypath: tuple) -> None:
+    """Every name and string in a YAML document, refused at its line when it holds a control character."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    if isinstance(node, str):
+        _refuse_control_characters(node, doc.where(keypath))
+    for key, value in items:
+        if isinstance(key, str):
+            _refuse_control_characters(key, doc.where(keypath + (key,)))
+        _refuse_control_characters_in(doc, value, keypath + (key,))
+
+
+def _refuse_control_characters(text: str, where: str) -> None:
+    """An InventoryError at `where` when text holds a character that could end or rewrite a line where ddops writes
+    or shows it (a C0 or C1 control but tab, a line or paragraph separator)."""
+    bad = next((ch for ch in text if ch != "\t" and unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise InventoryError(f"{where}: a name or value holds a control character ({ascii(bad)[1:-1]}): refused "
+                             "(what is imported is written into the inventory one line each); nothing written")
+
+
 # --- Ansible groups -> ddops --------------------------------------------------------------------------------------
 
 
@@ -205,6 +234,10 @@ def from_ansible(groups: Mapping[str, AnsibleGroup], source: str) -> Imported:
             out += [parent, *ancestry(parent, seen + (name,))]
         return out
 
+    usable = {name for name in groups if name not in ("all", "ungrouped") and _NAME.fullmatch(name)}
+    for name in groups:
+        if name not in usable and name not in ("all", "ungrouped"):
+            notes.append(f"group {name}: not imported (ddops group names use letters, digits, '.', '_' and '-')")
     host_groups: dict[str, list[str]] = {}
     host_vars: dict[str, dict[str, Any]] = {}
     for name, group in groups.items():
@@ -212,14 +245,14 @@ def from_ansible(groups: Mapping[str, AnsibleGroup], source: str) -> Imported:
             found = host_groups.setdefault(host, [])
             if name not in ("all", "ungrouped"):
                 for g in [name, *ancestry(name)]:
-                    if g not in found:
+                    if g not in found and g in usable:
                         found.append(g)
             host_vars.setdefault(host, {}).update(values)
 
     defaults = _ddops_settings(groups["all"].vars, "group all", notes) if "all" in groups else {}
     group_settings: dict[str, dict[str, Any]] = {}
     for name, group in groups.items():
-        if name in ("all", "ungrouped") or not group.vars:
+        if name not in usable or not group.vars:
             continue
         settings = _ddops_settings(group.vars, f"group {name}", notes)
         if "address" in settings:
@@ -229,14 +262,14 @@ def from_ansible(groups: Mapping[str, AnsibleGroup], source: str) -> Imported:
 
     hosts: list[ImportedHost] = []
     for name, values in host_vars.items():
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not name.strip("."):
+        if not _NAME.fullmatch(name) or not name.strip("."):
             notes.append(f"host {name}: not imported (ddops host names use letters, digits, '.', '_' and '-')")
             continue
         settings = _ddops_settings(values, f"host {name}", notes)
+        layers = [settings, *(group_settings.get(g, {}) for g in host_groups.get(name, [])), defaults]
+        if next((layer["connection"] for layer in layers if "connection" in layer), "ssh") == "local":
+            _drop_ssh_only(settings, f"host {name}", notes)
         hosts.append(ImportedHost(name, settings, tuple(host_groups.get(name, []))))
-    for name in groups:
-        if name not in ("all", "ungrouped") and not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-            notes.append(f"group {name}: its name is not a ddops group name (letters, digits, '.', '_' and '-')")
     return Imported(source, _unique_addresses(hosts, notes), group_settings, defaults, tuple(notes))
 
 
@@ -244,7 +277,10 @@ def _ddops_settings(values: Mapping[str, Any], who: str, notes: list[str]) -> di
     """The ddops keys Ansible variables map onto; a note for each that has none."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if key in ANSIBLE_KEYS:
+        if _SECRET.search(str(key)):
+            notes.append(f"{who}: {key} (a secret: its value is neither shown nor written; ddops logs in with keys "
+                         "and runs sudo without a password)")
+        elif key in ANSIBLE_KEYS:
             target = ANSIBLE_KEYS[key]
             if target == "port":
                 if isinstance(value, str) and value.isdigit():
@@ -267,7 +303,17 @@ def _ddops_settings(values: Mapping[str, Any], who: str, notes: list[str]) -> di
                 notes.append(f"{who}: {key}: {' '.join(rest)} (no ddops key; ddops reads only a ProxyJump here)")
         else:
             notes.append(f"{who}: {key}={_shown(value)} (no ddops key)")
+    if out.get("connection") == "local":
+        _drop_ssh_only(out, who, notes)
     return out
+
+
+def _drop_ssh_only(settings: dict[str, Any], who: str, notes: list[str]) -> None:
+    """A `connection: local` host (or the group or defaults that make it one) takes no SSH setting: a note each."""
+    for key in SSH_ONLY_KEYS:
+        if key in settings:
+            notes.append(f"{who}: {key} {json.dumps(settings.pop(key))} (connection: local runs on this machine, "
+                         "as the user running ddops)")
 
 
 def _shown(value: Any) -> str:
@@ -362,10 +408,12 @@ def from_ssh_config(config: SshConfig | OpenSshConfig, aliases: Iterable[str], p
     notes: list[str] = []
     hosts = []
     for alias in chosen:
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", alias):
+        if not _NAME.fullmatch(alias):
             notes.append(f"host {alias}: not imported (ddops host names use letters, digits, '.', '_' and '-')")
             continue
         found = config.lookup(alias)
+        for key, value in found.items():
+            _refuse_control_characters(value, f"{source}: Host {alias}: {key}")
         settings: dict[str, Any] = {"address": found.get("hostname", alias)}
         if "port" in found:
             settings["port"] = int(found["port"]) if found["port"].isdigit() else found["port"]
@@ -383,11 +431,13 @@ def from_ssh_config(config: SshConfig | OpenSshConfig, aliases: Iterable[str], p
 
 
 def render_inventory(imported: Imported, header: str) -> str:
-    """The inventory.yaml text: flow mappings per host (as `testbed up` writes them), what was left out as comments."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    """The inventory.yaml text: flow mappings per host (as `testbed up` writes them), what was left out as comments.
+    Every imported name and value is written as a JSON string (a YAML one too), so none can end its line and add a
+    key; a comment is one line whatever its note holds."""
+    lines = [_comment(line) for line in header.splitlines()]
     if imported.not_imported:
         lines.append("# Not imported (no ddops key; set them by hand where they matter):")
-        lines += [f"#   {note}" for note in imported.not_imported]
+        lines += [_comment(f"  {note}") for note in imported.not_imported]
     lines.append("defaults:")
     for key, value in imported.defaults.items():
         lines.append(f"  {key}: {json.dumps(value)}")
@@ -398,18 +448,23 @@ def render_inventory(imported: Imported, header: str) -> str:
     if imported.groups:
         lines.append("groups:")
         for name, settings in imported.groups.items():
-            lines.append(f"  {name}: {_flow(settings)}")
+            lines.append(f"  {json.dumps(name)}: {_flow(settings)}")
     lines.append("hosts:")
     for host in imported.hosts:
         settings = dict(host.settings)
         if host.groups:
             settings["groups"] = list(host.groups)
-        lines.append(f"  {host.name}: {_flow(settings)}")
+        lines.append(f"  {json.dumps(host.name)}: {_flow(settings)}")
     return "\n".join(lines) + "\n"
 
 
 def _flow(settings: Mapping[str, Any]) -> str:
     return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in settings.items()) + "}"
+
+
+def _comment(text: str) -> str:
+    """`# text` on one line: what could end it (YAML breaks lines at \\x85 and U+2028 too) is written escaped."""
+    return f"# {text if text.isprintable() else json.dumps(text)[1:-1]}".rstrip()
 
 
 # What `ddops inventory init` writes: every key commented (a host's from HOST_SCHEMA), one example host so that

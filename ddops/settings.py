@@ -28,7 +28,8 @@ PLAYBOOK_PATH = Setting("DDOPS_PLAYBOOK_PATH", "folders (':'-separated) searched
                                                "after the inventory's playbook_dirs, before the built-ins")
 SYSTEM_KNOWN_HOSTS = Setting("DDOPS_SYSTEM_KNOWN_HOSTS", "the system-wide known_hosts read after the user's "
                                                          "(default /etc/ssh/ssh_known_hosts)")
-TESTBED_ROOT = Setting("DDOPS_TESTBED_ROOT", "where `ddops testbed up` puts its hosts (default /tmp/ddops-testbed)")
+TESTBED_ROOT = Setting("DDOPS_TESTBED_ROOT", "where `ddops testbed up` puts its hosts, a folder only you can change "
+                                             "(default: a fresh private one, which down and status remember)")
 TESTBED_ADDRESS_PREFIX = Setting("DDOPS_TESTBED_ADDRESS_PREFIX", "the loopback /24 testbed hosts get "
                                                                  "(--address-prefix)")
 MAX_AGENT_ANSWER = Setting("DDOPS_MAX_AGENT_ANSWER", "bytes of one agent answer the controller takes from a host; "

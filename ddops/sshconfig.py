@@ -1,10 +1,11 @@
 """~/.ssh/config as OpenSSH reads it: `ssh -G` where an ssh client exists, else a small parser.
 
-ddops honours HostName, User, Port, IdentityFile, ProxyJump (a chain `a,b,c` too) and UserKnownHostsFile (its first
-file). With an `ssh` client, OpenSSH itself resolves each host (Include, Match, tokens, `=` syntax: everything): one
-`ssh -G` per distinct name, all at once, only for names the config can affect, remembered on disk until a file it
-read changes. Without one, the small parser below reads `Host` blocks with patterns (`*`, `?`, `!negation`); as in
-OpenSSH the first value obtained for a key wins; `Match` blocks and `Include` are skipped.
+ddops honours HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump (a chain `a,b,c` too), HostKeyAlias and
+UserKnownHostsFile (its first file). With an `ssh` client, OpenSSH itself resolves each host (Include, Match, tokens,
+`=` syntax: everything): one `ssh -G` per distinct name, all at once, only for names the config can affect,
+remembered on disk until a file it read changes. Without one, the small parser below reads `Host` blocks with
+patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks and `Include`
+are skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from ddops.errors import UsageError
 # `ddops hosts` and `inventory check` with no ~/.ssh/config start without it.
 
 HONOURED = {"hostname": "hostname", "user": "user", "port": "port", "identityfile": "identity_file",
-            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts", "hostkeyalias": "host_key_alias"}
+            "proxyjump": "proxy_jump", "userknownhostsfile": "known_hosts", "hostkeyalias": "host_key_alias",
+            "identitiesonly": "identities_only"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +245,8 @@ def honoured_from_ssh_g(name: str, options: dict[str, list[str]]) -> dict[str, s
     jump = (options.get("proxyjump") or ["none"])[0]
     if jump and jump != "none":
         found["proxy_jump"] = jump
+    if (options.get("identitiesonly") or ["no"])[0] == "yes":  # ssh -G says `no` when unset, as ddops' default
+        found["identities_only"] = "yes"
     return found
 
 
@@ -369,6 +373,24 @@ def jump_hops(proxy_jump: str | None) -> list[str]:
     if not proxy_jump or proxy_jump.strip() == "none":
         return []
     return [hop.strip() for hop in proxy_jump.split(",") if hop.strip()]
+
+
+# A ProxyJump hop as OpenSSH reads one: [ssh://][user@]host[:port], host a name or a bracketed IPv6 address.
+_HOP = re.compile(r"(?:ssh://)?(?:[^@\s/]+@)?(?:\[[0-9A-Fa-f:.%\w]+\]|[^-\s@:/\[\],][^\s@:/\[\],]*)"
+                  r"(?::(?P<port>[0-9]+))?")
+
+
+def jump_problem(proxy_jump: str) -> str | None:
+    """What OpenSSH would refuse in a ProxyJump value (comma-separated hops, or `none`), in one phrase; None if fine."""
+    if proxy_jump.strip() == "none":
+        return None
+    for hop in (h.strip() for h in proxy_jump.split(",")):
+        match = _HOP.fullmatch(hop)
+        if match is None:
+            return f"'{hop}' is not a hop ([user@]host[:port] or ssh://[user@]host[:port], as OpenSSH's ProxyJump)"
+        if match["port"] is not None and not 0 < int(match["port"]) < 65536:
+            return f"'{hop}': port {match['port']} is out of range 1-65535"
+    return None
 
 
 def split_hop(spec: str) -> tuple[str | None, str, int | None]:

@@ -13,7 +13,7 @@ from ddops.errors import DdopsError, PlaybookError
 from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState, active_applications, patch_state
 from ddops.patching.kinds import PatchState
-from ddops.patching.playbook import search_path
+from ddops.patching.playbook import find_named, search_path
 from ddops.pins import Pin
 from ddops.yamlsrc import suggest
 
@@ -35,10 +35,9 @@ def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = No
             raise PlaybookError(f"{name_or_path}: no such bench plan file")
         return path
     dirs = list(search_dirs if search_dirs is not None else plan_dirs())
-    for d in dirs:
-        for ext in (".yaml", ".yml"):
-            if (d / f"{name_or_path}{ext}").is_file():
-                return d / f"{name_or_path}{ext}"
+    found = find_named(name_or_path, dirs)
+    if found is not None:
+        return found
     known = [p.stem for d in dirs for p in sorted(d.glob("*.yaml")) if p.stem.endswith("bench")]
     raise PlaybookError(f"no bench plan named '{name_or_path}' (looked in {', '.join(map(str, dirs))})"
                         f"{suggest(name_or_path, known)}")

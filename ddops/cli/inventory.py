@@ -48,7 +48,7 @@ def import_inventory(
         if _is_yaml(ansible, text):
             from ddops.yamlsrc import load_yaml_file
 
-            groups = imp.parse_ansible_yaml(load_yaml_file(ansible, InventoryError).data, str(ansible))
+            groups = imp.parse_ansible_yaml(load_yaml_file(ansible, InventoryError))
         else:
             groups = imp.parse_ansible_ini(text, str(ansible))
         imported = imp.from_ansible(groups, str(ansible))

@@ -21,22 +21,24 @@ def register(app: typer.Typer) -> None:
     app.add_typer(testbed_app, name="testbed")
 
 
-def _default_root() -> Path:
-    from ddops.testbed import DEFAULT_ROOT
-
-    return DEFAULT_ROOT
-
-
 def _root(ctx: typer.Context, root: Path | None) -> Path:
-    """--root, else the testbed that `-i FILE` describes, else the default one."""
+    """--root, else the testbed that `-i FILE` on the command line describes, else $DDOPS_TESTBED_ROOT, else the one
+    an exported $DDOPS_INVENTORY describes, else the default one."""
+    from ddops.testbed import default_root, root_of_inventory
+
     if root is not None:
         return root
     inventory = state(ctx).inventory
-    if inventory:
-        from ddops.testbed import root_of_inventory
-
+    if inventory and (_given_on_the_command_line(ctx) or not settings.TESTBED_ROOT.value()):
         return root_of_inventory(inventory)
-    return _default_root()
+    return default_root()
+
+
+def _given_on_the_command_line(ctx: typer.Context) -> bool:
+    """Whether -i was typed (before or after the command's name), not taken from an exported DDOPS_INVENTORY."""
+    # By name: typer carries its own copy of click, whose ParameterSource is not click's.
+    return any(getattr(c.get_parameter_source("inventory"), "name", None) == "COMMANDLINE"
+               for c in (ctx, ctx.find_root()))
 
 
 @command(testbed_app, "up")
@@ -63,7 +65,7 @@ def up(
     """Start N local hosts and write an inventory for them."""
     from ddops import testbed
 
-    tb = testbed.up(count, root=root or _default_root(), seed=seed, repo_path=repo_path,
+    tb = testbed.up(count, root=root, seed=seed, repo_path=repo_path,
                     address_prefix=address_prefix, port=port, patches=patch or (), engine=engine,
                     shared_home=shared_home, image=image)
     if inventory_out is not None:
@@ -94,7 +96,7 @@ def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--roo
                                            "stopped": len(stopped)})
         return
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
-    console.print(f"testbed down: stopped {len(stopped)} {what[len(stopped) != 1]}")
+    console.print(f"testbed down: {escape(str(where))}: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
 
 @command(testbed_app, "status")

@@ -5,10 +5,12 @@ No libcst here: transform params are checked against the libcst-free registry in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -17,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ddops import settings
 from ddops.errors import PlaybookError
 from ddops.inventory import Inventory, looks_like_playbook_path
+from ddops.ownership import UNTRUSTED_PLAYBOOKS, untrusted_in
 from ddops.patching.kinds import (ADD_MODULE, CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
                                   TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders,
                                   syntax_problem)
@@ -163,11 +166,34 @@ def builtin_dirs() -> tuple[Path, ...]:
 
 
 def search_path(inventory: Inventory | None = None) -> tuple[Path, ...]:
-    """Where a bare playbook or plan name is looked up, first match wins: the inventory's `playbook_dirs:`, then
-    $DDOPS_PLAYBOOK_PATH, then the built-ins."""
-    env = [d for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
-    first = [*(inventory.playbook_dirs if inventory is not None else ()), *env]
-    return (*(Path(d).expanduser() for d in first), *builtin_dirs())
+    """Where a bare playbook or plan name is looked up, first match wins: the inventory's `playbook_dirs:` (checked
+    when it loads), then $DDOPS_PLAYBOOK_PATH, then the built-ins; a folder of the user's that another user could
+    change is refused."""
+    env = [Path(d).expanduser() for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
+    for folder in env:
+        untrusted = untrusted_in(folder) if folder.is_dir() else None
+        if untrusted:
+            raise PlaybookError(f"{settings.PLAYBOOK_PATH.name}: {untrusted}: {UNTRUSTED_PLAYBOOKS}")
+    return (*(Path(d).expanduser() for d in (inventory.playbook_dirs if inventory is not None else ())), *env,
+            *builtin_dirs())
+
+
+def find_named(name: str, dirs: Iterable[Path]) -> Path | None:
+    """`<dir>/<name>.yaml` (or .yml) from the first of dirs that has it; a note on stderr when a folder of the user's
+    shadows the built-in of that name (so that no one runs a copy believing it is ddops' own)."""
+    builtins = {d.resolve() for d in builtin_dirs()}
+    for folder in dirs:
+        for candidate in (folder / f"{name}.yaml", folder / f"{name}.yml"):
+            if candidate.is_file():
+                if folder.resolve() not in builtins and find_named(name, builtin_dirs()) is not None:
+                    _say_once(f"ddops: note: {candidate} shadows the built-in {name}")
+                return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(note: str) -> None:
+    print(note, file=sys.stderr)
 
 
 def load_inventory_playbooks(inventory: Inventory, names: Sequence[str] | None = None) -> list[PatchPlaybook]:
@@ -218,11 +244,9 @@ def resolve_playbook(name_or_path: str, search_dirs: Iterable[Path | str] | None
     dirs = [Path(d) for d in (search_dirs if search_dirs is not None else search_path())]
     if looks_like_playbook_path(name_or_path):
         return Path(name_or_path).expanduser()
-    for d in dirs:
-        for ext in (".yaml", ".yml"):
-            candidate = d / f"{name_or_path}{ext}"
-            if candidate.is_file():
-                return candidate
+    found = find_named(name_or_path, dirs)
+    if found is not None:
+        return found
     known = list_playbooks(dirs)
     where = ", ".join(str(d) for d in dirs) or "no directories"
     raise PlaybookError(f"no playbook named '{name_or_path}' (looked in {where}){suggest(name_or_path, known)}")

@@ -16,17 +16,19 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from ddops import settings
 from ddops.errors import TestbedError, UsageError
+from ddops.testbed import rootdir
 from ddops.testbed.common import (
-    DEFAULT_ROOT, ENGINES, STATE_FILE, TESTBED_ROOT_LINE, Testbed, TestbedHost, check_loopback, load_testbed, make_key, write_inventory,
-    write_known_hosts,
+    ENGINES, STATE_FILE, TESTBED_ROOT_LINE, Testbed, TestbedHost, check_loopback, load_testbed, make_key,
+    write_inventory, write_known_hosts,
 )
 from ddops.testbed.containers import ContainerEngine
 from ddops.testbed.namespace import SSHD_CANDIDATES, NamespaceEngine, _descendants, _in_mount_namespace
 from ddops.testbed import namespace as _namespace
 
-__all__ = ["DEFAULT_ROOT", "ENGINES", "Testbed", "TestbedHost", "down", "load_testbed", "preflight", "start_host", "status",
-           "stop_host", "up"]
+__all__ = ["ENGINES", "Testbed", "TestbedHost", "default_root", "down", "load_testbed", "preflight", "start_host",
+           "status", "stop_host", "up"]
 _ = (_descendants, _in_mount_namespace, STATE_FILE)  # re-exported for the tests
 
 
@@ -51,7 +53,16 @@ def start_host(testbed: Testbed, name: str) -> None:
     engine_for(testbed).start_host(testbed, testbed.host(name))
 
 
-def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | os.PathLike[str] | None = None,
+def default_root() -> Path:
+    """$DDOPS_TESTBED_ROOT, else the testbed the last `testbed up` without a root made."""
+    explicit = settings.TESTBED_ROOT.value()
+    remembered = Path(explicit) if explicit else rootdir.remembered_default()
+    if remembered is None:
+        raise TestbedError("no testbed (start one with: ddops testbed up)")
+    return remembered
+
+
+def up(count: int, *, root: str | os.PathLike[str] | None = None, seed: str | os.PathLike[str] | None = None,
        repo_path: str = "/root/ddtree", address_prefix: str = "127.0.0.", first: int = 2, port: int = 2222,
        python: str | None = None, patches: Iterable[str] = (), name_prefix: str = "host",
        engine: str = "namespace", shared_home: bool = False, image: str | None = None) -> Testbed:
@@ -66,14 +77,10 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
         runner = NamespaceEngine(preflight())
     else:
         runner = ContainerEngine.detect(engine)  # auto: the first engine that really runs here
-    root_path = Path(root).resolve()
-    if (root_path / STATE_FILE).exists():
-        raise TestbedError(f"a testbed is already up at {root_path} (run `ddops testbed down` first)")
     seed = resolve_seed(seed)
     if not repo_path.startswith("/"):
         raise UsageError(f"--repo-path {repo_path}: must be an absolute path")
-    root_path.mkdir(parents=True, exist_ok=True)
-    os.chmod(root_path, 0o700)
+    root_path = _claim_root(root)
     make_key(root_path / "client_key", "ddops-testbed-client")
     names = [f"{name_prefix}{i + 1}" for i in range(count)]
     hosts = tuple(
@@ -97,6 +104,20 @@ def up(count: int, *, root: str | os.PathLike[str] = DEFAULT_ROOT, seed: str | o
         down(root_path)
         raise
     return testbed
+
+
+def _claim_root(root: str | os.PathLike[str] | None) -> Path:
+    """The folder a new testbed lives in: the one asked for, made private or refused (rootdir); without one, a
+    fresh private folder."""
+    if root is None and settings.TESTBED_ROOT.value() is None:
+        remembered = rootdir.remembered_default()
+        if remembered is not None and (remembered / STATE_FILE).exists():
+            raise TestbedError(f"a testbed is already up at {remembered} (run `ddops testbed down` first)")
+        return rootdir.fresh_default()
+    root_path = rootdir.claim(default_root() if root is None else root)
+    if (root_path / STATE_FILE).exists():
+        raise TestbedError(f"a testbed is already up at {root_path} (run `ddops testbed down` first)")
+    return root_path
 
 
 def resolve_seed(seed: str | os.PathLike[str] | None) -> Path | None:
@@ -173,17 +194,16 @@ def root_of_inventory(inventory: str | os.PathLike[str]) -> Path:
                      f"line): say which testbed with --root")
 
 
-def down(root: str | os.PathLike[str] = DEFAULT_ROOT) -> list[str]:
-    """Stop exactly the hosts this testbed started and remove what it (and its engine) made; the names stopped."""
-    root_path = Path(root)
-    if not (root_path / STATE_FILE).exists():
-        raise TestbedError(f"no testbed at {root_path}")
-    testbed = load_testbed(root_path)
+def down(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """Stop exactly the hosts this testbed started and remove what it (and its engine) made; the names stopped.
+    Its state is read only from a root no other user can change (load_testbed)."""
+    testbed = load_testbed(default_root() if root is None else root)
     stopped = engine_for(testbed).stop(testbed)
-    shutil.rmtree(root_path, ignore_errors=True)
+    shutil.rmtree(testbed.root, ignore_errors=True)
+    rootdir.forget_default(Path(testbed.root))
     return stopped
 
 
-def status(root: str | os.PathLike[str] = DEFAULT_ROOT) -> list[dict[str, object]]:
-    testbed = load_testbed(root)
+def status(root: str | os.PathLike[str] | None = None) -> list[dict[str, object]]:
+    testbed = load_testbed(default_root() if root is None else root)
     return engine_for(testbed).status(testbed)

@@ -11,11 +11,10 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ddops import settings
 from ddops.errors import TestbedError, UsageError
+from ddops.testbed.rootdir import trusted
 
 STATE_FILE = "testbed.json"
-DEFAULT_ROOT = Path(settings.TESTBED_ROOT.value() or "/tmp/ddops-testbed")
 ENGINES = ("namespace", "podman", "docker", "auto")
 # The inventory's second line: which testbed it describes, for `ddops -i FILE testbed down` (a copy made with
 # --inventory-out lives elsewhere).
@@ -124,17 +123,28 @@ class Testbed:
         (Path(self.root) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 
-def load_testbed(root: str | os.PathLike[str] = DEFAULT_ROOT) -> Testbed:
-    path = Path(root) / STATE_FILE
+def load_testbed(root: str | os.PathLike[str]) -> Testbed:
+    """The testbed `testbed up` left at root, read only from a folder no other user can change (its files decide
+    what root signals and removes) and only when every path it names lies in that folder."""
+    if not os.path.lexists(root):
+        raise TestbedError(f"no testbed at {root} (start one with: ddops testbed up)")
+    root_path = trusted(root)
+    path = root_path / STATE_FILE
     try:
         state = json.loads(path.read_text())
         known = {f.name for f in fields(Testbed)} - {"hosts"}
         hosts = tuple(TestbedHost(**h) for h in state["hosts"])
-        return Testbed(hosts=hosts, **{k: v for k, v in state.items() if k in known})
+        testbed = Testbed(hosts=hosts, **{k: v for k, v in state.items() if k in known})
     except FileNotFoundError:
         raise TestbedError(f"no testbed at {root} (start one with: ddops testbed up)") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise TestbedError(f"{path}: unreadable testbed state: {exc}") from None
+    strays = [h.dir for h in hosts if Path(h.dir) != Path(testbed.root, "hosts", h.name)
+              or h.name in ("", ".", "..") or "/" in h.name]
+    if os.path.realpath(testbed.root) != str(root_path) or strays:
+        raise TestbedError(f"{path}: names {(strays or [testbed.root])[0]}, which is not this testbed's: not state "
+                           "`testbed up` wrote, nothing stopped")
+    return testbed
 
 
 def run_tool(argv: list[str], what: str, env: dict[str, str] | None = None, timeout: float | None = None) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddops.errors import TestbedError
+from ddops.testbed import rootdir
 from ddops.testbed.common import alive
 
 DAEMONS = ("slurmctld", "slurmd")
@@ -121,7 +122,8 @@ def up(root: str | os.PathLike[str], *, cpus: int = 4, timeout: float = 30.0) ->
     missing = missing_tools()
     if missing:
         raise TestbedError(f"{', '.join(missing)} not found: install them with `{install_hint()}`")
-    root_path = Path(root).resolve()
+    # Its files name what root runs and, at `down`, signals: a folder of root's that no one else may write.
+    root_path = rootdir.claim(root, closed=rootdir.NOT_WRITABLE, what="Slurm testbed root")
     if (root_path / STATE_FILE).exists():
         raise TestbedError(f"a Slurm testbed is already up at {root_path} (stop it first)")
     for sub in ("state", "spool"):
@@ -181,7 +183,7 @@ def _wait_idle(cluster: SlurmCluster, timeout: float) -> None:
 
 def down(root: str | os.PathLike[str]) -> list[str]:
     """Stop exactly the daemons started in `root` (by their PID files) and remove the directory; the names stopped."""
-    root_path = Path(root).resolve()
+    root_path = rootdir.trusted(root, closed=rootdir.NOT_WRITABLE, what="Slurm testbed root")
     if not (root_path / STATE_FILE).exists():
         raise TestbedError(f"no Slurm testbed at {root_path}")
     cluster = SlurmCluster(str(root_path))

@@ -1,5 +1,6 @@
-"""Which keys a connection offers, in OpenSSH's order: the ssh-agent's (its copy of the named key first), then the
-identity file, whose passphrase is asked once per run where a terminal can answer."""
+"""Which keys a connection offers, in OpenSSH's order: the ssh-agent's (its copy of the named key first; with
+IdentitiesOnly only that copy), then the identity file, whose passphrase is asked once per run where a terminal can
+answer."""
 
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def _open_agent() -> paramiko.Agent | None:
 
 
 class OpenSshOrder(AuthStrategy):
-    """The agent's copy of each identity file first, then the agent's other keys, then the files it lacks."""
+    """The agent's copy of each identity file first, then the agent's other keys (not with identities_only), then the
+    files it lacks."""
 
     def __init__(self, host: Host, agent_keys: tuple[paramiko.AgentKey, ...], files: list[KeyFile],
                  agent: paramiko.Agent | None = None) -> None:
@@ -229,7 +231,8 @@ class OpenSshOrder(AuthStrategy):
         first = [k for k in self.agent_keys if k.asbytes() in named]
         rest = [k for k in self.agent_keys if k.asbytes() not in named]
         offered = [(f"ssh-agent's copy of {named[k.asbytes()].path}", k) for k in first]
-        offered += [(f"ssh-agent key {k.get_name()} {k.fingerprint}", k) for k in rest]
+        if not self.host.identities_only:  # IdentitiesOnly: the agent's other keys stay unoffered, as with ssh
+            offered += [(f"ssh-agent key {k.get_name()} {k.fingerprint}", k) for k in rest]
         in_agent = {k.asbytes() for k in self.agent_keys}
         offered += [(f"identity_file {f.path}", f.key) for f in self.files
                     if f.key is not None and f.key.asbytes() not in in_agent]
@@ -248,7 +251,8 @@ class OpenSshOrder(AuthStrategy):
                    if f.key is None and f.encrypted and f.public_blob not in {k.asbytes() for k in self.agent_keys}]
         unusable = [f"identity_file {f.path} (not a usable private key)" for f in self.files if f.problem]
         if not tried:
-            agent = ("ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK")
+            agent = ("identities_only: no key of the ssh-agent's is an identity_file's" if host.identities_only
+                     and self.agent_keys else "ssh-agent holds no key" if os.environ.get("SSH_AUTH_SOCK")
                      else "no ssh-agent ($SSH_AUTH_SOCK unset)")
             files = ", ".join(skipped + unusable) or (
                 "no identity_file set" if not host.identity_file else f"identity_file {host.identity_file}")

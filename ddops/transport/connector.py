@@ -164,7 +164,7 @@ class Connector:
             return replace(known, name=spec, user=user or known.user, port=port or known.port)
         return Host(name=spec, address=name, port=port or 22, user=user or for_host.user,
                     identity_file=for_host.identity_file, identity_origin=for_host.identity_origin,
-                    connect_timeout=for_host.connect_timeout)
+                    identities_only=for_host.identities_only, connect_timeout=for_host.connect_timeout)
 
     def close(self) -> None:
         with self._jump_lock:

@@ -66,3 +66,9 @@ def test_dash_h_refuses_a_malformed_host_in_one_line(tmp_path, where):
     proc = run_ddops(*args, env={"HOME": str(tmp_path)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ddops: error: -H not a host: not a host ([user@]host[:port], comma-separated)"
+
+
+def test_dash_h_refuses_port_0_instead_of_taking_port_22(tmp_path):
+    proc = run_ddops("-H", "root@127.0.0.1:0", "ping", env={"HOME": str(tmp_path)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ddops: error: -H root@127.0.0.1:0: port 0 is out of range 1-65535"

@@ -132,6 +132,32 @@ def test_an_agent_key_the_host_refuses_is_named_and_the_key_file_is_tried_after_
 
 @pytest.mark.sshd
 @requires_sshd
+@pytest.mark.parametrize("set_in", ["inventory", "ssh_config"])
+def test_identities_only_offers_the_hosts_own_key_and_none_of_the_agents_others(make_testbed, ssh_agent, tmp_path,
+                                                                                  set_in):
+    bed = make_testbed(1)
+    for i in range(6):  # sshd's MaxAuthTries: six refused keys end the connection before the identity file's turn
+        other = tmp_path / f"other{i}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        ssh_add(ssh_agent, other, "", tmp_path)
+    every_key = ddops("-i", str(bed.inventory_path), "--json", "ping", "--all", env=clean_env(tmp_path, ssh_agent))
+    assert every_key.returncode == 1 and json.loads(every_key.stdout)["hosts"][0]["status"] == "unreachable"
+
+    text = bed.inventory_path.read_text()
+    if set_in == "inventory":
+        text = text.replace("  connect_timeout: 5\n", "  connect_timeout: 5\n  identities_only: true\n")
+    else:
+        (tmp_path / "ssh_config").write_text("Host *\n  IdentitiesOnly yes\n")
+        text = text.replace("ssh_config: /dev/null", f"ssh_config: {tmp_path / 'ssh_config'}")
+    assert "identities_only: true" in text or str(tmp_path / "ssh_config") in text
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(text)
+    only_its_own = ddops("-i", str(inventory), "--json", "ping", "--all", env=clean_env(tmp_path, ssh_agent))
+    assert only_its_own.returncode == 0, only_its_own.stdout + only_its_own.stderr
+
+
+@pytest.mark.sshd
+@requires_sshd
 def test_no_key_at_all_says_what_was_tried_and_what_to_set(make_testbed, tmp_path):
     bed = make_testbed(1)
     inventory = inventory_with_key(bed, None, tmp_path)

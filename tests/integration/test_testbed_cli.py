@@ -1,4 +1,5 @@
-"""`ddops testbed` as a user drives it: `-i FILE testbed down` takes down the testbed FILE describes, and a shared
+"""`ddops testbed` as a user drives it: `-i FILE testbed down` takes down the testbed FILE describes (an exported
+DDOPS_INVENTORY yields to DDOPS_TESTBED_ROOT), and a shared
 home that hides the controller's Python (pyenv under /root) still gives the hosts an interpreter they can run."""
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ def test_testbed_down_with_i_takes_down_the_testbed_that_file_describes_and_leav
     assert default.hosts[0].running()
     status = run_ddops("testbed", "status", inventory=default.inventory_path)
     assert status.returncode == 0 and "host1" in status.stdout
+
+
+def test_testbed_down_takes_ddops_testbed_root_over_an_exported_ddops_inventory_and_names_the_bed(make_testbed):
+    exported, meant = make_testbed(1), make_testbed(1)
+    env = {"DDOPS_INVENTORY": str(exported.inventory_path), "DDOPS_TESTBED_ROOT": meant.root}
+    proc = run_ddops("testbed", "down", env=env)
+    assert proc.returncode == 0 and f"testbed down: {meant.root}: stopped 1 sshd process" in proc.stdout
+    assert not Path(meant.root).exists() and exported.hosts[0].running()
+    # Without DDOPS_TESTBED_ROOT the exported inventory says which bed; an -i typed always does.
+    proc = run_ddops("testbed", "status", env={"DDOPS_INVENTORY": str(exported.inventory_path)})
+    assert proc.returncode == 0 and "host1" in proc.stdout
 
 
 def test_testbed_down_with_an_inventory_no_testbed_wrote_is_refused_and_stops_nothing(make_testbed, tmp_path):

@@ -15,7 +15,7 @@ PACKAGE = Path(ddops.__file__).resolve().parent
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("values", frozenset({"ddops", "ddops.settings", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
                           "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
-                          "ddops.resources", "ddops.pins", "ddops.jsonvalue"})),
+                          "ddops.resources", "ddops.pins", "ddops.jsonvalue", "ddops.ownership"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
     ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
     ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),
@@ -202,6 +202,19 @@ def test_the_planner_is_pure_and_its_disk_cache_lives_beside_it():
     assert not imported & {"ddops.cache", "os", "pathlib", "shutil", "tempfile"}, sorted(imported)
 
 
+def test_the_inventory_package_reads_values_parses_them_and_selects_among_them_in_that_order():
+    """ddops/inventory/: schema.py holds the values and imports neither of the others; parsing.py (the file) and
+    selection.py (the command line) each build on the schema alone; the package re-exports all three."""
+    graph = internal_graph()
+    inside = {name: {i for i in imported if i.startswith("ddops.inventory.")}
+              for name, imported in graph.items() if name.startswith("ddops.inventory.")}
+    assert inside == {"ddops.inventory.schema": set(), "ddops.inventory.parsing": {"ddops.inventory.schema"},
+                      "ddops.inventory.selection": {"ddops.inventory.schema"}}
+    # Only parsing reads files and the environment (the inventory, ssh_config, DDOPS_INVENTORY).
+    readers = {"ddops.sshconfig", "ddops.settings"}
+    assert not graph["ddops.inventory.schema"] & readers and not graph["ddops.inventory.selection"] & readers
+
+
 def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
     """One home per fact: the sync modes (inventory), the no-run error kinds (bench/runs), and squeue's and sacct's
     formats (the agent, which sends them with the output; ddops/ only knows what the codes mean)."""
@@ -218,7 +231,7 @@ def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
                     node.value.startswith("%i|") or node.value.startswith("JobID,")):
                 formats.append(name)
-    assert tuples == {("auto", "remote", "push"): ["ddops.inventory"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
+    assert tuples == {("auto", "remote", "push"): ["ddops.inventory.schema"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
     assert formats == []
 
 

@@ -320,3 +320,56 @@ def test_bench_names_the_default_plan_and_a_path_is_read_against_the_inventory_f
     inv.write_text("bench: [a, b]\nhosts:\n  a: {address: 127.0.0.2}\n")
     with pytest.raises(InventoryError, match=r"inventory.yaml:1: bench"):
         load_inventory(inv)
+
+
+@pytest.mark.parametrize("key, value", [("user", "nobody"), ("address", "10.0.0.9"), ("port", 2222),
+                                        ("proxy_jump", "bastion")])
+def test_a_local_host_refuses_ssh_only_keys_at_their_line(tmp_path, key, value):
+    # `user: nobody` on a local host used to run as the controller's user (root) without a word.
+    message = error_of(tmp_path, f"hosts:\n  bastion: {{}}\n  here:\n    connection: local\n    {key}: {value}\n")
+    assert message == (f"{tmp_path / 'inventory.yaml'}:6: hosts.here.{key}: does not apply to a `connection: local` "
+                       "host (it runs on this machine as the user running ddops, without SSH): remove it, or use "
+                       "connection: ssh")
+
+
+def test_a_group_that_makes_its_hosts_local_refuses_ssh_only_keys_and_inherited_defaults_are_left_alone(tmp_path):
+    message = error_of(tmp_path, "groups:\n  mine: {connection: local, user: alice}\n"
+                                 "hosts:\n  here: {groups: [mine]}\n")
+    assert message.startswith(f"{tmp_path / 'inventory.yaml'}:3: groups.mine.user: does not apply to a `connection: "
+                              "local` host")
+    # A fleet's defaults (user, port) are meant for its SSH hosts: a local host among them takes none and loads.
+    inv = load_inventory(write(tmp_path, "defaults: {user: ops, port: 2222}\n"
+                                         "hosts:\n  gpu: {address: 10.0.0.1}\n  here: {connection: local}\n"))
+    assert inv.host("here").local and inv.host("gpu").user == "ops"
+
+
+@pytest.mark.parametrize("jump, problem", [
+    ("bastion:0", "'bastion:0': port 0 is out of range 1-65535"),
+    ("bastion:ssh", "'bastion:ssh' is not a hop"),
+    ("bastion,,gpu", "'' is not a hop"),
+    ("-oProxyCommand=touch", "'-oProxyCommand=touch' is not a hop"),
+    ("ops@ bastion", "'ops@ bastion' is not a hop"),
+])
+def test_a_proxy_jump_hop_ssh_would_refuse_is_refused_at_its_line(tmp_path, jump, problem):
+    message = error_of(tmp_path, f"hosts:\n  bastion: {{}}\n  gpu: {{proxy_jump: '{jump}'}}\n")
+    assert message.startswith(f"{tmp_path / 'inventory.yaml'}:4: hosts.gpu.proxy_jump: {problem}")
+
+
+def test_a_proxy_jump_from_ssh_config_is_checked_too_and_named_at_the_hosts_line(tmp_path):
+    # Where ssh runs, `ssh -G` refuses it itself (naming the config's line); without an ssh client ddops does.
+    with pytest.raises(InventoryError) as info:
+        load_inventory(write(tmp_path, "hosts:\n  gpu: {}\n"),
+                       parse_ssh_config("Host gpu\n  ProxyJump bastion:99999\n"))
+    assert str(info.value) == (f"{tmp_path / 'inventory.yaml'}:3: hosts.gpu: proxy_jump (from ssh_config): 'bastion:99999': "
+                       "port 99999 is out of range 1-65535")
+    fine = load_inventory(write(tmp_path, "hosts:\n  bastion: {}\n  gpu: {proxy_jump: 'ops@bastion:2222, bastion'}\n"
+                                          "  v6: {proxy_jump: 'ssh://ops@[fd00::1]:22'}\n"))
+    assert fine.host("gpu").proxy_jump == "ops@bastion:2222, bastion"
+
+
+def test_identities_only_is_a_host_key_and_is_read_from_ssh_config(tmp_path):
+    inv = load_inventory(write(tmp_path, "hosts:\n  a: {identities_only: true}\n  b: {}\n  c: {}\n",
+                               ssh_config="Host b\n  IdentitiesOnly yes\n"))
+    assert [h.identities_only for h in inv.hosts] == [True, True, False]
+    refused = error_of(tmp_path, "hosts:\n  a: {identities_only: 'yes'}\n")
+    assert refused.endswith("hosts.a.identities_only: must be true or false, not a string")

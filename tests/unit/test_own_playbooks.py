@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +157,58 @@ def test_bench_checks_a_required_patch_of_a_teams_own_playbook_against_the_files
     dflash.write_text(dflash.read_text().replace("if torch.cuda.is_available():", "if True:", 1))
     code, host = check()
     assert code == 1 and host["data"]["patches"]["team-timing"] not in ("applied", "pending"), host
+
+
+@pytest.mark.parametrize("folder_mode, file_mode, culprit, mode", [
+    (0o777, 0o644, "ours", "0777"),  # anyone may add a cpu-timing.yaml there
+    (0o775, 0o644, "ours", "0775"),  # the group may
+    (0o755, 0o666, "ours/mine.yaml", "0666"),  # anyone may rewrite this playbook
+    (0o755, 0o664, "ours/mine.py", "0664"),  # or the module a playbook ships to the hosts
+])
+def test_a_playbook_dir_or_file_others_may_write_is_refused_at_its_line(tmp_path, folder_mode, file_mode, culprit,
+                                                                         mode):
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "mine.yaml").write_text(OWN_PLAYBOOK.format(name="mine", id="mine"))
+    (tmp_path / "ours" / "mine.py").write_text("x = 1\n")
+    (tmp_path / "ours").chmod(folder_mode)
+    (tmp_path / "ours" / Path(culprit).name if "/" in culprit else tmp_path / "ours" / "mine.yaml").chmod(file_mode)
+    path = inventory(tmp_path / "inv", "playbook_dirs: [../ours]\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert str(caught.value).startswith(f"{path}:2: playbook_dirs[0]: {tmp_path / culprit} is writable by others "
+                                        f"(mode {mode}): ddops takes playbooks and plans only from folders and files "
+                                        "no other user can change")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to give a folder to another user")
+def test_a_playbook_dir_of_another_user_is_refused(tmp_path):
+    (tmp_path / "theirs").mkdir()
+    os.chown(tmp_path / "theirs", 65534, 65534)
+    with pytest.raises(InventoryError, match=r"playbook_dirs\[0\]: .*theirs belongs to nobody \(uid 65534\)"):
+        load_inventory(inventory(tmp_path / "inv", "playbook_dirs: [../theirs]\n"))
+
+
+def test_ddops_playbook_path_refuses_a_folder_others_may_write(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared").chmod(0o1777)  # sticky or not: anyone may add a playbook of a built-in's name
+    proc = run_ddops("inventory", "check", inventory=inventory(tmp_path / "inv", "patches: [cpu-timing]\n"),
+                     env={PLAYBOOK_PATH_ENV: str(tmp_path / "shared")})
+    assert proc.returncode == 2
+    assert (f"{PLAYBOOK_PATH_ENV}: {tmp_path / 'shared'} is writable by others (mode 1777): ddops takes playbooks"
+            in proc.stderr)
+
+
+def test_a_playbook_or_plan_that_shadows_a_built_in_is_said_once(tmp_path):
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "cpu-timing.yaml").write_text(OWN_PLAYBOOK.format(name="cpu-timing", id="our-timing"))
+    plan = (REPO_ROOT / "playbooks" / "mini-ddtree-bench.yaml").read_text()
+    (tmp_path / "ours" / "mini-ddtree-bench.yaml").write_text(plan)
+    path = inventory(tmp_path / "inv", "playbook_dirs: [../ours]\npatches: [cpu-timing, hybrid-cache]\n")
+    proc = run_ddops("inventory", "check", inventory=path)
+    assert proc.returncode == 0, proc.stderr
+    note = f"ddops: note: {tmp_path / 'ours' / 'cpu-timing.yaml'} shadows the built-in cpu-timing"
+    assert proc.stderr.count(note) == 1 and "hybrid-cache" not in proc.stderr
+    code = "from ddops.bench.preflight import load_plan; from ddops.inventory import load_inventory; " \
+           f"load_plan('mini-ddtree-bench', load_inventory({str(path)!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert f"{tmp_path / 'ours' / 'mini-ddtree-bench.yaml'} shadows the built-in mini-ddtree-bench" in done.stderr
