@@ -155,17 +155,6 @@ def _site_spellings(kind: str, params: Mapping[str, Any]) -> list[set[str]] | No
     return None
 
 
-def names_in_site(kind: str, params: Mapping[str, Any]) -> set[str] | None:
-    """Names of which every site's own text spells at least one (None: no such set)."""
-    try:
-        alternatives = _site_spellings(kind, params)
-    except (KeyError, AttributeError, SyntaxError, ValueError, RecursionError):
-        return None
-    if alternatives is None or not all(alternatives):
-        return None
-    return set().union(*alternatives)
-
-
 def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
     """Alternatives of names: every site of the kind contains all names of at least one set (None: no filter).
 
