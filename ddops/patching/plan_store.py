@@ -78,12 +78,6 @@ class PlanStore:
         except OSError:
             pass  # a cache that cannot be written only costs speed
 
-    def holds_any(self, patches_key: str) -> bool:
-        try:
-            return next(self.root.glob(f"*-{patches_key}.json"), None) is not None
-        except OSError:
-            return False
-
 
 def default_store() -> PlanStore | None:
     """The PlanStore of the default cache dir, or None when the plan cache is turned off."""
