@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Se
 
 from ddops import settings
 from ddops.patching.kinds import (ADD_MODULE, AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, MODIFIED,
-                                  PARTIAL, PENDING, Outcome, describe)
+                                  PARTIAL, PENDING, TEXT_KINDS, Outcome, describe)
 from ddops.patching.playbook import Patch, TransformSpec, fingerprint
+from ddops.patching.text import text_replace, utf8_error
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -157,10 +158,8 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
     BLOCKED and changes nothing. `ours`: the sha256 of what ddops last wrote to path for an add_module patch still
     applied (an older version of the module, which it may replace).
     """
-    from ddops.patching import prefilter
-
     blocked = blocked or {}
-    encoding_error = prefilter.utf8_error(path, source) if source is not None else None
+    encoding_error = utf8_error(path, source) if source is not None else None
     work = _Working(source)
     results: list[PatchResult] = []
     states: dict[str, str] = {}
@@ -213,11 +212,9 @@ def _sha_or_none(data: bytes | None) -> str | None:
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
-    from ddops.patching import prefilter
-
     data = work.data() or b""
-    if prefilter.is_text_kind(kind):
-        outcome, data = prefilter.text_replace(data, params["old"], params["new"], expect, path)
+    if kind in TEXT_KINDS:
+        outcome, data = text_replace(data, params["old"], params["new"], expect, path)
         if outcome.changes:
             work.set_data(data)
         return outcome
@@ -225,8 +222,11 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
     if size > MAX_PYTHON_TRANSFORM_BYTES:
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
-    # The prefilter first: libcst's answer for a file that cannot hold a site, or None where it cannot vouch for it.
+    # The seam of the one speed trick (prefilter.py, beside the transforms): libcst's answer for a file that cannot
+    # hold a site, or None where it cannot vouch for it. Without it, libcst answers every file, the same way.
     if work.syntax_error is None and settings.PLAN_ENGINE.value() != "libcst":
+        from ddops.patching import prefilter
+
         settled = prefilter.plan_without_libcst(kind, params, expect, path, data)
         if settled is not None:
             return settled

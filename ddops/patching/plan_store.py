@@ -20,7 +20,7 @@ def _code_version() -> str:
     """Plans cached on disk are only valid for the code that made them: hash the planning code itself."""
     here = Path(__file__).resolve().parent  # the patching folder: the code whose output is cached
     digest = hashlib.sha256()
-    for name in ("plan.py", "plan_store.py", "transforms.py", "prefilter.py", "kinds.py", "playbook.py"):
+    for name in ("plan.py", "plan_store.py", "transforms.py", "prefilter.py", "text.py", "kinds.py", "playbook.py"):
         try:
             digest.update((here / name).read_bytes())
         except OSError:
