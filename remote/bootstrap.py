@@ -32,21 +32,16 @@ class BundleImporter(object):
         self.modules = dict((name, (filename, is_package, code)) for name, filename, is_package, code in compiled)
         self.order = [entry[0] for entry in compiled]
         self.sources = None
-        self.specs = {}
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.modules:
             return None
-        # One spec per module for the life of the process: load() runs every module afresh for each request, and
-        # a spec only describes where a module comes from.
-        if fullname not in self.specs:
-            from importlib.machinery import ModuleSpec
+        from importlib.machinery import ModuleSpec
 
-            filename, is_package, _ = self.modules[fullname]
-            spec = ModuleSpec(fullname, self, origin=filename, is_package=is_package)
-            spec.has_location = True  # sets __file__
-            self.specs[fullname] = spec
-        return self.specs[fullname]
+        filename, is_package, _ = self.modules[fullname]
+        spec = ModuleSpec(fullname, self, origin=filename, is_package=is_package)
+        spec.has_location = True  # sets __file__
+        return spec
 
     def create_module(self, spec):
         return None  # the default module object
@@ -60,10 +55,8 @@ class BundleImporter(object):
         return self.sources.get(fullname)
 
     def load(self):
-        """The agent package freshly executed, as a new process would load it (module state does not carry over
-        from one request to the next); its modules are attributes of it."""
-        for name in self.order:
-            sys.modules.pop(name, None)
+        """The agent package, every shipped module imported (each registers its verbs); its modules are attributes
+        of it. Once per process: verbs keep no state from one request to the next."""
         for name in self.order:
             __import__(name)
         return sys.modules[PACKAGE]
@@ -181,19 +174,16 @@ def main():
         if not line:
             break
         if resident:
-            announce, resident = offer_resident(agent, resident, linger, importer, stdin), None
+            announce, resident = offer_resident(agent, resident, linger, stdin), None
         response = agent.protocol.answer(line)
         if announce is not None:
             response.update(announce(agent))
             announce = None
         sys.stdout.write(agent.protocol.encode_response(response))
         sys.stdout.flush()
-        # The next request gets a freshly loaded agent, as a new process would; loading it now overlaps with the
-        # controller's work on this answer.
-        agent = importer.load()
 
 
-def offer_resident(agent, path, linger, importer, stdin):
+def offer_resident(agent, path, linger, stdin):
     """Start the resident for socket `path` now (it binds while the first request is answered), or learn the secret
     of the one that serves it already; a function of the agent that answers the first request to the fields
     announcing it: the path and its secret (a new resident's only once its socket is bound), and with
@@ -207,7 +197,7 @@ def offer_resident(agent, path, linger, importer, stdin):
     if not alive and secret is None:  # else a live resident holds this name: ours would only find it taken
         secret = agent.resident.new_secret()
         lifetime = float(option("lifetime", 0)) or agent.resident.MAX_LIFETIME
-        ready = agent.resident.start_resident(path, secret, linger, lifetime, importer.load, [stdin.fileno()])
+        ready = agent.resident.start_resident(path, secret, linger, lifetime, agent, [stdin.fileno()])
 
     def announce(current):
         fields = {} if alive is None else {"resident_alive": alive}

@@ -15,7 +15,8 @@ cores and are microseconds away, so a fleet's time is modelled from two figures 
 - model: T(N, forks) = max(startup + ceil(N / forks) x per-host latency, controller CPU at N / usable cores), one
   core for a Python process (the GIL), every core for a fan-out of ssh processes.
 `check` runs N hosts at once through the proxies to hold the model against a real run. Each mode writes its JSON to
-fleet-<mode>.json here; `report` turns them into the fleet section of RESULTS.md.
+.cache/fleet-speed/fleet-<mode>.json (raw samples, not kept in the tree); `report` turns them into the fleet
+section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
 def split_cores(bed: Bed, tools: list[Tool]) -> tuple[list[Tool], dict[str, list[int]] | None]:
     """The controller on a core of its own, every testbed host on the others, as on a fleet where each host has its
     own CPUs: sharing them, the controller's CPU seconds grew with the hosts' load (its 32 threads then contend
-    for the GIL while descheduled) and did not repeat (RESULTS.md, notes). New sessions and residents inherit their
+    for the GIL while descheduled) and did not repeat (RESULTS.md's history, issue 23). New sessions and residents inherit their
     listener's affinity."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -302,7 +303,7 @@ def model(startup: float, per_host: float, cpu: float | None, key: str, n: int =
 
 
 def load(name: str) -> dict[str, Any] | None:
-    path = HERE / f"fleet-{name}.json"
+    path = run.SAMPLES / f"fleet-{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -562,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                   "rtts_ms": sorted(kept + args.rtts), "runs": earlier.get("runs", [earlier_meta(earlier)])
                   + [earlier_meta(result)]}
     name = "cpu-baseline" if args.mode == "cpu" and args.baseline_repo else args.mode  # the pair: a file of its own
-    (HERE / f"fleet-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    run.SAMPLES.mkdir(parents=True, exist_ok=True)
+    (run.SAMPLES / f"fleet-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report()
     failed = [k for k, v in result.items() if isinstance(v, dict) for s in _samples(v) if not s["ok"]]
     log(f"wrote fleet-{name}.json and RESULTS.md's fleet section in {result['duration_s']:.0f}s"

@@ -265,11 +265,6 @@ class OnHosts:
             self.hosts = list(self.inventory.hosts)  # `ddops -H a,b patch`: the hosts named are the ones meant
         else:
             self.hosts = select(self.inventory, selection)
-        # The transport (paramiko, the heaviest import on a command's path) loads here, on the main thread, before
-        # the command starts anything in the background (make_planner's libcst): run side by side, two imports only
-        # take turns on the interpreter, while a background import overlaps the hosts' connecting, which waits on
-        # the network.
-        import ddops.transport  # noqa: F401
 
     @property
     def json(self) -> bool:

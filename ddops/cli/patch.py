@@ -44,12 +44,12 @@ def _playbooks(st: AppState, names: Sequence[str] | None) -> list[Any]:
 def patch(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, check: CheckOpt = False,
           diff: DiffOpt = False, exit_code: ExitCodeOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
     """Apply patch playbooks: plan locally, back up, write atomically, journal, check."""
-    from ddops.patching.snapshot import all_patches, make_planner
+    from ddops.patching.snapshot import make_planner
     from ddops.tasks.patch import patch_host
 
     run = OnHosts(ctx, selection)
     books = _playbooks(run.state, playbook)
-    planner = make_planner(all_patches(books))
+    planner = make_planner()
     results = run.run(lambda h, s: patch_host(h, s, books, planner=planner, check=check, lock_timeout=lock_timeout),
                       title="patch --check" if check else "patch")
 
@@ -129,7 +129,7 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
 
 def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
     """A host x patch table of states: pending, applied, drifted, modified; and each host's commit."""
-    from ddops.patching.snapshot import all_patches, make_planner
+    from ddops.patching.snapshot import make_planner
     from ddops.tasks.patch import status_host, with_pins
 
     run = OnHosts(ctx, selection, everywhere_when_empty=True)
@@ -140,7 +140,7 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         books, task = [], journal_status_host
     else:
         books = _playbooks(run.state, playbook)
-        planner = make_planner(all_patches(books))
+        planner = make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = with_pins(run.run(task), run.hosts)
     run.finish(results, render=lambda results: _status_table(results, books))

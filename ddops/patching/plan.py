@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from ddops import settings
 from ddops.patching.kinds import (ADD_MODULE, AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, MODIFIED,
                                   PARTIAL, PENDING, TEXT_KINDS, Outcome, describe)
 from ddops.patching.playbook import Patch, TransformSpec, fingerprint
+from ddops.patching.text import text_replace, utf8_error
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -158,10 +158,8 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
     BLOCKED and changes nothing. `ours`: the sha256 of what ddops last wrote to path for an add_module patch still
     applied (an older version of the module, which it may replace).
     """
-    from ddops.patching import prefilter
-
     blocked = blocked or {}
-    encoding_error = prefilter.utf8_error(path, source) if source is not None else None
+    encoding_error = utf8_error(path, source) if source is not None else None
     work = _Working(source)
     results: list[PatchResult] = []
     states: dict[str, str] = {}
@@ -214,11 +212,9 @@ def _sha_or_none(data: bytes | None) -> str | None:
 
 
 def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Outcome:
-    from ddops.patching import prefilter
-
     data = work.data() or b""
-    if prefilter.is_text_kind(kind):
-        outcome, data = prefilter.text_replace(data, params["old"], params["new"], expect, path)
+    if kind in TEXT_KINDS:
+        outcome, data = text_replace(data, params["old"], params["new"], expect, path)
         if outcome.changes:
             work.set_data(data)
         return outcome
@@ -226,8 +222,11 @@ def _run(kind: str, params: dict, expect: int, path: str, work: _Working) -> Out
     if size > MAX_PYTHON_TRANSFORM_BYTES:
         return Outcome(ERROR, f"{path}: {size} bytes, over the {MAX_PYTHON_TRANSFORM_BYTES} byte limit for Python "
                               "transforms (parsing it would take minutes)", expected=expect)
-    # The prefilter first: libcst's answer for a file that cannot hold a site, or None where it cannot vouch for it.
+    # The seam of the one speed trick (prefilter.py, beside the transforms): libcst's answer for a file that cannot
+    # hold a site, or None where it cannot vouch for it. Without it, libcst answers every file, the same way.
     if work.syntax_error is None and settings.PLAN_ENGINE.value() != "libcst":
+        from ddops.patching import prefilter
+
         settled = prefilter.plan_without_libcst(kind, params, expect, path, data)
         if settled is not None:
             return settled
@@ -282,39 +281,11 @@ def _key_for(path: str, patches: tuple[Patch, ...], blocked: tuple[tuple[str, st
 
 
 class PlanCache(Protocol):
-    """Where plans outlive a run: `load` gives None when it has no valid entry; `save` may silently fail;
-    `holds_any` tells whether some plan was kept for these patches on one path (key[1]), whatever the content."""
+    """Where plans outlive a run: `load` gives None when it has no valid entry; `save` may silently fail."""
 
     def load(self, key: tuple[str | None, str], path: str, source: bytes) -> "FilePlan | None": ...
 
     def save(self, key: tuple[str | None, str], plan: "FilePlan") -> None: ...
-
-    def holds_any(self, patches_key: str) -> bool: ...
-
-
-def load_parser_in_background() -> threading.Thread:
-    """Start importing libcst on a daemon thread, so that its import overlaps the hosts' connecting.
-
-    A worker that needs libcst meanwhile waits on Python's import lock for the same module: nothing loads twice,
-    and a plan is what it would have been. The thread imports libcst alone (no ddops module), so it never holds an
-    import lock that a worker's own lazy imports could wait for.
-    """
-
-    def load() -> None:
-        # An import holds the interpreter for a switch interval (5 ms) at a time: each time a connecting host's
-        # answer arrives, its thread would wait that long. A short interval while it loads lets it in at once.
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, 0.0005))
-        try:
-            import libcst  # noqa: F401
-        except Exception:  # the worker's own import will raise it where it can be reported
-            pass
-        finally:
-            sys.setswitchinterval(interval)
-
-    thread = threading.Thread(target=load, name="ddops-load-libcst", daemon=True)
-    thread.start()
-    return thread
 
 
 class Planner:
@@ -342,20 +313,6 @@ class Planner:
         for that value (32 hosts reach their checks together: each compiling the same file cost 5 compiles a run).
         """
         return self._once(self._memo, self._memo_in_flight, key, compute, 4 * self.max_entries)[0]
-
-    def expects_transforms(self, patches: Sequence[Patch]) -> bool:
-        """Whether planning these patches will likely run libcst: a patch of a Python kind on a file for whose
-        patches the store kept no plan at all. Where it kept one, the hosts likely hold the contents it planned (a
-        rerun, a --check after an apply); where it kept none (a new playbook, an emptied cache), a first plan is
-        ahead. Only a guess about speed: what is planned never depends on it."""
-        if self.disk is None:
-            return any(p.transform.kind not in TEXT_KINDS for p in patches)
-        for path in dict.fromkeys(f for p in patches for f in p.files):
-            touching = tuple(p for p in patches if path in p.files)
-            if (any(p.transform.kind not in TEXT_KINDS for p in touching)
-                    and not self.disk.holds_any(_key_for(path, touching, (), None))):
-                return True
-        return False
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
                   blocked: Mapping[str, str] | None = None, ours: str | None = None) -> FilePlan:

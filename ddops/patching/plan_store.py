@@ -20,7 +20,7 @@ def _code_version() -> str:
     """Plans cached on disk are only valid for the code that made them: hash the planning code itself."""
     here = Path(__file__).resolve().parent  # the patching folder: the code whose output is cached
     digest = hashlib.sha256()
-    for name in ("plan.py", "plan_store.py", "transforms.py", "prefilter.py", "kinds.py", "playbook.py"):
+    for name in ("plan.py", "plan_store.py", "transforms.py", "prefilter.py", "text.py", "kinds.py", "playbook.py"):
         try:
             digest.update((here / name).read_bytes())
         except OSError:
@@ -77,12 +77,6 @@ class PlanStore:
             write_private(self._file(key), json.dumps(raw).encode())  # 0600 in 0700 folders: diffs of host files
         except OSError:
             pass  # a cache that cannot be written only costs speed
-
-    def holds_any(self, patches_key: str) -> bool:
-        try:
-            return next(self.root.glob(f"*-{patches_key}.json"), None) is not None
-        except OSError:
-            return False
 
 
 def default_store() -> PlanStore | None:

@@ -1,4 +1,5 @@
-"""Planning that needs no libcst: the text kinds, the UTF-8 check, and a prefilter for the Python kinds.
+"""A speed trick beside the libcst transforms: the prefilter. Deleting this module (and plan.py's one call of it)
+leaves a correct, slower planner.
 
 libcst is slow to import and to run (benchmarks/fleet-speed/RESULTS.md); CPython's own parser reads the same file
 far faster. So before a Python transform runs with libcst, the prefilter asks whether the file's text can contain a
@@ -11,78 +12,13 @@ libcst: the outcome never depends on which ran. tests/unit/test_engine_corpus.py
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 import textwrap
 import threading
 import warnings
 from typing import Any, Mapping
 
-from ddops.patching.kinds import TEXT_KINDS, Outcome, decide, describe, is_header, substitute_placeholders
-
-# ---------------------------------------------------------------------------------------------------------------
-# Text kinds and encodings: no parser at all.
-
-
-def is_text_kind(kind: str) -> bool:
-    return kind in TEXT_KINDS
-
-
-def utf8_error(path: str, source: bytes) -> Outcome | None:
-    """An error outcome when source is not UTF-8 (ddops edits UTF-8 only), else None."""
-    from ddops.patching.kinds import ERROR
-
-    try:
-        source.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = source[: exc.start].count(b"\n") + 1
-        return Outcome(ERROR, f"{path}:{line}: not valid UTF-8 (byte {exc.start}): ddops edits UTF-8 files only")
-    return None
-
-
-def text_replace(source: bytes, old: str, new: str, expect: int, path: str) -> tuple[Outcome, bytes]:
-    """Exact text `old` -> `new`; an occurrence of `new` is an applied site. Keeps the file's CRLF line endings."""
-    error = utf8_error(path, source)
-    if error is not None:
-        return dataclasses.replace(error, plain_text=True, expected=expect), source
-    text = source.decode("utf-8")
-    first_nl = text.find("\n")
-    if first_nl > 0 and text[first_nl - 1] == "\r":
-        old, new = _crlf(old), _crlf(new)
-    olds = _spans(text, old)
-    news = _spans(text, new)
-    pending = [o for o in olds if not any(n[0] <= o[0] and o[1] <= n[1] for n in news)]
-    applied = [n for n in news if not any(o[0] <= n[0] and n[1] <= o[1] for o in pending)]
-
-    def line(pos: int) -> int:
-        return text.count("\n", 0, pos) + 1
-
-    outcome = decide(path, describe("text_replace", {"old": old}), [line(s) for s, _ in pending],
-                     [line(s) for s, _ in applied], expect, plain_text=True)
-    if not outcome.changes:
-        return outcome, source
-    parts: list[str] = []
-    pos = 0
-    for start, end in pending:
-        parts.append(text[pos:start])
-        parts.append(new)
-        pos = end
-    parts.append(text[pos:])
-    return outcome, "".join(parts).encode("utf-8")
-
-
-def _crlf(s: str) -> str:
-    return s.replace("\r\n", "\n").replace("\n", "\r\n")
-
-
-def _spans(text: str, needle: str) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    start = text.find(needle)
-    while start != -1:
-        out.append((start, start + len(needle)))
-        start = text.find(needle, start + len(needle))
-    return out
-
+from ddops.patching.kinds import Outcome, decide, describe, is_header, substitute_placeholders
 
 # ---------------------------------------------------------------------------------------------------------------
 # Parsing the file with the standard library.
@@ -153,17 +89,6 @@ def _site_spellings(kind: str, params: Mapping[str, Any]) -> list[set[str]] | No
     if kind == "replace_expression":
         return [_names(params["match"], "eval"), _names(params["replace"], "eval")]
     return None
-
-
-def names_in_site(kind: str, params: Mapping[str, Any]) -> set[str] | None:
-    """Names of which every site's own text spells at least one (None: no such set)."""
-    try:
-        alternatives = _site_spellings(kind, params)
-    except (KeyError, AttributeError, SyntaxError, ValueError, RecursionError):
-        return None
-    if alternatives is None or not all(alternatives):
-        return None
-    return set().union(*alternatives)
 
 
 def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:

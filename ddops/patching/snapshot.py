@@ -12,21 +12,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ddops.patching import journal as journal_mod
 from ddops.patching.kinds import ADD_MODULE, AMBIGUOUS, BLOCKED, DRIFTED, ERROR, MODIFIED
-from ddops.patching.plan import HostPlan, Planner, load_parser_in_background
+from ddops.patching.plan import HostPlan, Planner
 from ddops.patching.plan_store import default_store
 from ddops.patching.playbook import Patch, PatchPlaybook
 
 HARD_FAILURES = (ERROR, AMBIGUOUS, BLOCKED)
 
 
-def make_planner(patches: Sequence[Patch] = ()) -> Planner:
+def make_planner() -> Planner:
     """One planner per ddops run: hosts with the same file contents share one transform, and reruns reuse the
-    plans cached on disk by content hash. When planning `patches` will likely need libcst (no plan of them kept),
-    libcst starts loading now, while the hosts connect, instead of on the first wave's path."""
-    planner = Planner(store=default_store())
-    if patches and planner.expects_transforms(patches):
-        load_parser_in_background()
-    return planner
+    plans cached on disk by content hash."""
+    return Planner(store=default_store())
 
 
 def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:

@@ -9,17 +9,14 @@ not part of a site (comments, blank lines, layout, CRLF, tabs) is kept by libcst
 from __future__ import annotations
 
 import dataclasses
-import re
 import textwrap
-from bisect import bisect_left
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from ddops.patching.kinds import (ERROR, Outcome, decide, describe, is_header, placeholder_name,
                                   substitute_placeholders)
-from ddops.patching.prefilter import names_in_site
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structural matching: two snippets are the same code when they differ only in layout, parentheses and quotes.
@@ -189,30 +186,16 @@ def fill_template(template: cst.BaseExpression, bindings: dict[str, cst.CSTNode]
 class SiteTransformer(cst.CSTTransformer):
     """Base: counts sites, knows which function it is in, and whether that is in scope."""
 
+    METADATA_DEPENDENCIES = (PositionProvider,)  # a site's lines, as libcst counts them (syntactic positions)
+
     def __init__(self, in_function: str | None = None, not_in_function: str | None = None) -> None:
         super().__init__()
-        # Set by transform_module: the visited module's lines per node, and the lines that may hold a site (those
-        # with one of the names every site spells; None: any line may), so that no other subtree is walked.
-        self.lines: Mapping[cst.CSTNode, tuple[int, int]] = {}
-        self.site_lines: Sequence[int] | None = None
         self.in_function = in_function
         self.not_in_function = not_in_function
         self.functions: list[str] = []
         self.pending: list[int] = []
         self.applied: list[int] = []
         self.conflict: str | None = None
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        """Visit the node (its visit_ hook runs, so that its leave_ hook has its state), and walk into it only where
-        a site may lie: a transform's cost is the nodes it walks, and the sites are a few lines of a file."""
-        return super().on_visit(node) and self.may_hold_site(node)
-
-    def may_hold_site(self, node: cst.CSTNode) -> bool:
-        if self.site_lines is None:
-            return True
-        first, last = self.lines[node]
-        at = bisect_left(self.site_lines, first)
-        return at < len(self.site_lines) and self.site_lines[at] <= last
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.functions.append(node.name.value)
@@ -228,10 +211,10 @@ class SiteTransformer(cst.CSTTransformer):
         return self.in_function is None or self.in_function in self.functions
 
     def line(self, node: cst.CSTNode) -> int:
-        return self.lines[node][0]
+        return self.get_metadata(PositionProvider, node).start.line
 
     def last_line(self, node: cst.CSTNode) -> int:
-        return self.lines[node][1]
+        return self.get_metadata(PositionProvider, node).end.line
 
 
 class SetCallKwarg(SiteTransformer):
@@ -300,10 +283,10 @@ class ReplaceExpression(SiteTransformer):
         self._sites: dict[int, tuple[dict[str, cst.CSTNode], cst.CSTNode | None]] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        may_hold_site = super().on_visit(node)
+        walk = super().on_visit(node)
         parent = self._parents[-1] if self._parents else None
         self._parents.append(node)
-        if may_hold_site and isinstance(node, cst.BaseExpression) and self.in_scope():
+        if isinstance(node, cst.BaseExpression) and self.in_scope():
             if matches(self.replacement, node):  # guard first: the patched form is left as it is
                 self.applied.append(self.line(node))
                 return False
@@ -312,7 +295,7 @@ class ReplaceExpression(SiteTransformer):
                 self.pending.append(self.line(node))
                 self._sites[id(node)] = (bindings, parent)
                 return False  # the outermost match wins; its parts are not matched again
-        return may_hold_site
+        return walk
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         self._parents.pop()
@@ -594,74 +577,6 @@ def syntax_error_outcome(path: str, exc: cst.ParserSyntaxError, expect: int = 1)
     return Outcome(ERROR, f"{path}:{exc.editor_line}:{exc.editor_column}: syntax error: {message}", expected=expect)
 
 
-_NEWLINE = re.compile(r"\r\n?|\n")  # what libcst counts as a line break
-
-
-class _LineCounter:
-    """libcst's code generation state, counting lines: each node's first and last line, as libcst's PositionProvider
-    reports them (syntactic: a statement's own blank lines and comments, an expression's parentheses left out).
-
-    The PositionProvider builds two position objects and a range for every node of the module; of the plan of a new
-    file, that was the largest part (benchmarks/fleet-speed/RESULTS.md). Only lines are needed here, so this keeps
-    two ints per node. It speaks libcst's codegen protocol (the state `CSTNode._codegen` is handed), which is private:
-    pyproject.toml holds libcst below its next major, and tests/unit/test_transforms.py holds every node's lines to
-    the PositionProvider's over the DDTree fixtures.
-    """
-
-    provider = None
-
-    def __init__(self, module: cst.Module) -> None:
-        self.default_indent = module.default_indent
-        self.default_newline = module.default_newline
-        self.indent_tokens: list[str] = []
-        self.tokens: list[str] = []
-        self.line = 1
-        self.lines: dict[cst.CSTNode, tuple[int, int]] = {}
-        self._starts: list[int] = []
-
-    def increase_indent(self, value: str) -> None:
-        self.indent_tokens.append(value)
-
-    def decrease_indent(self) -> None:
-        self.indent_tokens.pop()
-
-    def add_indent_tokens(self) -> None:
-        self.tokens.extend(self.indent_tokens)
-
-    def add_token(self, value: str) -> None:
-        self.tokens.append(value)
-        if "\n" in value or "\r" in value:
-            self.line += len(_NEWLINE.findall(value))
-
-    def pop_trailing_newline(self) -> None:
-        if self.tokens:
-            self.tokens.pop()
-
-    def before_codegen(self, node: cst.CSTNode) -> None:
-        self._starts.append(self.line)
-
-    def after_codegen(self, node: cst.CSTNode) -> None:
-        start = self._starts.pop()
-        if node not in self.lines:  # a node without a syntactic position: its whole text, whitespace included
-            self.lines[node] = (start, self.line)
-
-    @contextmanager
-    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
-                                  end_node: cst.CSTNode | None = None) -> Iterator[None]:
-        start = self.line
-        yield
-        self.lines[node] = (self.lines[start_node][0] if start_node is not None else start,
-                            self.lines[end_node][1] if end_node is not None else self.line)
-
-
-def syntactic_lines(module: cst.Module) -> tuple[dict[cst.CSTNode, tuple[int, int]], str]:
-    """(first line, last line) of every node of the module, 1-based, as libcst's PositionProvider gives them; and
-    the module's code."""
-    counter = _LineCounter(module)
-    module._codegen(counter)  # type: ignore[arg-type]  # the codegen protocol, duck-typed (see _LineCounter)
-    return counter.lines, "".join(counter.tokens)
-
-
 def parse_module(source: bytes) -> cst.Module:
     """Parse (raises cst.ParserSyntaxError)."""
     return cst.parse_module(source)
@@ -671,11 +586,7 @@ def transform_module(kind: str, params: dict[str, Any], expect: int, module: cst
                      path: str) -> tuple[Outcome, cst.Module]:
     """Run one libcst transform over a parsed module; the returned module is changed only when the outcome is."""
     transformer = TRANSFORMERS[kind](**params)
-    transformer.lines, code = syntactic_lines(module)
-    names = names_in_site(kind, params)
-    if names is not None:
-        transformer.site_lines = [n for n, line in enumerate(_NEWLINE.split(code), 1) if any(w in line for w in names)]
-    new_module = module.visit(transformer)
+    new_module = cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(transformer)
     outcome = decide(path, describe(kind, params), transformer.pending, transformer.applied, expect,
                      conflict=transformer.conflict)
     return outcome, (new_module if outcome.changes else module)

@@ -1,19 +1,20 @@
 """Paths inside a repo, and safe reads and atomic writes of its files."""
 
+import collections
 import errno
 import hashlib
 import os
 import posixpath
 import stat
 
-from ddops_agent.protocol import AgentFault, bad_request, fault_point, record_type, require_str
+from ddops_agent.protocol import AgentFault, bad_request, fault_point, require_str
 
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 STATE_DIR = ".ddops"
 PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
 TEMP_SUFFIX = ".ddops-tmp"
-Original = record_type("Original", "data stat")
+Original = collections.namedtuple("Original", "data stat")
 
 
 # -- paths ------------------------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """The patch verbs: snapshot, commit, rollback, read_backup, journal."""
 
+import collections
 import os
 import stat
 
 from ddops_agent.protocol import (AgentFault, arm_faults, b64_text, bad_request, decode_b64, describe_error,
-                                  fault_point, identity, optional_sha, record_type, require_list, require_object,
-                                  require_patch_ids, require_sha, require_str,
-                                  verb)
+                                  fault_point, identity, optional_sha, require_list, require_object, require_patch_ids,
+                                  require_sha, require_str, verb)
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
 from ddops_agent.facts import collect_facts
@@ -16,8 +16,8 @@ from ddops_agent.journal import (RepoLock, append_journal, compact_quietly, ensu
                                  settle_pending, state_dir, store_backup)
 
 
-Change = record_type("Change", "path target patch_ids expected new_bytes new_sha")
-Restore = record_type("Restore", "path target patch_ids expected restore force")
+Change = collections.namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
+Restore = collections.namedtuple("Restore", "path target patch_ids expected restore force")
 
 
 # -- snapshot -------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 import base64
 import binascii
 import json
-import operator
 import os
 import signal
 import sys
@@ -19,23 +18,6 @@ VERB_LIMITS = {}
 DEFAULT_DEADLINE = 600.0
 # The monotonic time the current request must be answered by; None while none runs (or it has no deadline).
 DEADLINE = [None]
-
-
-def record_type(name, fields):
-    """A tuple type with named fields, built positionally: collections.namedtuple without the code it compiles.
-    The agent's modules run afresh for every request, and three namedtuples were a third of that."""
-    fields = tuple(fields.split())
-
-    def new(cls, *values):
-        if len(values) != len(fields):
-            raise TypeError("%s takes %d values (%s), got %d" % (name, len(fields), ", ".join(fields), len(values)))
-        return tuple.__new__(cls, values)
-
-    namespace = {"__slots__": (), "__new__": new,
-                 "__repr__": lambda self: "%s(%s)" % (name, ", ".join("%s=%r" % pair for pair in zip(fields, self)))}
-    for index, field in enumerate(fields):
-        namespace[field] = property(operator.itemgetter(index))
-    return type(name, (tuple,), namespace)
 
 
 def b64_text(data):
@@ -163,6 +145,7 @@ def call_before_deadline(function, payload, seconds, interrupt):
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         DEADLINE[0] = None
+        disarm_faults()  # the agent stays loaded for the next request: nothing armed carries over to it
 
 
 # -- payload fields -------------------------------------------------------------------------------------------
@@ -361,6 +344,13 @@ def note_write_target(target, rel):
     faults = test_faults()
     if faults is not None:
         faults.WRITE_TARGETS[target] = rel
+
+
+def disarm_faults():
+    """Forget the test faults a request armed and did not reach; nothing in a production bundle."""
+    faults = test_faults()
+    if faults is not None:
+        faults.FAULTS.clear()
 
 
 def fault_point(stage, target=None):

@@ -242,8 +242,9 @@ def open_private_directory(folder):
     return None
 
 
-def start_resident(path, secret, linger, lifetime, load, inherited=()):
-    """Fork the resident server for socket `path`; a descriptor that bound_resident() reads its word from.
+def start_resident(path, secret, linger, lifetime, agent, inherited=()):
+    """Fork the resident server for socket `path`, serving with the loaded `agent` package; a descriptor that
+    bound_resident() reads its word from.
 
     The server detaches at once (its own session, reparented, standard streams on /dev/null, the descriptors in
     `inherited` closed) so that sshd can close the channel of the session that started it.
@@ -266,7 +267,7 @@ def start_resident(path, secret, linger, lifetime, load, inherited=()):
                         os.close(fd)
                     except OSError:
                         pass
-                serve_resident(path, secret, linger, lifetime, load, write_end)
+                serve_resident(path, secret, linger, lifetime, agent, write_end)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -292,7 +293,7 @@ def bound_resident(ready):
         os.close(ready)
 
 
-def serve_resident(path, secret, linger, lifetime, load, ready):
+def serve_resident(path, secret, linger, lifetime, agent, ready):
     """Accept sessions on unix socket `path` until none came for `linger` seconds or `lifetime` seconds have passed;
     return at once (without a word on `ready`) if its directory is not private or another resident serves it."""
     folder, name = os.path.split(path)
@@ -315,7 +316,6 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
     os.write(ready, b"bound")  # only now may the starting agent announce the path
     os.close(ready)
     sessions = set()
-    load = preloaded(load)
     keep_out = (lock, directory)  # a session must not hold these: an orphaned one would block every successor
     # Reap each session process as it ends rather than at the next accept (until then it would be a zombie).
     signal.signal(signal.SIGCHLD, lambda number, frame: reap_sessions(sessions))
@@ -331,7 +331,7 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
             connection, _ = server.accept()
         except (socket.timeout, InterruptedError):
             continue
-        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
+        sessions.add(fork_resident_session(server, connection, agent, secret, keep_out))
         idle_until = time.monotonic() + linger
     # Take the name away first, then serve whoever connected before that: no session is left unanswered.
     try:
@@ -346,7 +346,7 @@ def serve_resident(path, secret, linger, lifetime, load, ready):
         except OSError:
             break
         connection.setblocking(True)
-        sessions.add(fork_resident_session(server, connection, load, secret, keep_out))
+        sessions.add(fork_resident_session(server, connection, agent, secret, keep_out))
     server.close()
     os.close(lock)
     os.close(directory)
@@ -376,13 +376,6 @@ def bind_in(directory, name):
         os.close(here)
 
 
-def preloaded(load):
-    """`load`, whose first call returns an agent loaded now. Each session forked later finds it in memory, as fresh
-    as a new one (the server never answers with it), and saves loading one for its first request."""
-    ready = [load()]
-    return lambda: ready.pop() if ready else load()
-
-
 def reap_sessions(sessions):
     """Collect the exit status of the session processes that have ended."""
     for pid in list(sessions):
@@ -394,8 +387,9 @@ def reap_sessions(sessions):
             sessions.discard(pid)
 
 
-def fork_resident_session(server, connection, load, secret, keep_out):
-    """Serve one connection in a child process (which closes the descriptors in `keep_out`); its pid."""
+def fork_resident_session(server, connection, agent, secret, keep_out):
+    """Serve one connection in a child process (which closes the descriptors in `keep_out`); its pid. The child
+    inherits the agent the server loaded, which has answered nothing: each session starts from the same state."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -403,7 +397,7 @@ def fork_resident_session(server, connection, load, secret, keep_out):
             server.close()
             for fd in keep_out:
                 os.close(fd)
-            serve_connection(connection, load, secret)
+            serve_connection(connection, agent, secret)
         finally:
             os._exit(0)
     connection.close()
@@ -444,7 +438,7 @@ def sees_our_filesystem(pid):
     return (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino)
 
 
-def serve_connection(connection, load, secret):
+def serve_connection(connection, agent, secret):
     """One session on the resident: the controller's proof, then a JSON request per line in, a JSON answer per line
     out, until EOF."""
     pid, uid = peer_credentials(connection)
@@ -473,11 +467,10 @@ def serve_connection(connection, load, secret):
     # The greeting proves the secret; a session that ends without it was never served, so the controller may send
     # its request to an agent of its own instead (a resident killed as it connected, or one not its own).
     connection.sendall((json.dumps({"resident": greeting}) + "\n").encode("ascii"))
+    agent.protocol.note_ssh_session(pid)
     while True:
         line = reader.readline()
         if not line:
             break
-        agent = load()  # as in the bootstrap: every request gets a freshly loaded agent
-        agent.protocol.note_ssh_session(pid)
         answer_line = agent.protocol.encode_response(agent.protocol.answer(line))
         connection.sendall(answer_line.encode("utf-8"))

@@ -182,12 +182,12 @@ def test_the_resident_answers_later_sessions_each_in_a_process_of_its_own(home):
     assert one[0]["result"]["repo_exists"] is True
 
 
-def test_every_request_on_the_resident_meets_a_fresh_agent_in_every_session(home, probe_program):
-    # The server keeps one agent loaded for the sessions it forks: none of them may see another's module state.
+def test_every_session_on_the_resident_starts_from_the_agent_the_server_loaded(home, probe_program):
+    # The server loads the agent once and answers nothing itself: a session never sees another's module state.
     count = request("count_test", {})
     first = start(home, 30, count, program=probe_program)[0]
     sessions = [ask(first, count, count), ask(first, count), ask(first, count, count, count)]
-    assert [[a["result"]["calls_in_this_load"] for a in answers] for answers in sessions] == [[1, 1], [1], [1, 1, 1]]
+    assert [[a["result"]["calls_in_this_load"] for a in answers] for answers in sessions] == [[1, 2], [1], [1, 2, 3]]
     assert len({answers[0]["result"]["pid"] for answers in sessions}) == 3  # a process per session
 
 

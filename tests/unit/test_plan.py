@@ -245,51 +245,6 @@ print(planner.disk_hits, "libcst" in sys.modules)
     assert second.stdout.split() == ["1", "False"]
 
 
-def test_a_planner_expects_transforms_until_its_store_holds_a_plan_of_each_files_patches(tmp_path):
-    book = load_playbook("crop-relative")  # ddtree.py, dflash.py and model/dflash.py
-    patches = book.patches
-    planner = Planner(store=PlanStore(tmp_path))
-    assert planner.expects_transforms(patches)
-    planner.plan_file("ddtree.py", (FIXTURES_FOR_DISK / "ddtree.py").read_bytes(), patches_for(book, "ddtree.py"))
-    assert planner.expects_transforms(patches), "dflash.py has no plan kept yet"
-    for path in ("dflash.py", "model/dflash.py"):
-        planner.plan_file(path, (FIXTURES_FOR_DISK / path).read_bytes(), patches_for(book, path))
-    assert not Planner(store=PlanStore(tmp_path)).expects_transforms(patches)
-    assert Planner(store=PlanStore(tmp_path)).expects_transforms(load_playbook("hybrid-cache").patches)
-
-
-def test_without_a_store_every_python_patch_expects_transforms_and_a_text_patch_never_does():
-    assert Planner().expects_transforms([RENAME])
-    assert not Planner().expects_transforms([patch("text", "text_replace", old="a", new="b")])
-
-
-def test_make_planner_loads_libcst_in_the_background_only_when_a_first_plan_is_ahead(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    script = f"""
-import sys, threading
-from pathlib import Path
-from ddops.patching.playbook import load_playbook
-from ddops.patching.snapshot import make_planner
-patches = load_playbook("crop-relative").patches
-planner = make_planner(patches)
-loader = [t for t in threading.enumerate() if t.name == "ddops-load-libcst"]
-for t in loader:
-    t.join()
-print(bool(loader), "libcst" in sys.modules, sys.getswitchinterval() == 0.005)  # the interval as it was
-for path in ("ddtree.py", "dflash.py", "model/dflash.py"):
-    planner.plan_file(path, Path({str(FIXTURES_FOR_DISK)!r}, path).read_bytes(), [p for p in patches if path in p.files])
-"""
-    env = {**os.environ, "DDOPS_CACHE_DIR": str(tmp_path)}
-    env.pop("DDOPS_PLAN_CACHE", None)
-    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
-    assert first.stdout.split() == ["True", "True", "True"]
-    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
-    assert second.stdout.split() == ["False", "False", "True"]
-
-
 def test_group_diffs_takes_diff_text_as_hosts_report_it():
     groups = group_diffs({"h1": "-a\n+b\n", "h2": "-a\n+b\n", "h3": "-x\n+y\n"})
     assert [(g.hosts, g.title) for g in groups] == [(("h1", "h2"), "2 hosts: identical diff"),
