@@ -39,9 +39,9 @@ def _saved_table(results: Sequence[Any]) -> None:
     for column in ("host", "file", "saved at", "by", "sha256", "on the host"):
         table.add_column(column, overflow="fold")
     for r in results:
-        for s in r.data.get("saved", []):
-            table.add_row(escape(r.host), escape(s["file"]), escape(s["time"]), escape(s["actor"]),
-                          s["sha256"][:12], escape(s["backup"]))
+        for s in r.report.saved if r.report else ():
+            table.add_row(escape(r.host), escape(s.file), escape(s.time), escape(s.actor), s.sha256[:12],
+                          escape(s.backup))
     console.print(table)
     failed = [r for r in results if r.failed]
     if failed:
@@ -53,8 +53,6 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
          diff: Annotated[bool, typer.Option("--diff", help="Show how the file differs from the saved edit "
                                                           "instead.")] = False) -> None:
     """Print a saved edit's bytes on stdout (or, with --diff, the file as it is against the saved edit)."""
-    import base64
-
     from ddops.tasks.backups import show_saved_task
 
     run = OnHosts(ctx, one_host(host))
@@ -62,16 +60,14 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
     if run.json or results[0].failed:
         run.finish(results)
         return
-    data = results[0].data
-    content = base64.b64decode(data["content_b64"])
+    shown = results[0].report
     if diff:
         from ddops.patching.plan import unified_diff
 
-        now = base64.b64decode(data["current_b64"])
-        sys.stdout.write(unified_diff(data["saved"]["file"], content, now) or
-                         f"{data['saved']['file']} holds the saved edit\n")
+        sys.stdout.write(unified_diff(shown.saved.file, shown.content, shown.current or b"") or
+                         f"{shown.saved.file} holds the saved edit\n")
     else:
-        sys.stdout.buffer.write(content)
+        sys.stdout.buffer.write(shown.content)
     sys.stdout.flush()
 
 

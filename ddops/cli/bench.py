@@ -102,7 +102,7 @@ def run(ctx: typer.Context, selection: Selection,
         (sys.stdout.isatty() if follow is None else follow)
 
     def render(results: Sequence[Any]) -> None:
-        recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
+        recap(results, columns=[("runs", lambda r: str(r.report.total) if r.status == "changed" else "")])
         if launched:
             console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
             if not following:
@@ -394,7 +394,7 @@ def status(ctx: typer.Context, selection: Selection,
                                                            show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import HostRun, resolve_run_id, results_root
+    from ddops.bench.runs import RunReport, resolve_run_id, results_root
     from ddops.tasks.bench import status_task
 
     root = results_root(results_dir)
@@ -403,7 +403,7 @@ def status(ctx: typer.Context, selection: Selection,
     results = on.run(status_task(rid), title=f"bench status {rid}")
 
     def render(results: Sequence["HostResult"]) -> None:
-        runs = [HostRun.from_json(r.data["run"]) for r in results if r.data.get("run")]
+        runs = [r.report.run for r in results if isinstance(r.report, RunReport)]
         errors = {r.host: r.message for r in results if r.status == "unreachable"}
         _render_runs(runs, errors)
         skipped = [r.host for r in results if r.status == "skipped"]
@@ -420,7 +420,7 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
          follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
          results_dir: ResultsDirOpt = None) -> None:
     """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
-    from ddops.bench.runs import check_run_id, results_root
+    from ddops.bench.runs import LogReport, check_run_id, results_root
     from ddops.tasks.bench import logs_task
 
     rid = check_run_id(run_id)
@@ -428,18 +428,19 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
+    logs = {r.host: r.report.log for r in results if isinstance(r.report, LogReport)}
     if on.json:
-        on.finish(results, {"run_id": rid}, failed=not any("log" in r.data for r in results))
+        on.finish(results, {"run_id": rid}, failed=not logs)
         return
-    view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
+    view = FollowView(list(logs), prefix=len(results) > 1)
     view.tty = False
     for r in results:
-        if "log" in r.data:
-            view._text(r.host, r.data["log"])
+        if r.host in logs:
+            view._text(r.host, logs[r.host])
             view._flush(r.host)
         else:
             err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
-    if not any("log" in r.data for r in results):
+    if not logs:
         raise typer.Exit(1)
 
 
@@ -479,13 +480,13 @@ def _runs_table(results: Sequence["HostResult"]) -> None:
     table = Table(header_style="bold")
     for col in ("run", "host", "plan", "status", "done", "started", "ended"):
         table.add_column(col, no_wrap=col in ("run", "host"))
-    rows = [(run, r.host) for r in results for run in r.data.get("runs") or []]
-    rows.sort(key=lambda x: (x[0].get("run_id") or "", x[1]), reverse=True)
+    rows = [(run, r.host) for r in results if r.report for run in r.report.runs]
+    rows.sort(key=lambda x: (x[0].run_id or "", x[1]), reverse=True)
     for run, h in rows:
-        style = RUN_STYLE.get(run.get("status"), "")
-        table.add_row(escape(run.get("run_id") or ""), escape(h), escape(run.get("plan") or ""),
-                      f"[{style}]{escape(str(run.get('status')))}[/]", f"{run.get('done')}/{run.get('total')}",
-                      escape(_when(run.get("started"))), escape(_when(run.get("ended"))))
+        style = RUN_STYLE.get(run.status, "")
+        table.add_row(escape(run.run_id or ""), escape(h), escape(run.plan or ""),
+                      f"[{style}]{escape(str(run.status))}[/]", f"{run.done}/{run.total}",
+                      escape(_when(run.started)), escape(_when(run.ended)))
     console.print(table)
     for r in results:
         if r.failed:
@@ -506,7 +507,7 @@ def collect(ctx: typer.Context, selection: Selection,
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
     from ddops.bench.collect import parse_size, write_manifest
     from ddops.tasks.bench import collect_task, manifest_entries
-    from ddops.bench.runs import resolve_run_id, results_root
+    from ddops.bench.runs import CollectReport, resolve_run_id, results_root
 
     max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
@@ -516,8 +517,8 @@ def collect(ctx: typer.Context, selection: Selection,
     manifest = write_manifest(root, rid, manifest_entries(results))
 
     def render(results: Sequence["HostResult"]) -> None:
-        recap(results, columns=[("files", lambda r: str(len(r.data["manifest"]["files"])) if r.data.get("manifest")
-                                 else "")])
+        recap(results, columns=[("files", lambda r: str(r.report.files)
+                                  if isinstance(r.report, CollectReport) and r.report.manifest else "")])
         console.print(f"results: {escape(str(root / rid))}  (manifest: {escape(str(manifest))})")
 
     on.finish(results, {"run_id": rid, "manifest": str(manifest)}, render=render)

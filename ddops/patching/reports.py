@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ddops.jsonvalue import JsonValue, omitted_when_none
+from ddops.patching.backups import SavedEdit
 from ddops.patching.checks import CheckResult
 from ddops.patching.kinds import ERROR
 from ddops.patching.plan import HostPlan
@@ -98,6 +100,35 @@ class Refusal(JsonValue):
     file: str
     reason: str
     patch: str | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class SavedEdits(JsonValue):
+    """The foreign edits rollback --force saved on one host, oldest first (`backups list`)."""
+
+    saved: tuple[SavedEdit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShownEdit:
+    """One saved edit's bytes, and the file's bytes now when asked for (`backups show`)."""
+
+    saved: SavedEdit
+    content: bytes
+    current: bytes | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        now = {} if self.current is None else {"current_b64": base64.b64encode(self.current).decode("ascii")}
+        return {"saved": self.saved.to_json(), "content_b64": base64.b64encode(self.content).decode("ascii"), **now}
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport(JsonValue):
+    """A saved edit put back in its file on one host, or why not (`backups restore`)."""
+
+    saved: SavedEdit
+    restored: tuple[str, ...] = ()
+    refused: tuple[Refusal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
