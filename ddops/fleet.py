@@ -152,7 +152,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         emit(FleetEvent(host.name, "done", result))
         return result
     if interrupt.requested:  # connected meanwhile: the task itself never starts
-        _close(session)
+        close_quietly(session)
         return _not_started(host, emit)
     emit(FleetEvent(host.name, "running"))
     try:
@@ -160,7 +160,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     except Exception as exc:  # noqa: BLE001
         outcome = outcome_of_error(host.name, exc)
     finally:
-        _close(session)
+        close_quietly(session)
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.report,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
                         round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
@@ -185,7 +185,10 @@ def _not_started(host: Host, emit: Callable[[FleetEvent], None]) -> HostResult:
     return result
 
 
-def _close(session: Any) -> None:
+def close_quietly(session: Any) -> None:
+    """Close a session whatever state it is in (None: there is none)."""
+    if session is None:
+        return
     try:
         session.close()
     except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands

@@ -288,8 +288,10 @@ def results_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(explicit or settings.RESULTS_DIR.value() or "results")
 
 
-def write_launch_record(root: Path, run_id: str, record: Mapping[str, Any]) -> Path:
+def write_launch_record(root: Path, run_id: str, plan: Any, hosts: Sequence[str], inventory: str) -> Path:
     """results/<run-id>/launch.json: which hosts and plan a run was started with (for status/collect later)."""
+    record = {"run_id": run_id, "plan": plan.name, "plan_path": str(plan.path), "hosts": list(hosts),
+              "inventory": inventory, "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = root / run_id / LAUNCH_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Sequence
 import typer
 
 from ddops import settings
-from ddops.cli.common import OnHosts, YesOpt, command, console, escape, one_host, recap
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import YesOpt, command, one_host
+from ddops.cli.render import console, escape, recap
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection

@@ -6,7 +6,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import typer
 
-from ddops.cli.common import OnHosts, command, console, escape, state, write_document
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import command
+from ddops.cli.render import console, escape, write_document
+from ddops.cli.state import state
 
 if TYPE_CHECKING:
     from ddops.fleet import HostResult

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
-from ddops.cli.common import CheckOpt, ExitCodeOpt, OnHosts, command
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import CheckOpt, ExitCodeOpt, command
 
 if TYPE_CHECKING:
     from ddops.fleet import HostResult

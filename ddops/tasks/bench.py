@@ -22,7 +22,7 @@ from ddops.bench.preflight import host_values, patch_states_from_journal, prefli
 from ddops.bench.runs import (NO_RUN_KINDS, CollectReport, HostRun, LaunchReport, LogReport, PreflightReport, RunEntry,
                               RunList, RunReport, RunStatus, StopReport)
 from ddops.errors import AgentError, DdopsError, TransportError
-from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
+from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome, close_quietly
 from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState
 from ddops.patching.kinds import PatchState
@@ -54,13 +54,6 @@ def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence
             for pid in patch_ids}
 
 
-def _shared_planner(plan: BenchPlan) -> Any:
-    """One patch planner for all hosts of a launch: hosts with the same file contents share one transform."""
-    if not plan.requires_patches:
-        return None
-    return make_planner()
-
-
 @dataclass(frozen=True, slots=True)
 class Preflight:
     """What the preflight learnt of one host: its facts, patch states and pin, and the refusal when refused."""
@@ -79,7 +72,8 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None,
                inventory: Inventory | None = None) -> Callable[[Host, AgentSession], Preflight]:
     """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller, and
     the required patches' playbooks found once, where `ddops patch` finds them for this inventory."""
-    planner = _shared_planner(plan)
+    # One planner for all hosts of a launch: hosts with the same file contents share one transform.
+    planner = make_planner() if plan.requires_patches else None
     pins = pins or Pins()
     books = playbooks_defining(plan.requires_patches, inventory)
 
@@ -308,12 +302,6 @@ class Follower:
     def close(self) -> None:
         self._stop.set()
 
-    def __enter__(self) -> "Follower":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _follow(self, cursor: _HostCursor) -> None:
         name = cursor.host.name
         session = None
@@ -333,7 +321,7 @@ class Follower:
                         return
                     raise
                 except TransportError as exc:
-                    _close(session)
+                    close_quietly(session)
                     session = None
                     now = time.monotonic()
                     failing_since = failing_since or now
@@ -347,7 +335,7 @@ class Follower:
         except Exception as exc:  # noqa: BLE001 - a surprise on one host must not hang the others' follow
             self._queue.put(HostUpdate(name, error=f"{type(exc).__name__}: {exc}", final=True))
         finally:
-            _close(session)
+            close_quietly(session)
 
     def _poll_once(self, cursor: _HostCursor, session: AgentSession) -> bool:
         """One bench_poll (repeated while more log is waiting); True once the run is over and fully read."""
@@ -379,14 +367,6 @@ class Follower:
                 self._queue.put(HostUpdate(cursor.host.name, run=run))
             if not more:
                 return False
-
-
-def _close(session: AgentSession) -> None:
-    if session is not None:
-        try:
-            session.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection may raise
-            pass
 
 
 # --- collecting ------------------------------------------------------------------------------------------------------

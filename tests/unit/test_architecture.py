@@ -185,10 +185,10 @@ def test_the_cli_builds_no_per_host_task_and_reads_no_run_document():
 
 
 def test_the_host_selection_and_global_options_are_declared_once():
-    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.common); every command
+    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.options); every command
     # gets them from there, with the selection as one `Selection` value.
     for name, source in cli_sources().items():
-        if name == "ddops.cli.common":
+        if name == "ddops.cli.options":
             continue
         for option in ('"--host"', '"--group"', '"--limit"', '"--json"', '"--forks"', '"--inventory"',
                        '"--accept-new"', '"--verbose"'):
