@@ -55,6 +55,8 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
          diff: Annotated[bool, typer.Option("--diff", help="Show how the file differs from the saved edit "
                                                           "instead.")] = False) -> None:
     """Print a saved edit's bytes on stdout (or, with --diff, the file as it is against the saved edit)."""
+    import base64
+
     from ddops.tasks.backups import show_saved_task
 
     run = OnHosts(ctx, one_host(host))
@@ -63,13 +65,14 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
         run.finish(results)
         return
     shown = results[0].report
+    content = base64.b64decode(shown.content_b64)
     if diff:
         from ddops.patching.plan import unified_diff
 
-        sys.stdout.write(unified_diff(shown.saved.file, shown.content, shown.current or b"") or
+        sys.stdout.write(unified_diff(shown.saved.file, content, base64.b64decode(shown.current_b64 or "")) or
                          f"{shown.saved.file} holds the saved edit\n")
     else:
-        sys.stdout.buffer.write(shown.content)
+        sys.stdout.buffer.write(content)
     sys.stdout.flush()
 
 

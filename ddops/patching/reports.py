@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -110,16 +109,12 @@ class SavedEdits(JsonValue):
 
 
 @dataclass(frozen=True, slots=True)
-class ShownEdit:
-    """One saved edit's bytes, and the file's bytes now when asked for (`backups show`)."""
+class ShownEdit(JsonValue):
+    """One saved edit's bytes, and the file's bytes now when asked for (`backups show`), base64 as the agent sent."""
 
     saved: SavedEdit
-    content: bytes
-    current: bytes | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        now = {} if self.current is None else {"current_b64": base64.b64encode(self.current).decode("ascii")}
-        return {"saved": self.saved.to_json(), "content_b64": base64.b64encode(self.content).decode("ascii"), **now}
+    content_b64: str
+    current_b64: str | None = omitted_when_none()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import replace
 
 from ddops import __version__
 from ddops.fleet import CHANGED, FAILED, OK, TaskOutcome
 from ddops.inventory import Host
-from ddops.patching.backups import SavedEdit, find_saved, restore_refusal, saved_edits
+from ddops.patching.backups import find_saved, restore_refusal, saved_edits
 from ddops.patching.reports import Refusal, RestoreReport, SavedEdits, ShownEdit
 from ddops.tasks.base import AgentSession, default_actor
 
@@ -20,23 +19,17 @@ def list_backups_host(host: Host, session: AgentSession) -> TaskOutcome:
                        SavedEdits(tuple(e.at(host.repo) for e in edits)))
 
 
-def read_saved(host: Host, session: AgentSession, wanted: str) -> tuple[SavedEdit, bytes]:
-    """One saved edit (a sha256 prefix or a file's newest) and its bytes."""
-    edit = find_saved(saved_edits(session.call_agent("journal", {"repo": host.repo}).get("entries", [])), wanted,
-                      host.name)
-    reply = session.call_agent("read_backup", {"repo": host.repo, "sha256": edit.sha256})
-    return edit.at(host.repo), base64.b64decode(reply["content_b64"])
-
-
 def show_saved_task(wanted: str, *, with_current: bool = False):
-    """Task: one saved edit and its bytes (with_current: and the file's bytes now)."""
+    """Task: one saved edit (a sha256 prefix or a file's newest) and its bytes (with_current: and the file's now)."""
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
-        edit, content = read_saved(host, session, wanted)
-        shown = ShownEdit(edit, content)
+        journal = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+        edit = find_saved(saved_edits(journal), wanted, host.name).at(host.repo)
+        reply = session.call_agent("read_backup", {"repo": host.repo, "sha256": edit.sha256})
+        shown = ShownEdit(edit, reply["content_b64"])
         if with_current:
             files = session.call_agent("snapshot", {"repo": host.repo, "files": [edit.file]})["files"]
-            shown = replace(shown, current=base64.b64decode(files[edit.file].get("content_b64") or ""))
+            shown = replace(shown, current_b64=files[edit.file].get("content_b64") or "")
         return TaskOutcome(OK, edit.backup, shown)
 
     return task
