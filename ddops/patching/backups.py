@@ -45,7 +45,7 @@ def saved_edits(journal: Iterable[Mapping[str, Any]]) -> list[SavedEdit]:
     return out
 
 
-def find_saved(edits: Iterable[SavedEdit], wanted: str, host: str) -> SavedEdit:
+def find_saved(edits: Iterable[SavedEdit], wanted: str) -> SavedEdit:
     """The saved edit `wanted` names: a sha256 prefix, or a file (its newest saved edit)."""
     edits = list(edits)
     by_file = [e for e in edits if e.file == wanted]
@@ -56,9 +56,9 @@ def find_saved(edits: Iterable[SavedEdit], wanted: str, host: str) -> SavedEdit:
         if len(by_sha) == 1:
             return next(iter(by_sha.values()))
         if len(by_sha) > 1:
-            raise UsageError(f"{host}: {wanted} names {len(by_sha)} saved edits: give more of the sha256")
+            raise UsageError(f"{wanted} names {len(by_sha)} saved edits: give more of the sha256")
     known = ", ".join(f"{e.file} ({e.sha256[:12]})" for e in edits) or "none"
-    raise UsageError(f"{host}: no saved edit '{wanted}' (saved edits: {known})")
+    raise UsageError(f"no saved edit '{wanted}' (saved edits: {known})")
 
 
 def restore_refusal(journal: Iterable[Mapping[str, Any]], edit: SavedEdit, current_sha: str | None) -> str | None:

@@ -24,7 +24,7 @@ def show_saved_task(wanted: str, *, with_current: bool = False):
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         journal = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
-        edit = find_saved(saved_edits(journal), wanted, host.name).at(host.repo)
+        edit = find_saved(saved_edits(journal), wanted).at(host.repo)
         reply = session.call_agent("read_backup", {"repo": host.repo, "sha256": edit.sha256})
         shown = ShownEdit(edit, reply["content_b64"])
         if with_current:
@@ -39,7 +39,7 @@ def restore_backup_host(host: Host, session: AgentSession, wanted: str, *, actor
                         lock_timeout: float = 10.0) -> TaskOutcome:
     """Put a saved edit back in its file, compare-and-swap: only over what ddops last wrote there, journalled."""
     journal = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
-    edit = find_saved(saved_edits(journal), wanted, host.name).at(host.repo)
+    edit = find_saved(saved_edits(journal), wanted).at(host.repo)
     snapshot = session.call_agent("snapshot", {"repo": host.repo, "files": [edit.file]})
     current = (snapshot["files"].get(edit.file) or {}).get("sha256")
     report = RestoreReport(edit)
