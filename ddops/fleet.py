@@ -33,7 +33,7 @@ INTERNAL = "internal"  # the reason of a host's surprise: an exception that is n
 
 
 class Report(Protocol):
-    """What a task found and did on one host, as a value (a JsonValue): --json shows its to_json() as `data`."""
+    """What a task found and did on one host, as a value (mostly a JsonValue): --json shows its to_json() as `data`."""
 
     def to_json(self) -> dict[str, Any]: ...
 
