@@ -33,16 +33,9 @@ INTERNAL = "internal"  # the reason of a host's surprise: an exception that is n
 
 
 class Report(Protocol):
-    """What a task found and did on one host, as a value (a JsonValue): --json shows its to_json() as `data`."""
+    """What a task found and did on one host, as a value (mostly a JsonValue): --json shows its to_json() as `data`."""
 
     def to_json(self) -> dict[str, Any]: ...
-
-
-def report_json(report: Any) -> dict[str, Any]:
-    """A report as --json shows it (`data`)."""
-    if report is None:
-        return {}
-    return report.to_json() if hasattr(report, "to_json") else report
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +44,13 @@ class TaskOutcome:
 
     status: HostStatus
     message: str = ""
-    report: Any = None  # a Report (a plain dict until every task has its report value)
+    report: Report | None = None
     reason: str | None = None  # the kind of the error that decided it (DdopsError.kind), for machines
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", HostStatus(self.status))  # a typo'd status fails here, not in a report
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return report_json(self.report)
+        if self.report is not None and not hasattr(self.report, "to_json"):  # a dict, say: its keys would have no home
+            raise TypeError(f"a task reports a value with to_json(), not a {type(self.report).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +61,7 @@ class HostResult:
     address: str
     status: HostStatus
     message: str = ""  # what happened, without the host's name: every view shows it beside the host
-    report: Any = None  # the task's Report (a plain dict until every task has its report value)
+    report: Any = None  # the task's Report (Any: a renderer reads the fields of the one its command's task gives)
     elapsed: float = 0.0
     connect_time: float | None = None
     round_trips: int = 0
@@ -82,15 +73,12 @@ class HostResult:
     def failed(self) -> bool:
         return self.status in FAILING
 
-    @property
-    def data(self) -> dict[str, Any]:
-        return report_json(self.report)
-
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "address": self.address, "status": self.status, "message": self.message,
                 "reason": self.reason, "elapsed_s": round(self.elapsed, 4),
                 "connect_s": None if self.connect_time is None else round(self.connect_time, 4),
-                "round_trips": self.round_trips, "agent": self.agent, "data": self.data,
+                "round_trips": self.round_trips, "agent": self.agent,
+                "data": {} if self.report is None else self.report.to_json(),
                 **({"interrupted": self.interrupted} if self.interrupted else {})}
 
 
@@ -164,7 +152,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
         emit(FleetEvent(host.name, "done", result))
         return result
     if interrupt.requested:  # connected meanwhile: the task itself never starts
-        _close(session)
+        close_quietly(session)
         return _not_started(host, emit)
     emit(FleetEvent(host.name, "running"))
     try:
@@ -172,7 +160,7 @@ def run_one(host: Host, task: Task, connect: Connect, emit: Callable[[FleetEvent
     except Exception as exc:  # noqa: BLE001
         outcome = outcome_of_error(host.name, exc)
     finally:
-        _close(session)
+        close_quietly(session)
     result = HostResult(host.name, host.address, outcome.status, outcome.message, outcome.report,
                         elapsed=time.monotonic() - started, connect_time=getattr(session, "connect_time", None),
                         round_trips=getattr(session, "round_trips", 0), agent=getattr(session, "agent_mode", None),
@@ -197,7 +185,10 @@ def _not_started(host: Host, emit: Callable[[FleetEvent], None]) -> HostResult:
     return result
 
 
-def _close(session: Any) -> None:
+def close_quietly(session: Any) -> None:
+    """Close a session whatever state it is in (None: there is none)."""
+    if session is None:
+        return
     try:
         session.close()
     except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands

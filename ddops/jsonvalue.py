@@ -28,6 +28,11 @@ class JsonValue:
                 out[f.name] = plain(value)
         return out
 
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> Any:
+        """The value of a host's answer that has its fields' keys (those it lacks are None)."""
+        return cls(**{f.name: answer.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]
+
 
 def plain(value: Any) -> Any:
     """value as JSON takes it: values by their to_json(), tuples as lists, mappings with their values converted."""

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from ddops import settings
 from ddops.errors import UsageError
 from ddops.inventory import Host
+from ddops.jsonvalue import OMIT_NONE, JsonValue, omitted_when_none
 from ddops.strenum import StrEnum
 
 
@@ -90,7 +91,7 @@ def check_run_id(run_id: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class RunRecord:
+class RunRecord(JsonValue):
     """One command of a run on one host."""
 
     index: int
@@ -101,8 +102,9 @@ class RunRecord:
     started: str | None = None
     ended: str | None = None
     seconds: float | None = None
-    log_tail: str | None = None  # the end of this command's own log, for failed runs
-    slurm: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)  # its array task (Slurm runs)
+    log_tail: str | None = omitted_when_none()  # the end of this command's own log, for failed runs
+    slurm: Mapping[str, Any] | None = field(default=None, hash=False, compare=False,  # its array task (Slurm runs)
+                                            metadata=OMIT_NONE)
 
     @property
     def failed(self) -> bool:
@@ -112,7 +114,7 @@ class RunRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class HostRun:
+class HostRun(JsonValue):
     """One host's view of a run, from its state.json."""
 
     host: str
@@ -135,7 +137,7 @@ class HostRun:
             RunRecord(index=int(r.get("index", i)), label=str(r.get("label") or f"run {i}"),
                       status=StepStatus.of(r.get("status")), exit_code=r.get("exit_code"), signal=r.get("signal"),
                       started=r.get("started"), ended=r.get("ended"), seconds=r.get("seconds"),
-                      log_tail=failures.get(str(r.get("index", i))), slurm=r.get("slurm"))
+                      log_tail=failures.get(str(r.get("index", i))), slurm=r.get("slurm") or None)
             for i, r in enumerate(state.get("runs") or []))
         return cls(host=host, run_id=str(state.get("run_id") or ""), status=RunStatus.of(state.get("status")),
                    total=int(state.get("total") or len(runs)), done=int(state.get("done") or 0),
@@ -178,24 +180,95 @@ class HostRun:
             text += f" ({self.message})"
         return text
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "HostRun":
-        """The value back from to_json's document (a fleet result's data)."""
-        runs = tuple(RunRecord(**{k: r.get(k) for k in ("index", "label", "status", "exit_code", "signal", "started",
-                                                         "ended", "seconds", "log_tail", "slurm")})
-                     for r in d.get("runs") or [])
-        return cls(host=d["host"], run_id=d["run_id"], status=d["status"], total=d["total"], done=d["done"],
-                   current=d.get("current"), plan=d.get("plan"), created=d.get("created"), started=d.get("started"),
-                   ended=d.get("ended"), message=d.get("message"), runs=runs)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "run_id": self.run_id, "status": self.status, "total": self.total,
-                "done": self.done, "current": self.current, "plan": self.plan, "created": self.created,
-                "started": self.started, "ended": self.ended, "message": self.message,
-                "runs": [{"index": r.index, "label": r.label, "status": r.status, "exit_code": r.exit_code,
-                          "signal": r.signal, "started": r.started, "ended": r.ended, "seconds": r.seconds,
-                          **({"log_tail": r.log_tail} if r.log_tail is not None else {}),
-                          **({"slurm": dict(r.slurm)} if r.slurm else {})} for r in self.runs]}
+# --- what each bench task reports of one host ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightReport(JsonValue):
+    """What the preflight found on one host: the required patches' states, the pin, and then either why the launch
+    is refused or (bench --check) the commands it would run."""
+
+    patches: Mapping[str, str]
+    pin: str | None = omitted_when_none()
+    problems: tuple[str, ...] | None = omitted_when_none()
+    commands: tuple[str, ...] | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchReport(JsonValue):
+    """A run started on one host: how many commands, where, and its runner's pid (bare) or job id (Slurm)."""
+
+    run_id: str
+    total: int
+    run_dir: str | None
+    patches: Mapping[str, str]
+    pid: int | None = omitted_when_none()
+    job_id: str | None = omitted_when_none()
+    executor: str | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport(JsonValue):
+    """A run's state on one host (`bench status`)."""
+
+    run: HostRun
+
+
+@dataclass(frozen=True, slots=True)
+class LogReport(JsonValue):
+    """A run's whole log on one host (`bench logs`)."""
+
+    log: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopReport(JsonValue):
+    """What `bench stop` ended on one host: processes killed and left (bare), array tasks cancelled (Slurm)."""
+
+    run_id: str | None
+    status: str | None
+    killed: Sequence[Any] = ()
+    remaining: Sequence[Any] = ()
+    already_ended: bool = False
+    job_id: str | None = omitted_when_none()
+    cancelled: Sequence[str] | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class RunEntry(JsonValue):
+    """One run found in a host's repo (`bench list`)."""
+
+    run_id: str | None
+    plan: str | None
+    status: str | None
+    done: int | None
+    total: int | None
+    created: str | None
+    started: str | None
+    ended: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunList(JsonValue):
+    """Every run in one host's repo, newest first."""
+
+    runs: tuple[RunEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectReport(JsonValue):
+    """What `bench collect` copied from one host: its manifest entry, files fetched and already here, the run."""
+
+    manifest: Mapping[str, Any]
+    fetched: int
+    kept: int
+    run: HostRun
+
+    @property
+    def files(self) -> int:
+        """How many of the run's result files the manifest lists."""
+        return len(self.manifest.get("files") or ())
 
 
 def _epoch(iso: str | None) -> float | None:
@@ -215,8 +288,10 @@ def results_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(explicit or settings.RESULTS_DIR.value() or "results")
 
 
-def write_launch_record(root: Path, run_id: str, record: Mapping[str, Any]) -> Path:
+def write_launch_record(root: Path, run_id: str, plan: Any, hosts: Sequence[str], inventory: str) -> Path:
     """results/<run-id>/launch.json: which hosts and plan a run was started with (for status/collect later)."""
+    record = {"run_id": run_id, "plan": plan.name, "plan_path": str(plan.path), "hosts": list(hosts),
+              "inventory": inventory, "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = root / run_id / LAUNCH_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

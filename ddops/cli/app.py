@@ -10,8 +10,10 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.common import (AcceptNewOpt, AllRowsOpt, AppState, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
-                              VerboseOpt, current_state, err_console, escape, write_document)
+from ddops.cli.options import (AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
+                               VerboseOpt)
+from ddops.cli.render import err_console, escape, write_document
+from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError
 
 app = typer.Typer(

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Sequence
 import typer
 
 from ddops import settings
-from ddops.cli.common import OnHosts, YesOpt, command, console, escape, one_host, recap
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import YesOpt, command, one_host
+from ddops.cli.render import console, escape, recap
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -39,9 +41,9 @@ def _saved_table(results: Sequence[Any]) -> None:
     for column in ("host", "file", "saved at", "by", "sha256", "on the host"):
         table.add_column(column, overflow="fold")
     for r in results:
-        for s in r.data.get("saved", []):
-            table.add_row(escape(r.host), escape(s["file"]), escape(s["time"]), escape(s["actor"]),
-                          s["sha256"][:12], escape(s["backup"]))
+        for s in r.report.saved if r.report else ():
+            table.add_row(escape(r.host), escape(s.file), escape(s.time), escape(s.actor), s.sha256[:12],
+                          escape(s.backup))
     console.print(table)
     failed = [r for r in results if r.failed]
     if failed:
@@ -62,14 +64,13 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
     if run.json or results[0].failed:
         run.finish(results)
         return
-    data = results[0].data
-    content = base64.b64decode(data["content_b64"])
+    shown = results[0].report
+    content = base64.b64decode(shown.content_b64)
     if diff:
         from ddops.patching.plan import unified_diff
 
-        now = base64.b64decode(data["current_b64"])
-        sys.stdout.write(unified_diff(data["saved"]["file"], content, now) or
-                         f"{data['saved']['file']} holds the saved edit\n")
+        sys.stdout.write(unified_diff(shown.saved.file, content, base64.b64decode(shown.current_b64 or "")) or
+                         f"{shown.saved.file} holds the saved edit\n")
     else:
         sys.stdout.buffer.write(content)
     sys.stdout.flush()

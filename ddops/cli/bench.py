@@ -1,23 +1,25 @@
-"""`ddops bench [PLAN]` (launch detached runs, then follow them) and `ddops bench status|logs|stop|list|collect|report`."""
+"""`ddops bench [PLAN]` (launch detached runs, then follow them) and `ddops bench
+status|logs|stop|list|collect|report`."""
 
 from __future__ import annotations
 
+import functools
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
 from typer.core import TyperGroup
 
-from ddops.cli.common import (CheckOpt, OnHosts, YesOpt, command, console, err_console, escape, recap, state,
-                              write_document)
+from ddops.cli.follow import RUN_STYLE, follow_run, hints, print_logs, render_runs, when
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import CheckOpt, YesOpt, command
+from ddops.cli.render import console, err_console, escape, recap, write_document
+from ddops.cli.state import current_state, state
 
 if TYPE_CHECKING:
-    from ddops.bench.runs import HostRun
-    from ddops.tasks.bench import FollowEvent
     from ddops.fleet import HostResult
-    from ddops.inventory import Host, Inventory, Selection
+    from ddops.inventory import Inventory, Selection
 
 
 class _BenchGroup(TyperGroup):
@@ -32,11 +34,6 @@ class _BenchGroup(TyperGroup):
 bench_app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
                         help="Run bench plans detached on the hosts, follow them, collect results, report.")
 
-RUN_STYLE = {"completed": "green", "running": "yellow", "starting": "yellow", "failed": "bold red",
-             "stopped": "magenta", "error": "bold red", "lost": "bold red", "ok": "green", "timeout": "bold red",
-             "pending": "dim", "submitted": "yellow", "cancelled": "magenta", "node_fail": "bold red",
-             "out_of_memory": "bold red", "unknown": "bold red"}
-HOST_COLORS = ("cyan", "green", "magenta", "blue", "yellow", "bright_cyan", "bright_green", "bright_magenta")
 ResultsDirOpt = Annotated[Optional[Path], typer.Option("--results-dir", help="Where collected results and launch "
                                                        "records live (default: $DDOPS_RESULTS_DIR or ./results).",
                                                        show_default=False)]
@@ -73,50 +70,43 @@ def run(ctx: typer.Context, selection: Selection,
     """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
-    from ddops.tasks.bench import check_task, launch_task
     from ddops.bench.plan import narrow_plan, parse_assignments
     from ddops.bench.runs import check_run_id, new_run_id, results_root, write_launch_record
+    from ddops.fleet import worst_exit_code
+    from ddops.pins import Pins, checked_clone
+    from ddops.tasks.bench import check_task, launch_task
 
     inventory = state(ctx).load_inventory()  # its playbooks are where the patches the plan requires are defined
-    bench_plan = narrow_plan(_plan(inventory, plan),
-                             {k: v[0] for k, v in parse_assignments(var or (), "--var").items()},
-                             parse_assignments(only or (), "--only"))
-    from ddops.pins import Pins, checked_clone
-
+    values = {k: v[0] for k, v in parse_assignments(var or (), "--var").items()}
+    bench_plan = narrow_plan(_plan(inventory, plan), values, parse_assignments(only or (), "--only"))
     pins = Pins(from_clone=checked_clone(from_) if from_ else None)  # each pin resolved once, on this machine
+    on = OnHosts(ctx, selection)
     if check:
-        on = OnHosts(ctx, selection)
         on.finish(on.run(check_task(bench_plan, pins, inventory), title=f"bench {bench_plan.name} --check"),
                   {"check": True, "plan": bench_plan.name})
         return
-    on = OnHosts(ctx, selection)
     rid = check_run_id(run_id) if run_id else new_run_id()
     results = on.run(launch_task(bench_plan, rid, pins, inventory), title=f"bench {bench_plan.name}")
     launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
-    root = results_root(results_dir)
     if launched:
-        write_launch_record(root, rid, {"run_id": rid, "plan": bench_plan.name, "plan_path": str(bench_plan.path),
-                                        "hosts": [h.name for h in launched], "inventory": on.inventory.path,
-                                        "launched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        write_launch_record(results_root(results_dir), rid, bench_plan, [h.name for h in launched], inventory.path)
     following = bool(launched) and not on.json and not on.interrupt.requested and \
         (sys.stdout.isatty() if follow is None else follow)
-
-    def render(results: Sequence[Any]) -> None:
-        recap(results, columns=[("runs", lambda r: str(r.data.get("total", "")) if r.status == "changed" else "")])
-        if launched:
-            console.print(f"run {rid}: launched on {len(launched)} host{'s' if len(launched) != 1 else ''}")
-            if not following:
-                _hints(rid, detached=False)
-
+    render = functools.partial(_show_launch, rid, len(launched), following)
     if not following:
         on.finish(results, {"check": False, "run_id": rid if launched else None, "plan": bench_plan.name},
                   render=render, failed=not launched)
         return
     render(results)
-    code = follow_run(on.state, on.inventory, launched, rid)
-    from ddops.fleet import worst_exit_code
+    raise typer.Exit(max(follow_run(on.state, inventory, launched, rid), worst_exit_code(results)))
 
-    raise typer.Exit(max(code, worst_exit_code(results)))
+
+def _show_launch(run_id: str, launched: int, following: bool, results: Sequence[HostResult]) -> None:
+    recap(results, columns=[("runs", lambda r: str(r.report.total) if r.status == "changed" else "")])
+    if launched:
+        console.print(f"run {run_id}: launched on {launched} host{'s' if launched != 1 else ''}")
+        if not following:
+            hints(run_id, detached=False)
 
 
 def _plan(inventory: "Inventory", named: str | None) -> Any:
@@ -132,7 +122,8 @@ def _plan(inventory: "Inventory", named: str | None) -> Any:
         except PlaybookError as exc:
             raise PlaybookError(f"{inventory.bench_where}: bench: {exc}") from None
     plans = list_plans(inventory)
-    if not state_json():
+    current = current_state()
+    if not (current and current.json):
         from rich.table import Table
 
         table = Table(title="bench plans", header_style="bold")
@@ -143,184 +134,6 @@ def _plan(inventory: "Inventory", named: str | None) -> Any:
         err_console.print(table)
     raise UsageError(f"no bench plan named and no `bench:` in {inventory.path}: nothing launched; name one "
                      f"(`ddops bench PLAN --all`) or set `bench: PLAN` there ({', '.join(n for n, _ in plans)})")
-
-
-def state_json() -> bool:
-    from ddops.cli.common import current_state
-
-    current = current_state()
-    return bool(current and current.json)
-
-
-def _hints(run_id: str, detached: bool) -> None:
-    lead = f"detached: run {run_id} keeps going on the hosts; nothing was stopped." if detached else \
-        f"run {run_id} is going on the hosts."
-    err_console.print(f"{lead}\n  follow it:  ddops bench logs {run_id} --follow\n"
-                      f"  status:     ddops bench status {run_id}\n  stop it:    ddops bench stop {run_id}\n"
-                      f"  results:    ddops bench collect {run_id} && ddops bench report {run_id}",
-                      highlight=False, markup=False)
-
-
-# --- following -------------------------------------------------------------------------------------------------------
-
-
-def _elapsed_column() -> Any:
-    """A progress column: the time since the run started on the host (until it ended), from the host's own
-    timestamps. Made here so that rich.progress loads only when a run is followed on a terminal."""
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class Elapsed(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            run = task.fields.get("run")
-            seconds = run.elapsed() if run is not None else None
-            return Text(_duration(seconds), style="progress.elapsed")
-
-    return Elapsed()
-
-
-def _when(iso: str | None) -> str:
-    """`2026-11-30 07:34:23` from the hosts' ISO times."""
-    return (iso or "")[:19].replace("T", " ")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-:--"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-class FollowView:
-    """Log lines with a host prefix, and per-host progress (a live rich display on a terminal, plain lines otherwise)."""
-
-    def __init__(self, hosts: Sequence[str], *, logs: bool = True, prefix: bool = True) -> None:
-        self.logs = logs
-        self.prefix = prefix
-        self.width = max((len(h) for h in hosts), default=0)
-        self.color = {h: HOST_COLORS[i % len(HOST_COLORS)] for i, h in enumerate(hosts)}
-        self.partial = {h: "" for h in hosts}
-        self.runs: dict[str, HostRun] = {}
-        self.errors: dict[str, str] = {}
-        self.tty = console.is_terminal
-        self.progress: Any = None  # a rich Progress while it is drawn
-        self.tasks: dict[str, Any] = {}
-        self._last_plain: dict[str, tuple] = {}
-
-    def __enter__(self) -> "FollowView":
-        if self.tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), _elapsed_column(), console=console.made(),
-                                     transient=False, auto_refresh=True, refresh_per_second=4)
-            for h in self.partial:
-                self.tasks[h] = self.progress.add_task(f"[{self.color[h]}]{escape(h)}[/]", total=None,
-                                                       status="connecting", run=None)
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        for h in list(self.partial):
-            self._flush(h)
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
-
-    def handle(self, event: "FollowEvent") -> None:
-        from ddops.tasks.bench import LogText
-
-        if isinstance(event, LogText):
-            self._text(event.host, event.text)
-            return
-        if event.error:
-            self.errors[event.host] = event.error
-        if event.run is not None:
-            self.runs[event.host] = event.run
-            self.errors.pop(event.host, None)
-        if event.final:
-            self._flush(event.host)
-        self._status(event.host, event.run, event.error, event.final)
-
-    def _text(self, host: str, text: str) -> None:
-        if not self.logs:
-            return
-        lines = (self.partial[host] + text).split("\n")
-        self.partial[host] = lines.pop()
-        for line in lines:
-            self._line(host, line)
-
-    def _flush(self, host: str) -> None:
-        if self.partial.get(host):
-            self._line(host, self.partial[host])
-            self.partial[host] = ""
-
-    def _line(self, host: str, line: str) -> None:
-        if "\r" in line:  # progress bars redraw with \r: keep what the line finally showed
-            line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
-        if self.progress is not None:
-            from rich.text import Text
-
-            out = Text()
-            if self.prefix:
-                out.append(f"{host:<{self.width}} | ", style=self.color[host])
-            out.append(line)
-            self.progress.console.print(out, soft_wrap=True)
-        else:
-            sys.stdout.write((f"{host:<{self.width}} | " if self.prefix else "") + line + "\n")
-            sys.stdout.flush()
-
-    def _status(self, host: str, run: "HostRun | None", error: str | None, final: bool) -> None:
-        if self.progress is not None:
-            fields: dict[str, Any] = {}
-            if run is not None:
-                style = RUN_STYLE.get(run.status, "")
-                label = f" {run.current_label}" if run.current_label and not run.terminal else ""
-                fields.update(total=run.total, completed=run.done, run=run,
-                              status=f"[{style}]{escape(run.status)}[/]{escape(label)}")
-            if error:
-                fields["status"] = f"[bold magenta]{escape(error if final else 'reconnecting: ' + error)}[/]"
-            self.progress.update(self.tasks[host], **fields)
-            return
-        key = (run.status, run.done) if run is not None else (error,)
-        if self._last_plain.get(host) == key and not final:
-            return
-        self._last_plain[host] = key
-        text = run.summary() if run is not None else f"unreachable: {error}"
-        print(f"{host}: {text}", file=sys.stderr, flush=True)
-
-    def exit_code(self, hosts: Sequence[str]) -> int:
-        ok = all(h in self.runs and self.runs[h].status == "completed" and h not in self.errors for h in hosts)
-        return 0 if ok else 1
-
-
-def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id: str, *, logs: bool = True) -> int:
-    """Follow a run until every host is done; Ctrl-C detaches (exit 130) and leaves the runs going."""
-    from ddops.tasks.bench import Follower
-
-    connector = st.connector(inventory)
-    follower = Follower(hosts, run_id, connector.connect, interval=1.0, logs=logs)
-    view = FollowView([h.name for h in hosts], logs=logs)
-    try:
-        with view:
-            for event in follower.events():
-                view.handle(event)
-    except KeyboardInterrupt:
-        follower.close()
-        view.stop()
-        _hints(run_id, detached=True)
-        return 130
-    finally:
-        follower.close()
-        connector.close()
-    runs = [view.runs[h.name] for h in hosts if h.name in view.runs]
-    _render_runs(runs, {h: e for h, e in view.errors.items()})
-    return view.exit_code([h.name for h in hosts])
 
 
 # --- status, logs, stop, list -----------------------------------------------------------------------------------------
@@ -335,66 +148,13 @@ def _run_hosts(ctx: typer.Context, selection: Selection, root: Path, run_id: str
     return OnHosts(ctx, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, run_id))
 
 
-def _render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
-    """A table of each host's run, then every failed command with its exit code and the end of its log."""
-    from rich.table import Table
-
-    table = Table(header_style="bold")
-    for col in ("host", "run", "status", "runs ok", "now", "started", "elapsed", "message"):
-        table.add_column(col, overflow="fold")
-    for run in runs:
-        style = RUN_STYLE.get(run.status, "")
-        ok = sum(1 for r in run.runs if r.status == "ok")
-        table.add_row(escape(run.host), escape(run.run_id), f"[{style}]{escape(run.status)}[/]", f"{ok}/{run.total}",
-                      escape(run.current_label or "") if not run.terminal else "", escape(_when(run.started)),
-                      _duration(run.elapsed()), escape(run.message or ""))
-    for host, error in (errors or {}).items():
-        table.add_row(escape(host), "", "[bold magenta]unreachable[/]", "", "", "", "", escape(error))
-    console.print(table)
-    _render_slurm_tasks(runs)
-    for run in runs:
-        for rec in run.runs:
-            if not (rec.failed or (rec.log_tail is not None and rec.status != "ok")):
-                continue
-            console.print(f"[bold red]{escape(run.host)}: {escape(rec.label)} {escape(rec.status)} with exit code "
-                          f"{rec.exit_code}[/]" + (f" (signal {rec.signal})" if rec.signal else ""))
-            if rec.log_tail:
-                from rich.text import Text
-
-                console.print(Text("\n".join("    " + line for line in rec.log_tail.rstrip("\n").splitlines()[-60:])))
-
-
-def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
-    """Per array task of each Slurm run: Slurm's state (PENDING with its reason, RUNNING on a node, exit codes), the
-    node and the GPU ids the task was given."""
-    from ddops.tasks.slurm import describe_task
-
-    rows = [(run, rec) for run in runs for rec in run.runs if rec.slurm]
-    if not rows:
-        return
-    from rich.table import Table
-
-    table = Table(header_style="bold", title="Slurm array tasks")
-    for col in ("host", "task", "run", "slurm state", "job", "GPUs", "exit"):
-        table.add_column(col, overflow="fold")
-    for run, rec in rows:
-        slurm = rec.slurm or {}
-        style = RUN_STYLE.get(rec.status, "")
-        gpus = slurm.get("slurm_job_gpus") or slurm.get("cuda_visible_devices") or ""
-        table.add_row(escape(run.host), str(rec.index), escape(rec.label),
-                      f"[{style}]{escape(str(slurm.get('detail') or slurm.get('state')))}[/]",
-                      escape(describe_task(slurm).split(",")[0]), escape(str(gpus)),
-                      "" if rec.exit_code is None else str(rec.exit_code))
-    console.print(table)
-
-
 @command(bench_app, "status")
 def status(ctx: typer.Context, selection: Selection,
            run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
                                                            show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import HostRun, resolve_run_id, results_root
+    from ddops.bench.runs import RunReport, resolve_run_id, results_root
     from ddops.tasks.bench import status_task
 
     root = results_root(results_dir)
@@ -403,9 +163,9 @@ def status(ctx: typer.Context, selection: Selection,
     results = on.run(status_task(rid), title=f"bench status {rid}")
 
     def render(results: Sequence["HostResult"]) -> None:
-        runs = [HostRun.from_json(r.data["run"]) for r in results if r.data.get("run")]
+        runs = [r.report.run for r in results if isinstance(r.report, RunReport)]
         errors = {r.host: r.message for r in results if r.status == "unreachable"}
-        _render_runs(runs, errors)
+        render_runs(runs, errors)
         skipped = [r.host for r in results if r.status == "skipped"]
         if skipped:
             err_console.print(f"no run {rid} on: {', '.join(skipped)}")
@@ -420,7 +180,7 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
          follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
          results_dir: ResultsDirOpt = None) -> None:
     """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
-    from ddops.bench.runs import check_run_id, results_root
+    from ddops.bench.runs import LogReport, check_run_id, results_root
     from ddops.tasks.bench import logs_task
 
     rid = check_run_id(run_id)
@@ -428,18 +188,15 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
+    logs = {r.host: r.report.log for r in results if isinstance(r.report, LogReport)}
     if on.json:
-        on.finish(results, {"run_id": rid}, failed=not any("log" in r.data for r in results))
+        on.finish(results, {"run_id": rid}, failed=not logs)
         return
-    view = FollowView([r.host for r in results if "log" in r.data], prefix=len(results) > 1)
-    view.tty = False
+    print_logs(logs, prefix=len(results) > 1)
     for r in results:
-        if "log" in r.data:
-            view._text(r.host, r.data["log"])
-            view._flush(r.host)
-        else:
+        if r.host not in logs:
             err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
-    if not any("log" in r.data for r in results):
+    if not logs:
         raise typer.Exit(1)
 
 
@@ -479,13 +236,13 @@ def _runs_table(results: Sequence["HostResult"]) -> None:
     table = Table(header_style="bold")
     for col in ("run", "host", "plan", "status", "done", "started", "ended"):
         table.add_column(col, no_wrap=col in ("run", "host"))
-    rows = [(run, r.host) for r in results for run in r.data.get("runs") or []]
-    rows.sort(key=lambda x: (x[0].get("run_id") or "", x[1]), reverse=True)
+    rows = [(run, r.host) for r in results if r.report for run in r.report.runs]
+    rows.sort(key=lambda x: (x[0].run_id or "", x[1]), reverse=True)
     for run, h in rows:
-        style = RUN_STYLE.get(run.get("status"), "")
-        table.add_row(escape(run.get("run_id") or ""), escape(h), escape(run.get("plan") or ""),
-                      f"[{style}]{escape(str(run.get('status')))}[/]", f"{run.get('done')}/{run.get('total')}",
-                      escape(_when(run.get("started"))), escape(_when(run.get("ended"))))
+        style = RUN_STYLE.get(run.status, "")
+        table.add_row(escape(run.run_id or ""), escape(h), escape(run.plan or ""),
+                      f"[{style}]{escape(str(run.status))}[/]", f"{run.done}/{run.total}",
+                      escape(when(run.started)), escape(when(run.ended)))
     console.print(table)
     for r in results:
         if r.failed:
@@ -506,7 +263,7 @@ def collect(ctx: typer.Context, selection: Selection,
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
     from ddops.bench.collect import parse_size, write_manifest
     from ddops.tasks.bench import collect_task, manifest_entries
-    from ddops.bench.runs import resolve_run_id, results_root
+    from ddops.bench.runs import CollectReport, resolve_run_id, results_root
 
     max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
@@ -516,8 +273,8 @@ def collect(ctx: typer.Context, selection: Selection,
     manifest = write_manifest(root, rid, manifest_entries(results))
 
     def render(results: Sequence["HostResult"]) -> None:
-        recap(results, columns=[("files", lambda r: str(len(r.data["manifest"]["files"])) if r.data.get("manifest")
-                                 else "")])
+        recap(results, columns=[("files", lambda r: str(r.report.files)
+                                  if isinstance(r.report, CollectReport) and r.report.manifest else "")])
         console.print(f"results: {escape(str(root / rid))}  (manifest: {escape(str(manifest))})")
 
     on.finish(results, {"run_id": rid, "manifest": str(manifest)}, render=render)

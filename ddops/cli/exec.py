@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import typer
 
-from ddops.cli.common import OnHosts, command, console, escape
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import command
+from ddops.cli.render import console, count_line, escape
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -82,10 +84,7 @@ def _show_groups(results: Sequence[Any]) -> None:
 
 def _summary(results: Sequence[Any]) -> None:
     """What went wrong per host, and one count line, on stderr (stdout keeps the command's output)."""
-    from ddops.fleet import counts
-
     for r in results:
         if r.failed:
             print(f"{r.host}: {r.status}: {r.message}", file=sys.stderr)
-    summary = ", ".join(f"{n} {s}" for s, n in counts(results).items())
-    print(f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}", file=sys.stderr)
+    print(count_line(results), file=sys.stderr)

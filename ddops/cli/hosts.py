@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import typer
 
-from ddops.cli.common import OnHosts, command, console, escape, state, write_document
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import command
+from ddops.cli.render import console, escape, write_document
+from ddops.cli.state import state
 
 if TYPE_CHECKING:
+    from ddops.fleet import HostResult
     from ddops.inventory import Selection
 
 inventory_app = typer.Typer(help="Inspect and validate the inventory.", no_args_is_help=True)
@@ -63,19 +67,23 @@ def ping(ctx: typer.Context, selection: Selection) -> None:
     from ddops.tasks.ping import ping_task
 
     run.finish(run.run(ping_task), columns=[
-        ("hostname", lambda r: str(r.data.get("hostname", ""))),
-        ("os", lambda r: str(r.data.get("os", ""))),
-        ("python", lambda r: str(r.data.get("python", ""))),
-        ("gpus", lambda r: _gpus(r.data) if r.data else ""),
-        ("free disk", lambda r: _gib(r.data.get("disk_free_bytes"))),
-        ("rtt", lambda r: f"{r.data['rtt_s'] * 1000:.1f} ms" if "rtt_s" in r.data else ""),
-        ("shell rc", lambda r: f"{r.data['shell_rc_overhead_s'] * 1000:.0f} ms"
-         if r.data.get("shell_rc_overhead_s") is not None else ""),
+        ("hostname", lambda r: str(_facts(r).get("hostname", ""))),
+        ("os", lambda r: str(_facts(r).get("os", ""))),
+        ("python", lambda r: str(_facts(r).get("python", ""))),
+        ("gpus", lambda r: _gpus(_facts(r).get("gpus")) if r.report else ""),
+        ("free disk", lambda r: _gib(_facts(r).get("disk_free_bytes"))),
+        ("rtt", lambda r: f"{r.report.rtt_s * 1000:.1f} ms" if r.report else ""),
+        ("shell rc", lambda r: f"{r.report.shell_rc_overhead_s * 1000:.0f} ms"
+         if r.report and r.report.shell_rc_overhead_s is not None else ""),
     ])
 
 
-def _gpus(data: dict) -> str:
-    gpus = data.get("gpus") or []
+def _facts(r: HostResult) -> Mapping[str, Any]:
+    """What the host's agent said of it (nothing when ping did not reach it)."""
+    return r.report.facts if r.report else {}
+
+
+def _gpus(gpus: Any) -> str:
     if not gpus:
         return "no GPU"
     names = [g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus]

@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import command, console, escape, state, write_document
+from ddops.cli.options import command
+from ddops.cli.render import console, escape, write_document
+from ddops.cli.state import state
 
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write it (default: -i, else "
                                                    "./inventory.yaml).", show_default=False)]

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 import typer
 
 from ddops import settings
-from ddops.cli.common import AppState, CheckOpt, ExitCodeOpt, OnHosts, YesOpt, command, console, escape, recap
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import CheckOpt, ExitCodeOpt, YesOpt, command
+from ddops.cli.render import console, escape, recap
+from ddops.cli.state import AppState
 from ddops.errors import UsageError
 
 if TYPE_CHECKING:

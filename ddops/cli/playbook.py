@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ddops.cli.common import command, console, escape, state, write_document
+from ddops.cli.options import command
+from ddops.cli.render import console, escape, write_document
+from ddops.cli.state import state
 
 playbook_app = typer.Typer(help="Check your own playbooks and bench plans.", no_args_is_help=True)
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
-from ddops.cli.common import CheckOpt, ExitCodeOpt, OnHosts, command
+from ddops.cli.onhosts import OnHosts
+from ddops.cli.options import CheckOpt, ExitCodeOpt, command
 
 if TYPE_CHECKING:
+    from ddops.fleet import HostResult
     from ddops.inventory import Selection
+    from ddops.tasks.sync import SyncReport
 
 CommitOpt = Annotated[Optional[str], typer.Option("--commit", "-c", help="Commit, branch or tag for every selected "
                                                   "host (overrides the inventory's `commit:`).", show_default=False)]
@@ -53,31 +56,37 @@ def deploy(ctx: typer.Context, selection: Selection, commit: CommitOpt = None, c
     _run(ctx, "deploy", selection, exit_code, rev=commit, check=check, force=force, mode=mode, from_clone=from_)
 
 
-def _sync_data(r: Any) -> dict:
-    return r.data.get("sync", r.data)
+def _synced(r: HostResult) -> SyncReport | None:
+    from ddops.tasks.sync import DeployReport, SyncReport
+
+    if isinstance(r.report, DeployReport):
+        return r.report.sync
+    return r.report if isinstance(r.report, SyncReport) else None
 
 
-def _commit(key: str):
-    return lambda r: (_sync_data(r).get(key) or "")[:12]
+def _commit(key: str) -> Callable[[HostResult], str]:
+    return lambda r: (getattr(_synced(r), key, None) or "")[:12]
 
 
-def _moved(r: Any) -> str:
+def _moved(r: HostResult) -> str:
     from ddops.tasks.sync import human_size
 
-    data = _sync_data(r)
-    return human_size(data["bytes_moved"]) if "bytes_moved" in data else ""
+    synced = _synced(r)
+    return human_size(synced.bytes_moved) if synced else ""
 
 
-def _step(key: str):
-    return lambda r: (r.data.get(key) or {}).get("status", "")
+def _step(key: str) -> Callable[[HostResult], str]:
+    return lambda r: getattr(getattr(r.report, key, None), "status", "")
 
 
-def _pin(r: Any) -> str:
+def _pin(r: HostResult) -> str:
     """`main@73068c9 (remote)`: the pin as the controller resolved it, and where."""
-    data = _sync_data(r)
-    where = data.get("resolved_in") or ""
+    synced = _synced(r)
+    if synced is None:
+        return ""
+    where = synced.resolved_in or ""
     where = "clone" if where.startswith("the clone") else "remote" if where.startswith("the remote") else ""
-    return f"{data.get('pin_shown', '')}{f' ({where})' if where else ''}"
+    return f"{synced.pin_shown}{f' ({where})' if where else ''}"
 
 
 _COLUMNS = {

@@ -10,7 +10,9 @@ from typing import Annotated, Optional
 import typer
 
 from ddops import settings
-from ddops.cli.common import command, console, escape, state, write_document
+from ddops.cli.options import command
+from ddops.cli.render import console, escape, write_document
+from ddops.cli.state import state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)

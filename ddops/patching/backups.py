@@ -3,30 +3,34 @@ may be put back. Pure: ddops/tasks/backups.py reads the journal and writes throu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from ddops.errors import UsageError
+from ddops.jsonvalue import JsonValue
 from ddops.patching.journal import SAVE_FOREIGN, active_applications, last_written_by_file
 
 SHA_PREFIX_MIN = 4
 
 
+def backup_path(repo: str, sha256: str) -> str:
+    """Where the backup of content `sha256` lies on the host."""
+    return f"{repo.rstrip('/')}/.ddops/backups/{sha256}"
+
+
 @dataclass(frozen=True, slots=True)
-class SavedEdit:
-    """One saved foreign edit: the file it was, its content's sha256 (the backup's name), when and by whom."""
+class SavedEdit(JsonValue):
+    """One saved foreign edit: the file it was, its content's sha256 (the backup's name), when and by whom, and
+    (once `at` a repo) where its bytes lie on the host."""
 
     file: str
     sha256: str
     time: str = ""
     actor: str = ""
+    backup: str = ""
 
-    def path_on_host(self, repo: str) -> str:
-        return f"{repo.rstrip('/')}/.ddops/backups/{self.sha256}"
-
-    def to_dict(self, repo: str) -> dict[str, str]:
-        return {"file": self.file, "sha256": self.sha256, "time": self.time, "actor": self.actor,
-                "backup": self.path_on_host(repo)}
+    def at(self, repo: str) -> "SavedEdit":
+        return replace(self, backup=backup_path(repo, self.sha256))
 
 
 def saved_edits(journal: Iterable[Mapping[str, Any]]) -> list[SavedEdit]:
@@ -41,7 +45,7 @@ def saved_edits(journal: Iterable[Mapping[str, Any]]) -> list[SavedEdit]:
     return out
 
 
-def find_saved(edits: Iterable[SavedEdit], wanted: str, host: str) -> SavedEdit:
+def find_saved(edits: Iterable[SavedEdit], wanted: str) -> SavedEdit:
     """The saved edit `wanted` names: a sha256 prefix, or a file (its newest saved edit)."""
     edits = list(edits)
     by_file = [e for e in edits if e.file == wanted]
@@ -52,9 +56,9 @@ def find_saved(edits: Iterable[SavedEdit], wanted: str, host: str) -> SavedEdit:
         if len(by_sha) == 1:
             return next(iter(by_sha.values()))
         if len(by_sha) > 1:
-            raise UsageError(f"{host}: {wanted} names {len(by_sha)} saved edits: give more of the sha256")
+            raise UsageError(f"{wanted} names {len(by_sha)} saved edits: give more of the sha256")
     known = ", ".join(f"{e.file} ({e.sha256[:12]})" for e in edits) or "none"
-    raise UsageError(f"{host}: no saved edit '{wanted}' (saved edits: {known})")
+    raise UsageError(f"no saved edit '{wanted}' (saved edits: {known})")
 
 
 def restore_refusal(journal: Iterable[Mapping[str, Any]], edit: SavedEdit, current_sha: str | None) -> str | None:

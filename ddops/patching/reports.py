@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ddops.jsonvalue import JsonValue, omitted_when_none
+from ddops.patching.backups import SavedEdit
 from ddops.patching.checks import CheckResult
 from ddops.patching.kinds import ERROR
 from ddops.patching.plan import HostPlan
@@ -98,6 +99,31 @@ class Refusal(JsonValue):
     file: str
     reason: str
     patch: str | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class SavedEdits(JsonValue):
+    """The foreign edits rollback --force saved on one host, oldest first (`backups list`)."""
+
+    saved: tuple[SavedEdit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShownEdit(JsonValue):
+    """One saved edit's bytes, and the file's bytes now when asked for (`backups show`), base64 as the agent sent."""
+
+    saved: SavedEdit
+    content_b64: str
+    current_b64: str | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport(JsonValue):
+    """A saved edit put back in its file on one host, or why not (`backups restore`)."""
+
+    saved: SavedEdit
+    restored: tuple[str, ...] = ()
+    refused: tuple[Refusal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ddops.errors import UsageError
 from ddops.fleet import FAILED, OK, TaskOutcome
 from ddops.inventory import Host
+from ddops.jsonvalue import JsonValue
 from ddops.resources import remote_dir
 from ddops.tasks.base import shell_path
 
@@ -143,18 +144,15 @@ def timed_out(exit_code: int, duration: float, timeout: float) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class ExecOutput:
-    """What the command did on one host."""
+class ExecOutput(JsonValue):
+    """What the command did on one host, and the command line that ran there."""
 
     exit_code: int
     stdout: str
     stderr: str
     timed_out: bool = False
     truncated: bool = False  # output past MAX_KEPT_BYTES per stream was shown while streaming, but not kept
-
-    def to_json(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "timed_out": self.timed_out, "truncated": self.truncated}
+    command: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +215,8 @@ LineSink = Callable[[str, str, str], None]  # (host name, "stdout" | "stderr", l
 
 def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None = None,
               cancel: threading.Event | None = None) -> TaskOutcome:
-    """Run the command on one host; each output line goes to on_line as it arrives; the result is a TaskOutcome
-    whose data holds the exit code, the (kept) output and the command line that ran. Once `cancel` is set the
-    command is ended on the host and Cancelled raised."""
+    """Run the command on one host; each output line goes to on_line as it arrives; the outcome's report is its
+    ExecOutput. Once `cancel` is set the command is ended on the host and Cancelled raised."""
     command = remote_command(spec, host)
     timeout = spec.timeout_for(host)
     kept = {"stdout": _Kept(), "stderr": _Kept()}
@@ -243,9 +240,8 @@ def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None
     duration = time.monotonic() - started
     output = ExecOutput(exit_code, kept["stdout"].text(), kept["stderr"].text(),
                         timed_out=timed_out(exit_code, duration, timeout),
-                        truncated=kept["stdout"].truncated or kept["stderr"].truncated)
-    data = {**output.to_json(), "command": command}
-    return TaskOutcome(*outcome_of(spec, host, output), data)
+                        truncated=kept["stdout"].truncated or kept["stderr"].truncated, command=command)
+    return TaskOutcome(*outcome_of(spec, host, output), output)
 
 
 def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str]:
@@ -269,13 +265,7 @@ def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str
 
 def outputs_of(results: Iterable[Any]) -> dict[str, ExecOutput]:
     """Each host's ExecOutput from fleet results (hosts that never ran the command have none)."""
-    out = {}
-    for r in results:
-        data = r.data
-        if "exit_code" in data:
-            out[r.host] = ExecOutput(data["exit_code"], data.get("stdout", ""), data.get("stderr", ""),
-                                     bool(data.get("timed_out")), bool(data.get("truncated")))
-    return out
+    return {r.host: r.report for r in results if isinstance(r.report, ExecOutput)}
 
 
 __all__ = ["STOP_LINE", "ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs", "outcome_of",

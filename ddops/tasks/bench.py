@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from ddops.bench.collect import DEFAULT_MAX_FILE_BYTES, host_manifest, oversized, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
 from ddops.bench.preflight import host_values, patch_states_from_journal, preflight_problems, provenance_of, run_spec
-from ddops.bench.runs import NO_RUN_KINDS, HostRun, RunStatus
+from ddops.bench.runs import (NO_RUN_KINDS, CollectReport, HostRun, LaunchReport, LogReport, PreflightReport, RunEntry,
+                              RunList, RunReport, RunStatus, StopReport)
 from ddops.errors import AgentError, DdopsError, TransportError
-from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome
+from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome, close_quietly
 from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState
 from ddops.patching.kinds import PatchState
@@ -46,18 +47,11 @@ def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence
     states: dict[str, str] = {}
     if books:
         outcome = status_host(host, session, books, planner=planner)
-        states = {pid: s for pid, s in (outcome.data.get("patches") or {}).items() if pid in patch_ids}
+        states = {pid: s for pid, s in outcome.report.patches.items() if pid in patch_ids}
     journal = patch_states_from_journal([p for p in patch_ids if p not in states], facts)
     return {pid: states.get(pid) or (PatchState.APPLIED if journal[pid] == JournalState.APPLIED
                                      else "unknown (no playbook defines it)")
             for pid in patch_ids}
-
-
-def _shared_planner(plan: BenchPlan) -> Any:
-    """One patch planner for all hosts of a launch: hosts with the same file contents share one transform."""
-    if not plan.requires_patches:
-        return None
-    return make_planner()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +72,8 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None,
                inventory: Inventory | None = None) -> Callable[[Host, AgentSession], Preflight]:
     """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller, and
     the required patches' playbooks found once, where `ddops patch` finds them for this inventory."""
-    planner = _shared_planner(plan)
+    # One planner for all hosts of a launch: hosts with the same file contents share one transform.
+    planner = make_planner() if plan.requires_patches else None
     pins = pins or Pins()
     books = playbooks_defining(plan.requires_patches, inventory)
 
@@ -91,9 +86,8 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None,
         problems = preflight_problems(plan, host, facts, states, pin)
         if not problems:
             return Preflight(facts, states, pin, None)
-        return Preflight(facts, states, pin, TaskOutcome(FAILED, "refused: " + "; ".join(problems),
-                                                         {"problems": problems, "patches": states,
-                                                          **({"pin": pin.described} if pin else {})}))
+        report = PreflightReport(states, pin.described if pin else None, problems=tuple(problems))
+        return Preflight(facts, states, pin, TaskOutcome(FAILED, "refused: " + "; ".join(problems), report))
 
     return check
 
@@ -118,8 +112,7 @@ def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
         result = session.call_agent("bench_launch", {"repo": host.repo, "run_id": run_id, "spec": spec})
         return TaskOutcome(CHANGED, f"launched {len(runs)} run{'s' if len(runs) != 1 else ''} (runner pid "
                                     f"{result.get('pid')})",
-                           {"run_id": run_id, "total": len(runs), "pid": result.get("pid"),
-                            "run_dir": result.get("run_dir"), "patches": states})
+                           LaunchReport(run_id, len(runs), result.get("run_dir"), states, pid=result.get("pid")))
 
     return task
 
@@ -137,8 +130,8 @@ def check_task(plan: BenchPlan, pins: Pins | None = None,
         runs = expand_runs(plan, host_values(host, checked.facts), result_dir="<result_dir>")
         pin = f" at {checked.pin.described}" if checked.pin is not None else ""
         return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}",
-                           {"patches": checked.states, "commands": [r.command for r in runs],
-                            **({"pin": checked.pin.described} if checked.pin else {})})
+                           PreflightReport(checked.states, checked.pin.described if checked.pin else None,
+                                           commands=tuple(r.command for r in runs)))
 
     return task
 
@@ -164,7 +157,7 @@ def status_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
         if isinstance(result, TaskOutcome):
             return result
         run = HostRun.from_state(host.name, result["state"], result.get("failures"))
-        return TaskOutcome(OK if run.ok else FAILED, run.summary(), {"run": run.to_json()})
+        return TaskOutcome(OK if run.ok else FAILED, run.summary(), RunReport(run))
 
     return task
 
@@ -179,13 +172,14 @@ def stop_task(run_id: str, actor: str, grace: float = 5.0,
         result = _call_or_skip_if_no_run(host, session, run_id, "bench_stop", payload, timeout=grace + 60)
         if isinstance(result, TaskOutcome):
             return result
-        if result.get("already_ended"):
-            return TaskOutcome(OK, f"already {result.get('status')}; nothing to stop", result)
-        if result.get("cancelled"):
-            return TaskOutcome(CHANGED, f"scancel {' '.join(result['cancelled'])}", result)
-        if result.get("remaining"):
-            return TaskOutcome(FAILED, f"processes still alive after SIGKILL: {result['remaining']}", result)
-        return TaskOutcome(CHANGED, f"stopped ({len(result.get('killed') or [])} processes ended)", result)
+        report = StopReport.of(result)
+        if report.already_ended:
+            return TaskOutcome(OK, f"already {report.status}; nothing to stop", report)
+        if report.cancelled:
+            return TaskOutcome(CHANGED, f"scancel {' '.join(report.cancelled)}", report)
+        if report.remaining:
+            return TaskOutcome(FAILED, f"processes still alive after SIGKILL: {report.remaining}", report)
+        return TaskOutcome(CHANGED, f"stopped ({len(report.killed or ())} processes ended)", report)
 
     return task
 
@@ -198,8 +192,8 @@ def list_task(host: Host, session: AgentSession) -> TaskOutcome:
         if exc.kind == "no_repo":
             return TaskOutcome(SKIPPED, "no repo here")
         raise
-    runs = result.get("runs") or []
-    return TaskOutcome(OK, f"{len(runs)} run{'s' if len(runs) != 1 else ''}", {"runs": runs})
+    runs = tuple(RunEntry.of(r) for r in result.get("runs") or ())
+    return TaskOutcome(OK, f"{len(runs)} run{'s' if len(runs) != 1 else ''}", RunList(runs))
 
 
 def read_logs(host: Host, session: AgentSession, run_id: str,
@@ -228,7 +222,7 @@ def logs_task(run_id: str) -> Callable[[Host, AgentSession], TaskOutcome]:
             if exc.kind in NO_RUN_KINDS:
                 return TaskOutcome(SKIPPED, f"no run {run_id} here")
             raise
-        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", {"log": text})
+        return TaskOutcome(OK if run is None or run.ok else FAILED, run.summary() if run else "", LogReport(text))
 
     return task
 
@@ -308,12 +302,6 @@ class Follower:
     def close(self) -> None:
         self._stop.set()
 
-    def __enter__(self) -> "Follower":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _follow(self, cursor: _HostCursor) -> None:
         name = cursor.host.name
         session = None
@@ -333,7 +321,7 @@ class Follower:
                         return
                     raise
                 except TransportError as exc:
-                    _close(session)
+                    close_quietly(session)
                     session = None
                     now = time.monotonic()
                     failing_since = failing_since or now
@@ -347,7 +335,7 @@ class Follower:
         except Exception as exc:  # noqa: BLE001 - a surprise on one host must not hang the others' follow
             self._queue.put(HostUpdate(name, error=f"{type(exc).__name__}: {exc}", final=True))
         finally:
-            _close(session)
+            close_quietly(session)
 
     def _poll_once(self, cursor: _HostCursor, session: AgentSession) -> bool:
         """One bench_poll (repeated while more log is waiting); True once the run is over and fully read."""
@@ -379,14 +367,6 @@ class Follower:
                 self._queue.put(HostUpdate(cursor.host.name, run=run))
             if not more:
                 return False
-
-
-def _close(session: AgentSession) -> None:
-    if session is not None:
-        try:
-            session.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection may raise
-            pass
 
 
 # --- collecting ------------------------------------------------------------------------------------------------------
@@ -457,16 +437,16 @@ def collect_task(run_id: str, root: Path, max_file_bytes: int = DEFAULT_MAX_FILE
             parts.append(f"run still {run.status} ({run.done}/{run.total}): collect again when it ends")
         elif run.status != RunStatus.COMPLETED:
             parts.append(f"run {run.summary()}")
-        data = {"manifest": manifest, "fetched": fetched, "kept": kept, "run": run.to_json()}
         status = CHANGED if fetched else OK
         if listing.get("refused") or run.status in (RunStatus.FAILED, RunStatus.ERROR, RunStatus.LOST,
                                                     RunStatus.STOPPED):
             status = FAILED
-        return TaskOutcome(status, "; ".join(parts), data)
+        return TaskOutcome(status, "; ".join(parts), CollectReport(manifest, fetched, kept, run))
 
     return task
 
 
 def manifest_entries(results: Sequence[HostResult]) -> dict[str, dict[str, Any]]:
     """host -> its manifest entry, from collect_task's results (hosts that had nothing to give are left out)."""
-    return {r.host: r.data["manifest"] for r in results if r.data and r.data.get("manifest")}
+    return {r.host: dict(r.report.manifest) for r in results
+            if isinstance(r.report, CollectReport) and r.report.manifest}

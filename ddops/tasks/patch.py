@@ -16,7 +16,7 @@ from ddops.errors import AgentError, CommandTimeout, message_for
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
-from ddops.patching.backups import SavedEdit
+from ddops.patching.backups import backup_path
 from ddops.patching.checks import CheckResult, host_checks, run_checks
 from ddops.patching.kinds import APPLIED, CHANGING_STATES, PARTIAL, PENDING
 from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
@@ -275,6 +275,6 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
     refused += [Refusal(f["path"], f"{f['path']}: {f.get('message')}") for f in reply.get("failed", [])]
     report = replace(report, restored=tuple(reply.get("restored", []) + reply.get("unchanged", [])),
                      refused=report.refused + tuple(refused),
-                     saved=tuple(SavedCopy(s["path"], s["sha256"], SavedEdit(s["path"], s["sha256"]).path_on_host(
-                         host.repo)) for s in reply.get("saved", [])))
+                     saved=tuple(SavedCopy(s["path"], s["sha256"], backup_path(host.repo, s["sha256"]))
+                                 for s in reply.get("saved", [])))
     return TaskOutcome(FAILED if report.refused else CHANGED, report.summary(host.name), report)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from ddops.fleet import TaskOutcome
 from ddops.inventory import Host
@@ -13,6 +14,18 @@ SHELL_PROBE = (
     'case "$SHELL" in *bash) "$SHELL" --norc --noprofile -c true </dev/null >/dev/null 2>&1;; esac; '
     'e=$(date +%s%N); echo "$((m-s)) $((e-m))"'
 )
+
+
+@dataclass(frozen=True, slots=True)
+class PingReport:
+    """What ping measured on one host (seconds), and the host's facts (the agent's `facts` verb) beside them."""
+
+    rtt_s: float
+    shell_rc_overhead_s: float | None
+    facts: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rtt_s": self.rtt_s, "shell_rc_overhead_s": self.shell_rc_overhead_s, **self.facts}
 
 
 def ping_task(host: Host, session: Any) -> TaskOutcome:
@@ -27,8 +40,8 @@ def ping_task(host: Host, session: Any) -> TaskOutcome:
         overhead = max(0.0, with_rc - without_rc) if without_rc else None
     except ValueError:
         pass
-    data = {"rtt_s": round(rtt, 4), "shell_rc_overhead_s": None if overhead is None else round(overhead, 4), **facts}
+    report = PingReport(round(rtt, 4), None if overhead is None else round(overhead, 4), facts)
     message = ""
     if overhead is not None and overhead > 0.05:
         message = f"the login shell's rc files add {overhead * 1000:.0f} ms to every command"
-    return TaskOutcome("ok", message, data)
+    return TaskOutcome("ok", message, report)

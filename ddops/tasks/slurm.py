@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ddops.bench.plan import BenchPlan, expand_runs
+from ddops.bench.runs import LaunchReport
 from ddops.bench.slurm import SlurmOptions, SlurmQuery, batch_script, build_state, failure_indexes, sbatch_args
 from ddops.errors import UsageError
 from ddops.fleet import CHANGED, TaskOutcome
@@ -54,8 +55,8 @@ def submit(plan: BenchPlan, run_id: str, host: Host, session: Any, facts: Mappin
                                                                                              run_id), **_conf(host)})
     n = len(runs)
     return TaskOutcome(CHANGED, f"submitted {n} run{'s' if n != 1 else ''} as Slurm job array {result['job_id']}",
-                       {"run_id": run_id, "total": n, "job_id": result["job_id"], "run_dir": result.get("run_dir"),
-                        "executor": SLURM, "patches": dict(states)})
+                       LaunchReport(run_id, n, result.get("run_dir"), dict(states), job_id=result["job_id"],
+                                    executor=SLURM))
 
 
 # --- the bench_* answers of a Slurm run -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import ddops
 from ddops.errors import AgentError, DdopsError, UsageError, message_for
 from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
+from ddops.jsonvalue import JsonValue, omitted_when_none
 from ddops.patching.playbook import load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
 from ddops.pins import Pin, Pins, SyncError, check_url, checked_clone, local_git, short
@@ -258,6 +259,103 @@ def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncO
 # -- per host ----------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Step(JsonValue):
+    """A patch or verify run inside sync or deploy: its status, message and per-patch states (no diffs)."""
+
+    status: str
+    message: str
+    patches: Mapping[str, str] | None
+
+    @classmethod
+    def of(cls, outcome: TaskOutcome) -> "Step":
+        return cls(outcome.status, outcome.message, getattr(outcome.report, "patches", None))
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport(JsonValue):
+    """One host's sync: its pin as resolved, where its checkout was and went, what moved it, and what it kept safe."""
+
+    pin: str | None
+    commit: str | None
+    pin_shown: str
+    resolved_in: str | None
+    mode: str
+    check: bool
+    before: str | None = None
+    after: str | None = None
+    dirty: tuple[str, ...] = ()  # tracked files changed by someone other than ddops
+    source: str | None = None    # how the commit came: "remote" (the host fetched it) or "bundle" (pushed)
+    bytes_moved: int = 0
+    rolled_back: tuple[str, ...] = ()
+    reapplied: tuple[str, ...] = ()
+    saved: Mapping[str, Any] | None = None  # the git stash --force saved local edits in (sync_save's answer)
+    created: bool | None = omitted_when_none()  # the checkout was cloned
+    fallback: str | None = omitted_when_none()  # why fetching from the URL failed before a bundle was pushed
+    uploaded_bytes: int | None = omitted_when_none()
+    reapply: Step | None = omitted_when_none()
+
+
+@dataclass(frozen=True, slots=True)
+class DeployReport(JsonValue):
+    """One host's deploy: its sync, then the patch and verify steps it got to."""
+
+    sync: SyncReport
+    patch: Step | None = None
+    verify: Step | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """What one host's sync will do, decided from its sync_inspect answer alone."""
+
+    before: str | None
+    commit: str
+    dirty: DirtyReport
+    source: str | None  # None: the host has the commit; "remote": it fetches it; "bundle": we push it
+    clones: bool        # there is no checkout yet
+    reapply: bool
+    refusal: str = ""   # why the host is not moved at all
+    refused_as: str | None = None  # the refusal's error kind
+
+    @property
+    def arrived(self) -> bool:
+        return self.before == self.commit
+
+    def described(self, host: "Host") -> str:
+        """What --check says the sync would do."""
+        parts = [f"{'would clone' if self.clones else 'would move'} {short(self.before)} → {short(self.commit)}"]
+        if self.source == "remote":
+            parts.append(f"fetching from {host.repo_url}")
+        elif self.source == "bundle":
+            parts.append("pushing a bundle")
+        if self.dirty.foreign:
+            parts.append(f"saving local edits to {', '.join(self.dirty.foreign)} in a git stash")
+        if self.dirty.patched:
+            again = " and re-applying" if self.reapply else ""
+            parts.append(f"rolling back {', '.join(self.dirty.patch_ids)}{again}")
+        return "; ".join(parts)
+
+
+def plan_move(host: "Host", commit: str, mode: str, info: Mapping[str, Any], *, force: bool, reapply: bool) -> Move:
+    """The move sync_inspect's answer calls for: where from, how the commit comes, what it refuses and why."""
+    before = info.get("head")
+    move = Move(before, commit, classify_dirty(info.get("dirty") or []), _choose_source(mode, info, host),
+                clones=not info.get("is_git"), reapply=reapply)
+    if info.get("exists") and not info.get("is_git") and not info.get("empty"):
+        return replace(move, refusal=f"{host.repo} is not a git checkout and is not empty: ddops will not clone over "
+                                     "it (move it away, or point `repo:` elsewhere)", refused_as="not_git")
+    if move.arrived:
+        return move
+    if move.dirty.foreign and not force:
+        return replace(move, refusal=f"refusing to move {short(before)} → {short(commit)}: local changes ddops did "
+                                     f"not make in {', '.join(move.dirty.foreign)}. Commit or stash them, or re-run "
+                                     "with --force to save them in a git stash first", refused_as="dirty")
+    if move.source == "remote" and not host.repo_url:
+        return replace(move, refusal=f"the host lacks {short(commit)} and has no repo_url to fetch it from")
+    return move
+
+
 def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | None:
     """None when the host has the commit; else "remote" (it fetches itself) or "bundle" (we push it)."""
     if info.get("has_commit"):
@@ -270,15 +368,123 @@ def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | No
     return "remote" if probe.get("reachable") else "bundle"
 
 
-def _agent_payload(host: "Host", run: SyncRun, commit: str, **extra: Any) -> dict[str, Any]:
-    return {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
-            "ddops_version": ddops.__version__, "fetch_timeout": run.fetch_timeout(host), **extra}
+def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
+    """Put host's repo at its pinned commit without losing anything on it; see the module docstring."""
+    pin, mode, check = run.pin_for(host), run.mode_for(host), run.options.check
+    report = SyncReport(pin.rev, pin.commit, pin.shown, pin.resolved_in if pin.commit else None, mode, check)
+    if pin.error or not pin.commit:
+        return TaskOutcome(FAILED, pin.error or "no commit to sync to", report, reason=SyncError.kind)
+    probe = host.repo_url if mode == "auto" and host.repo_url else None
+    info = session.call_agent("sync_inspect", {"repo": host.repo, "commit": pin.commit, "probe_url": probe,
+                                               "probe_timeout": host.connect_timeout,
+                                               "staging": mode != "remote" and not check})
+    move = plan_move(host, pin.commit, mode, info, force=run.options.force,
+                     reapply=run.reapply if reapply is None else reapply)
+    report = replace(report, before=move.before, dirty=move.dirty.foreign)
+    if move.refusal:
+        return TaskOutcome(FAILED, move.refusal, report, reason=move.refused_as)
+    if move.arrived:
+        local = f" (local changes in {', '.join(move.dirty.foreign)})" if move.dirty.foreign else ""
+        return TaskOutcome(OK, f"at {short(pin.commit)}{local}", replace(report, after=pin.commit))
+    if check:
+        return TaskOutcome(CHANGED, move.described(host), report)
+    return _carry_out(host, session, run, move, info, report)
+
+
+def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, info: Mapping[str, Any],
+               report: SyncReport) -> TaskOutcome:
+    """Save the local edits (--force), bring the commit in and roll ddops' patches back, check it out, re-apply."""
+    if move.dirty.foreign:
+        report = replace(report, saved=session.call_agent("sync_save", {
+            "repo": host.repo, "paths": list(move.dirty.foreign),
+            "message": f"ddops sync --force {_now()} by {run.actor}: local edits saved before moving to "
+                       f"{short(move.commit)}"}))
+    saved = (f"; local edits to {', '.join(report.saved['paths'])} saved in git stash {report.saved['stash'][:12]} "
+             f"(on the host: git -C {host.repo} stash list)") if report.saved else ""
+    source, patch_ids = move.source, move.dirty.patch_ids
+    if patch_ids:
+        # The commit comes in first: a failed fetch must leave the patches in place.
+        if source is not None:
+            report = _bring_in(host, session, run, "sync_fetch", move.commit, source, info, report)[0]
+            source = None
+        rolled = rollback_host(host, session, patch_ids, force=run.options.force, actor=run.actor)
+        if rolled.status in FAILING:
+            return TaskOutcome(FAILED, f"could not roll back {', '.join(patch_ids)} before moving (the checkout "
+                                       f"stays at {short(move.before)}): {rolled.message}{saved}", report,
+                               reason=rolled.reason)
+        report = replace(report, rolled_back=patch_ids)
+    try:
+        report, result = _bring_in(host, session, run, "sync_checkout", move.commit, source, info, report)
+    except DdopsError as exc:
+        return _checkout_failed(host, session, run, move, report, exc, saved)
+    after = result["after"]
+    report = replace(report, after=after, created=bool(result.get("created")))
+    moved = (f"cloned at {short(after)}" if result.get("created") or move.before is None
+             else f"moved {short(move.before)} → {short(after)}")
+    if report.source:
+        moved += f" ({'pushed' if report.source == 'bundle' else 'fetched'} {human_size(report.bytes_moved)})"
+    moved += saved
+    if not patch_ids:
+        return TaskOutcome(CHANGED, moved, report)
+    if not move.reapply:
+        return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", report)
+    return _reapply(host, session, run, patch_ids, moved, report)
+
+
+def _checkout_failed(host: "Host", session: AgentSession, run: SyncRun, move: Move, report: SyncReport,
+                     exc: DdopsError, saved: str) -> TaskOutcome:
+    """The checkout failed: the patches rolled back for it go back on (when sync re-applies), and it says so."""
+    message = f"moving to {short(move.commit)} failed: {message_for(host.name, exc)}"
+    if move.dirty.patch_ids and move.reapply:
+        again = patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
+        message += (f"; patches re-applied at {short(move.before)}" if again.status not in FAILING
+                    else f"; re-applying patches at {short(move.before)} failed too: {again.message}")
+    elif move.dirty.patch_ids:
+        message += f"; {', '.join(move.dirty.patch_ids)} stay rolled back"
+    return TaskOutcome(FAILED, message + saved, report, reason=exc.kind)
+
+
+def _reapply(host: "Host", session: AgentSession, run: SyncRun, patch_ids: Sequence[str], moved: str,
+             report: SyncReport) -> TaskOutcome:
+    """Apply the inventory's patches again at the new commit."""
+    playbooks = run.playbooks()
+    again = patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
+    report = replace(report, reapply=Step.of(again))
+    if again.status in FAILING:
+        return TaskOutcome(FAILED, f"{moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
+                                   f"{again.message} — the host is at {short(report.commit)} WITHOUT those patches",
+                           report, reason=again.reason)
+    applied = tuple(p.id for book in playbooks for p in book.patches)
+    left_out = [p for p in patch_ids if p not in applied]
+    note = f"; {', '.join(left_out)} not re-applied: not in the inventory's `patches:`" if left_out else ""
+    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(applied)}{note}",
+                       replace(report, reapplied=applied))
 
 
 def _bring_in(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
-              staging: str | None) -> dict[str, Any]:
-    """Call sync_fetch / sync_checkout, uploading the run's bundle first in push mode; adds uploaded_bytes."""
-    payload = _agent_payload(host, run, commit, source=source or "remote")
+              info: Mapping[str, Any], report: SyncReport) -> tuple[SyncReport, dict[str, Any]]:
+    """sync_fetch or sync_checkout, the bundle pushed first where it comes as one; in auto mode a failed fetch from
+    the URL falls back to pushing a bundle. The report counts what moved."""
+    try:
+        result, uploaded = _call_bringing(host, session, run, verb, commit, source, info.get("staging_dir"))
+    except AgentError as exc:
+        if not (source == "remote" and run.mode_for(host) == "auto" and exc.kind in ("fetch_failed", "timeout")):
+            raise
+        report, source = replace(report, fallback=str(exc)), "bundle"
+        result, uploaded = _call_bringing(host, session, run, verb, commit, source, info.get("staging_dir"))
+    if result.get("fetched") or result.get("source"):
+        report = replace(report, source=result.get("source") or source)
+    moved = uploaded if report.source == "bundle" else result.get("fetched_bytes", 0)
+    return replace(report, bytes_moved=report.bytes_moved + moved,
+                   uploaded_bytes=(report.uploaded_bytes or 0) + uploaded), result
+
+
+def _call_bringing(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
+                   staging: str | None) -> tuple[dict[str, Any], int]:
+    """(the verb's answer, bytes uploaded): in push mode the run's bundle goes to the host first."""
+    payload = {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
+               "ddops_version": ddops.__version__, "fetch_timeout": run.fetch_timeout(host),
+               "source": source or "remote"}
     uploaded = 0
     if source == "bundle":
         if not staging:
@@ -288,170 +494,35 @@ def _bring_in(host: "Host", session: AgentSession, run: SyncRun, verb: str, comm
         session.put_file(bundle.path, remote_path)  # streamed from disk, never read into memory whole
         uploaded = bundle.size
         payload["bundle"] = {"path": remote_path, "sha256": bundle.sha256}
-    result = session.call_agent(verb, payload, timeout=run.fetch_timeout(host) + 60)
-    return {**result, "uploaded_bytes": uploaded}
-
-
-def _fetch_with_fallback(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
-                         info: Mapping[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """_bring_in, and in auto mode a failed fetch from the URL falls back to pushing a bundle."""
-    try:
-        result = _bring_in(host, session, run, verb, commit, source, info.get("staging_dir"))
-    except AgentError as exc:
-        if not (source == "remote" and run.mode_for(host) == "auto" and exc.kind in ("fetch_failed", "timeout")):
-            raise
-        data["fallback"] = str(exc)
-        source = "bundle"
-        result = _bring_in(host, session, run, verb, commit, source, info.get("staging_dir"))
-    if result.get("fetched") or result.get("source"):
-        data["source"] = result.get("source") or source
-    bundled = data.get("source") == "bundle"
-    data["bytes_moved"] += result["uploaded_bytes"] if bundled else result.get("fetched_bytes", 0)
-    data["uploaded_bytes"] = data.get("uploaded_bytes", 0) + result["uploaded_bytes"]
-    return result
-
-
-def _failed(message: str, data: dict[str, Any]) -> TaskOutcome:
-    return TaskOutcome(FAILED, message, data)
-
-
-def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
-    """Put host's repo at its pinned commit without losing anything on it; see the module docstring."""
-    opts = run.options
-    pin = run.pin_for(host)
-    mode = run.mode_for(host)
-    data: dict[str, Any] = {"pin": pin.rev, "commit": pin.commit, "pin_shown": pin.shown,
-                            "resolved_in": pin.resolved_in if pin.commit else None, "mode": mode, "before": None, "after": None,
-                            "source": None, "bytes_moved": 0, "rolled_back": [], "reapplied": [], "saved": None,
-                            "dirty": [], "check": opts.check}
-    if pin.error or not pin.commit:
-        return _failed(pin.error or "no commit to sync to", data)
-    commit = pin.commit
-    probe = host.repo_url if mode == "auto" and host.repo_url else None
-    info = session.call_agent("sync_inspect", {"repo": host.repo, "commit": commit, "probe_url": probe,
-                                               "probe_timeout": host.connect_timeout,
-                                               "staging": mode != "remote" and not opts.check})
-    before = info.get("head")
-    data["before"] = before
-    if info.get("exists") and not info.get("is_git") and not info.get("empty"):
-        return _failed(f"{host.repo} is not a git checkout and is not empty: ddops will not clone over "
-                       "it (move it away, or point `repo:` elsewhere)", data)
-    dirty = classify_dirty(info.get("dirty") or [])
-    data["dirty"] = list(dirty.foreign)
-    if before == commit:
-        data["after"] = commit
-        local = f" (local changes in {', '.join(dirty.foreign)})" if dirty.foreign else ""
-        return TaskOutcome(OK, f"at {short(commit)}{local}", data)
-    if dirty.foreign and not opts.force:
-        return _failed(f"refusing to move {short(before)} → {short(commit)}: local changes ddops did "
-                       f"not make in {', '.join(dirty.foreign)}. Commit or stash them, or re-run with --force "
-                       "to save them in a git stash first", data)
-    source = _choose_source(mode, info, host)
-    if source == "remote" and not host.repo_url:
-        return _failed(f"the host lacks {short(commit)} and has no repo_url to fetch it from", data)
-    patch_ids = list(dirty.patch_ids)
-    reapply = run.reapply if reapply is None else reapply
-    if opts.check:
-        return TaskOutcome(CHANGED, _check_message(before, commit, source, dirty, reapply, info, run, host), data)
-
-    saved_note = ""
-    if dirty.foreign:
-        saved = session.call_agent("sync_save", {"repo": host.repo, "paths": list(dirty.foreign),
-                                                 "message": f"ddops sync --force {_now()} by {run.actor}: local "
-                                                            f"edits saved before moving to {short(commit)}"})
-        data["saved"] = saved
-        saved_note = (f"; local edits to {', '.join(saved['paths'])} saved in git stash {saved['stash'][:12]} "
-                      f"(on the host: git -C {host.repo} stash list)")
-    if patch_ids:
-        # The commit comes in first: a failed fetch must leave the patches in place.
-        if source is not None:
-            _fetch_with_fallback(host, session, run, "sync_fetch", commit, source, info, data)
-            source = None
-        rolled = rollback_host(host, session, patch_ids, force=opts.force, actor=run.actor)
-        if rolled.status in FAILING:
-            return _failed(f"could not roll back {', '.join(patch_ids)} before moving (the checkout "
-                           f"stays at {short(before)}): {rolled.message}{saved_note}", data)
-        data["rolled_back"] = patch_ids
-    try:
-        result = _fetch_with_fallback(host, session, run, "sync_checkout", commit, source, info, data)
-    except DdopsError as exc:
-        message = f"moving to {short(commit)} failed: {message_for(host.name, exc)}"
-        if patch_ids and reapply:
-            again = patch_host(host, session, run.playbooks(), planner=run.planner(), actor=run.actor)
-            message += (f"; patches re-applied at {short(before)}" if again.status not in FAILING
-                        else f"; re-applying patches at {short(before)} failed too: {again.message}")
-        elif patch_ids:
-            message += f"; {', '.join(patch_ids)} stay rolled back"
-        return _failed(message + saved_note, data)
-    data["after"] = result["after"]
-    data["created"] = bool(result.get("created"))
-    moved = (f"cloned at {short(result['after'])}" if result.get("created") or before is None
-             else f"moved {short(before)} → {short(result['after'])}")
-    if data.get("source"):
-        moved += f" ({'pushed' if data['source'] == 'bundle' else 'fetched'} {human_size(data['bytes_moved'])})"
-    moved += saved_note
-    if not patch_ids:
-        return TaskOutcome(CHANGED, moved, data)
-    if not reapply:
-        return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", data)
-    playbooks = run.playbooks()
-    again = patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
-    data["reapply"] = _step(again)
-    if again.status in FAILING:
-        return _failed(f"{moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
-                       f"{again.message} — the host is at {short(commit)} WITHOUT those patches", data)
-    applied = [p.id for book in playbooks for p in book.patches]
-    data["reapplied"] = applied
-    left_out = [p for p in patch_ids if p not in applied]
-    note = f"; {', '.join(left_out)} not re-applied: not in the inventory's `patches:`" if left_out else ""
-    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(applied)}{note}", data)
-
-
-def _step(outcome: TaskOutcome) -> dict[str, Any]:
-    """A patch-layer outcome as kept in sync/deploy data: status, message and per-patch states (no diffs)."""
-    return {"status": outcome.status, "message": outcome.message, "patches": outcome.data.get("patches")}
-
-
-def _check_message(before: str | None, commit: str, source: str | None, dirty: DirtyReport, reapply: bool,
-                   info: Mapping[str, Any], run: SyncRun, host: "Host") -> str:
-    verb = "would clone" if not info.get("is_git") else "would move"
-    parts = [f"{verb} {short(before)} → {short(commit)}"]
-    if source == "remote":
-        parts.append(f"fetching from {host.repo_url}")
-    elif source == "bundle":
-        parts.append("pushing a bundle")
-    if dirty.foreign:
-        parts.append(f"saving local edits to {', '.join(dirty.foreign)} in a git stash")
-    if dirty.patched:
-        parts.append(f"rolling back {', '.join(dirty.patch_ids)}" + (" and re-applying" if reapply else ""))
-    return "; ".join(parts)
+    return session.call_agent(verb, payload, timeout=run.fetch_timeout(host) + 60), uploaded
 
 
 def deploy_host(host: "Host", session: AgentSession, run: SyncRun) -> TaskOutcome:
     """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
     synced = sync_host(host, session, run, reapply=False)
-    data: dict[str, Any] = {"sync": synced.data, "patch": None, "verify": None}
+    report = DeployReport(synced.report)
     if synced.status in FAILING:
-        return TaskOutcome(FAILED, synced.message, data)
+        return TaskOutcome(FAILED, synced.message, report, reason=synced.reason)
     if not run.patches:
-        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch", data)
+        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch",
+                           report)
     if run.options.check and synced.status == CHANGED:
-        return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", data)
+        return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", report)
     playbooks = run.playbooks()
-    patched = patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check,
-                                actor=run.actor)
-    data["patch"] = _step(patched)
+    patched = patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check, actor=run.actor)
+    report = replace(report, patch=Step.of(patched))
     if patched.status in FAILING:
-        return TaskOutcome(FAILED, f"{synced.message}; patching failed ({patched.status}): {patched.message}", data)
+        return TaskOutcome(FAILED, f"{synced.message}; patching failed ({patched.status}): {patched.message}", report,
+                           reason=patched.reason)
     status = CHANGED if CHANGED in (synced.status, patched.status) else OK
     if run.options.check:
-        return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", data)
+        return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", report)
     verified = verify_host(host, session, playbooks, planner=run.planner())
-    data["verify"] = _step(verified)
+    report = replace(report, verify=Step.of(verified))
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
-                                   f"{verified.message}", data)
-    return TaskOutcome(status, f"{synced.message}; {', '.join(run.patches)} applied and verified", data)
+                                   f"{verified.message}", report, reason=verified.reason)
+    return TaskOutcome(status, f"{synced.message}; {', '.join(run.patches)} applied and verified", report)
 
 
 def _now() -> str:

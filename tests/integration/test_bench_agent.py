@@ -306,7 +306,7 @@ def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_w
 
     sleepy = write_plan(tmp_path, "summarizer: ddtree\nresults: '*.pt'\ncommand: sleep 30\n")
     (first,) = run_fleet([host], launch_task(sleepy, "r-busy-1"), connect)
-    assert first.status == "changed" and first.data["total"] == 1
+    assert first.status == "changed" and first.report.total == 1
     (second,) = run_fleet([host], launch_task(sleepy, "r-busy-2"), connect)
     assert second.status == "failed" and "bench run r-busy-1 is still" in second.message
     with connect(host) as session:

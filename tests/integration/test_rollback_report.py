@@ -85,4 +85,6 @@ def test_a_saved_edit_is_not_put_back_over_a_file_ddops_has_patched_again(bed, s
     assert code == 1 and "dflash.py has" in doc["hosts"][0]["message"] and "roll" in doc["hosts"][0]["message"]
     assert (host.repo_dir / "dflash.py").read_bytes() == patched
     code, doc = ddops_json(bed, "backups", "restore", "host1", "0000beef", "--yes")
-    assert code == 1 and "no saved edit '0000beef'" in doc["hosts"][0]["message"]
+    [host1] = doc["hosts"]
+    assert code == 1 and host1["message"].startswith("no saved edit '0000beef'")  # the host is beside, not in it
+    assert host1["reason"] == "usage"

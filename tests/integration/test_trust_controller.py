@@ -55,7 +55,7 @@ def test_collect_refuses_files_listed_over_the_size_limit_and_takes_the_rest(mak
 
     def finished():
         with connect(host) as session:
-            return status_task("r-big")(host, session).data["run"]["status"] == "completed"
+            return status_task("r-big")(host, session).report.run.status == "completed"
 
     wait_until(finished, timeout=60)
     root = tmp_path / "results"

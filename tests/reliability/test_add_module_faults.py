@@ -70,7 +70,7 @@ def states(fleet: Fleet, imported: bytes) -> tuple[str, str]:
     status = fleet.status("host1")["host1"]
     want = {"timing-module": "applied" if found[0] == "new" else "pending",
             "timing-import": "applied" if found[1] == "new" else "pending"}
-    assert status.data["patches"] == want, (status.message, status.data["patches"])
+    assert status.report.patches == want, (status.message, status.report.patches)
     return found
 
 

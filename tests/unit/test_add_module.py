@@ -260,16 +260,16 @@ def tree(root: Path) -> dict[str, bytes]:
 def test_check_patch_status_verify_and_rollback_treat_the_module_like_any_patch(host, session, book, repo):
     before = tree(repo)
     planned = patch_host(host, session, [book], planner=Planner(), check=True)
-    assert planned.status == CHANGED and f"--- /dev/null\n+++ b/{TARGET}\n" in planned.data["diff"]
+    assert planned.status == CHANGED and f"--- /dev/null\n+++ b/{TARGET}\n" in planned.report.diff
     assert tree(repo) == before
-    assert status_host(host, session, [book]).data["patches"] == {"timing-module": PENDING,
+    assert status_host(host, session, [book]).report.patches == {"timing-module": PENDING,
                                                                   "timing-import": PENDING}
     assert verify_host(host, session, [book]).status == FAILED  # the module is not there yet
 
     applied = patch_host(host, session, [book], planner=Planner())
-    assert applied.status == CHANGED and set(applied.data["written"]) == {TARGET, "ddtree.py"}
+    assert applied.status == CHANGED and set(applied.report.written) == {TARGET, "ddtree.py"}
     assert (repo / TARGET).read_bytes() == MODULE and "import ddops_timing\n" in (repo / "ddtree.py").read_text()
-    assert status_host(host, session, [book]).data["patches"] == {"timing-module": APPLIED,
+    assert status_host(host, session, [book]).report.patches == {"timing-module": APPLIED,
                                                                   "timing-import": APPLIED}
     assert verify_host(host, session, [book]).status == OK
     assert patch_host(host, session, [book], planner=Planner()).status == OK
@@ -285,8 +285,8 @@ def test_an_edited_module_is_modified_never_overwritten_and_rolled_back_only_by_
         fh.write(b"# edited on the host\n")
     edited = (repo / TARGET).read_bytes()
     status = status_host(host, session, [book])
-    assert status.status == DRIFTED and status.data["patches"]["timing-module"] == PatchState.MODIFIED
-    assert status.data["patches"]["timing-import"] == APPLIED  # what requires it is still in place
+    assert status.status == DRIFTED and status.report.patches["timing-module"] == PatchState.MODIFIED
+    assert status.report.patches["timing-import"] == APPLIED  # what requires it is still in place
     again = patch_host(host, session, [book], planner=Planner())
     assert again.status == DRIFTED and again.message.startswith("nothing written: ddops_timing.py: timing-module "
                                                                  "modified")
@@ -295,7 +295,7 @@ def test_an_edited_module_is_modified_never_overwritten_and_rolled_back_only_by_
     assert refused.status == FAILED and (repo / TARGET).read_bytes() == edited
     forced = rollback_host(host, session, force=True)
     assert forced.status == CHANGED and not (repo / TARGET).exists()
-    assert forced.data["saved"][0]["sha256"] == sha(edited)
+    assert forced.report.saved[0].sha256 == sha(edited)
 
 
 def test_a_file_someone_else_put_at_the_modules_path_is_left_and_nothing_is_written(host, session, book, repo):
@@ -303,8 +303,8 @@ def test_a_file_someone_else_put_at_the_modules_path_is_left_and_nothing_is_writ
     before = tree(repo)
     outcome = patch_host(host, session, [book], planner=Planner())
     assert outcome.status == FAILED and "requires timing-module, which is drifted" in outcome.message
-    [module] = [f for f in outcome.data["files"] if f["path"] == TARGET]
-    assert "a file ddops did not write is there: not overwritten" in module["patches"][0]["message"]
+    [module] = [f for f in outcome.report.files if f.path == TARGET]
+    assert "a file ddops did not write is there: not overwritten" in module.patches[0].message
     assert tree(repo) == before
 
 
@@ -314,9 +314,9 @@ def test_a_newer_source_replaces_the_version_ddops_wrote_and_rollback_still_remo
     newer = MODULE + b"\nVERSION = 2\n"
     (folder / "timing_module.py").write_bytes(newer)
     book = load_playbook(folder / PLAYBOOK.name)
-    assert status_host(host, session, [book]).data["patches"]["timing-module"] == PENDING
+    assert status_host(host, session, [book]).report.patches["timing-module"] == PENDING
     replaced = patch_host(host, session, [book], planner=Planner())
-    assert replaced.status == CHANGED and replaced.data["written"] == [TARGET]
+    assert replaced.status == CHANGED and replaced.report.written == (TARGET,)
     assert (repo / TARGET).read_bytes() == newer
     assert rollback_host(host, session).status == CHANGED
     assert not (repo / TARGET).exists()

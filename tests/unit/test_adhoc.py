@@ -142,9 +142,9 @@ def test_line_splitter_keeps_partial_lines_and_split_characters_until_complete()
     assert split.flush() == []
 
 
-def test_exec_output_json_names_exit_code_and_both_streams():
-    assert ExecOutput(4, "o", "e", timed_out=False, truncated=True).to_json() == {
-        "exit_code": 4, "stdout": "o", "stderr": "e", "timed_out": False, "truncated": True}
+def test_exec_output_json_names_exit_code_both_streams_and_the_command_line():
+    assert ExecOutput(4, "o", "e", timed_out=False, truncated=True, command="exec true").to_json() == {
+        "exit_code": 4, "stdout": "o", "stderr": "e", "timed_out": False, "truncated": True, "command": "exec true"}
 
 
 def test_in_repo_with_a_repo_under_home_lets_the_hosts_shell_expand_the_tilde(tmp_path):

@@ -184,11 +184,47 @@ def test_the_cli_builds_no_per_host_task_and_reads_no_run_document():
         assert not built & {"TaskOutcome", "RunRecord", "HostRun"}, name
 
 
+def test_the_cli_renders_report_values_and_never_indexes_a_result():
+    # A task's report is a value: the CLI reads its fields (r.report.files, r.report.run), never keys of its JSON
+    # (r.data["files"][0]["patches"]...); the JSON is the report's own to_json(), written at the edge.
+    indexed = []
+    for name, source in cli_sources().items():
+        indexed += [f"{name}: .data[" for _ in range(source.count(".data["))]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Subscript):
+                base = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                base = node.func.value
+            else:
+                continue
+            while isinstance(base, ast.Attribute) and base.attr != "report":
+                base = base.value
+            if isinstance(base, ast.Attribute):
+                indexed.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert indexed == []
+
+
+def test_tasks_return_report_values_not_dicts():
+    # The one place a report's keys are spelled is its type (its fields, its to_json); TaskOutcome refuses a dict
+    # when run, and no task builds one for it.
+    dicts = []
+    for name, path in all_modules().items():
+        if not name.startswith("ddops.tasks"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "TaskOutcome":
+                given = node.args[2:3] + [k.value for k in node.keywords if k.arg == "report"]
+                if any(isinstance(g, (ast.Dict, ast.DictComp)) or getattr(getattr(g, "func", None), "id", None)
+                       == "dict" for g in given):
+                    dicts.append(f"{name}:{node.lineno}")
+    assert dicts == []
+
+
 def test_the_host_selection_and_global_options_are_declared_once():
-    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.common); every command
+    # One declaration of --host/--group/--all/--limit and of the global options (ddops.cli.options); every command
     # gets them from there, with the selection as one `Selection` value.
     for name, source in cli_sources().items():
-        if name == "ddops.cli.common":
+        if name == "ddops.cli.options":
             continue
         for option in ('"--host"', '"--group"', '"--limit"', '"--json"', '"--forks"', '"--inventory"',
                        '"--accept-new"', '"--verbose"'):

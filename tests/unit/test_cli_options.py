@@ -9,7 +9,8 @@ import pytest
 import typer
 
 from ddops.cli.app import app
-from ddops.cli.common import AppState, with_global_options
+from ddops.cli.options import with_global_options
+from ddops.cli.state import AppState
 
 GLOBAL = ("--inventory", "--json", "--verbose", "--forks", "--accept-new", "--ask-key-passphrase", "--all-rows")
 

@@ -27,7 +27,7 @@ def run_to_end(host: Host, session: Any, tmp_path: Path, run_id: str, command: s
     path = tmp_path / f"{run_id}.yaml"
     path.write_text(f"summarizer: ddtree\nresults: '{results}'\ncommand: {command}\n")
     assert launch_task(load_bench_plan(path), run_id)(host, session).status == CHANGED
-    wait_until(lambda: status_task(run_id)(host, session).data["run"]["status"] not in ("starting", "running"),
+    wait_until(lambda: status_task(run_id)(host, session).report.run.status not in ("starting", "running"),
                timeout=60)
     return Path(host.repo) / ".ddops" / "runs" / run_id / "results"
 

@@ -47,23 +47,25 @@ def test_small_runs_and_all_rows_show_every_host_on_its_own_row():
 def test_the_recap_and_the_progress_bar_as_drawn_on_a_terminal(monkeypatch):
     from rich.console import Console
 
-    from ddops.cli import common
+    from ddops.cli import render
 
     out = Console(file=io.StringIO(), force_terminal=True, width=150, color_system=None)
-    monkeypatch.setattr(common, "console", out)
-    common.recap(fleet(190, {"f1": "boom", "f2": "boom"}, changed=1))
+    monkeypatch.setattr(render, "console", out)
+    render.recap(fleet(190, {"f1": "boom", "f2": "boom"}, changed=1))
     text = out.file.getvalue()
     assert "f1, f2" in text and "boom" in text and "ch0" in text and "ok0" not in text
     assert "190 more hosts ok (--all-rows shows every host)" in text
     assert "193 hosts: 190 ok, 1 changed, 2 failed" in text
 
     err = Console(file=io.StringIO(), force_terminal=True, width=150, color_system=None)
-    bar = common.FleetProgress("patch", [f"h{i}" for i in range(4)], console=err)
+    bar = render.FleetProgress("patch", [f"h{i}" for i in range(4)], console=err)
     with bar:
         bar.event(FleetEvent("h0", "running"))
         bar.event(FleetEvent("h0", "done", HostResult("h0", "a", "ok", elapsed=0.1)))
         bar.event(FleetEvent("h1", "done", HostResult("h1", "a", "failed", "exit 3", elapsed=0.1)))
         bar.event(FleetEvent("h2", "connecting"))
-        drawn = bar.line()
+        plain = Console(file=io.StringIO(), width=150, color_system=None)  # the bar as the terminal shows it
+        plain.print(bar._progress.make_tasks_table(bar._progress.tasks))
+        drawn = plain.file.getvalue()
     assert "2/4" in drawn and "1 ok" in drawn and "1 failed" in drawn and "1 in flight" in drawn and "eta" in drawn
     assert "h1: failed" in err.file.getvalue() and "h0: ok" not in err.file.getvalue()

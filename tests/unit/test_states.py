@@ -36,3 +36,8 @@ def test_the_journal_spells_not_applied_one_way_and_modified_wins_over_the_plan(
 def test_a_run_status_this_ddops_does_not_know_reads_as_unknown():
     run = HostRun.from_state("h", {"status": "exploded", "runs": [{"status": "ok"}]})
     assert run.status is RunStatus.UNKNOWN and not run.terminal and not run.ok
+
+
+def test_a_task_reports_a_value_that_spells_its_own_json_never_a_dict():
+    with pytest.raises(TypeError, match="not a dict"):
+        TaskOutcome("ok", "", {"files": []})

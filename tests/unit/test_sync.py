@@ -13,7 +13,7 @@ import pytest
 
 from ddops.inventory import Host
 from ddops.pins import PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, SyncError, pick_ref, pin_state, resolve_pin
-from ddops.tasks.sync import Bundles, classify_dirty, make_bundle
+from ddops.tasks.sync import Bundles, classify_dirty, make_bundle, plan_move
 from ddops.transport.agent import agent_program
 from tests.conftest import GIT_ENV, git
 
@@ -133,6 +133,49 @@ def test_a_rolled_back_patch_no_longer_vouches_for_its_file():
                {"event": "rollback", "patch": "p", "file": "a.py", "before": sha(patched), "after": sha(orig)}]
     report = classify_dirty([{"path": "a.py", "sha256": sha(orig), "journal": journal}])
     assert report.foreign == ("a.py",) and not report.patched
+
+
+# -- the move a host's inspect answer calls for (pure) ---------------------------------------------------------------
+
+AT, NEXT = "a" * 40, "b" * 40
+SYNC_HOST = Host(name="h", address="a", repo="/r", repo_url="https://example.invalid/ddtree.git")
+
+
+def inspected(**info) -> dict:
+    return {"exists": True, "is_git": True, "empty": False, "head": AT, "has_commit": False, "dirty": [], **info}
+
+
+def test_a_host_at_its_commit_has_arrived_even_with_local_edits():
+    move = plan_move(SYNC_HOST, AT, "auto", inspected(dirty=[{"path": "x.py", "sha256": "c" * 64}]), force=False,
+                     reapply=True)
+    assert move.arrived and not move.refusal and move.dirty.foreign == ("x.py",)
+
+
+def test_local_edits_ddops_did_not_make_refuse_the_move_unless_forced():
+    info = inspected(dirty=[{"path": "x.py", "sha256": "c" * 64}], has_commit=True)
+    refused = plan_move(SYNC_HOST, NEXT, "auto", info, force=False, reapply=True)
+    assert refused.refused_as == "dirty" and "local changes ddops did not make in x.py" in refused.refusal
+    forced = plan_move(SYNC_HOST, NEXT, "auto", info, force=True, reapply=True)
+    assert not forced.refusal and forced.source is None
+    assert forced.described(SYNC_HOST) == (f"would move {AT[:12]} → {NEXT[:12]}; saving local edits to x.py in a "
+                                           "git stash")
+
+
+def test_a_directory_that_is_not_a_checkout_is_never_cloned_over():
+    move = plan_move(SYNC_HOST, NEXT, "auto", inspected(is_git=False, head=None), force=True, reapply=True)
+    assert move.refused_as == "not_git" and "is not a git checkout and is not empty" in move.refusal
+    empty = plan_move(SYNC_HOST, NEXT, "remote", inspected(is_git=False, head=None, empty=True), force=False,
+                      reapply=True)
+    assert not empty.refusal and empty.clones and empty.described(SYNC_HOST).startswith("would clone")
+
+
+def test_auto_mode_fetches_where_the_host_reached_the_url_and_pushes_a_bundle_elsewhere():
+    reached = inspected(probe={"reachable": True})
+    assert plan_move(SYNC_HOST, NEXT, "auto", reached, force=False, reapply=True).source == "remote"
+    assert plan_move(SYNC_HOST, NEXT, "auto", inspected(probe={}), force=False, reapply=True).source == "bundle"
+    assert plan_move(SYNC_HOST, NEXT, "push", reached, force=False, reapply=True).source == "bundle"
+    no_url = plan_move(Host(name="h", address="a"), NEXT, "remote", inspected(), force=False, reapply=True)
+    assert no_url.refusal == f"the host lacks {NEXT[:12]} and has no repo_url to fetch it from"
 
 
 # -- pin states ----------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def write_plan(tmp_path: Path, text: str) -> BenchPlan:
 
 
 def finished(host: Host, session: LocalSession, run_id: str) -> bool:
-    return status_task(run_id)(host, session).data["run"]["status"] not in ("starting", "running")
+    return status_task(run_id)(host, session).report.run.status not in ("starting", "running")
 
 
 def test_launch_then_status_follow_and_collect_a_run_on_this_machine(host, session, tmp_path):
@@ -36,10 +36,10 @@ def test_launch_then_status_follow_and_collect_a_run_on_this_machine(host, sessi
     ready = check_task(plan)(host, session)
     assert ready.status == OK and ready.message == "ready: 1 run"
     launched = launch_task(plan, "r-local")(host, session)
-    assert launched.status == CHANGED and launched.data["total"] == 1
+    assert launched.status == CHANGED and launched.report.total == 1
     wait_until(lambda: finished(host, session, "r-local"), timeout=60)
     status = status_task("r-local")(host, session)
-    assert status.status == OK and status.data["run"]["status"] == RunStatus.COMPLETED
+    assert status.status == OK and status.report.run.status == RunStatus.COMPLETED
 
     follower = Follower([host], "r-local", LocalSession, interval=0.05)
     events = list(follower.events())
@@ -55,12 +55,12 @@ def test_launch_then_status_follow_and_collect_a_run_on_this_machine(host, sessi
 
     from ddops.fleet import HostResult
 
-    result = HostResult("here", "localhost", collected.status, collected.message, collected.data)
+    result = HostResult("here", "localhost", collected.status, collected.message, collected.report)
     manifest = json.loads(write_manifest(root, "r-local", manifest_entries([result])).read_text())
     assert manifest["hosts"]["here"]["files"] == [{"path": "a.pt", "sha256": hashlib.sha256(b"abc").hexdigest(),
                                                    "size": 3}]
     listed = list_task(host, session)
-    assert [r["run_id"] for r in listed.data["runs"]] == ["r-local"]
+    assert [r.run_id for r in listed.report.runs] == ["r-local"]
 
 
 def test_launch_refuses_a_host_busy_with_another_run_and_stop_ends_it(host, session, tmp_path):
@@ -70,7 +70,7 @@ def test_launch_refuses_a_host_busy_with_another_run_and_stop_ends_it(host, sess
     assert second.status == FAILED and "bench run r-busy-1 is still" in second.message
     stopped = stop_task("r-busy-1", "tester@here", grace=0)(host, session)
     assert stopped.status == CHANGED, stopped.message
-    assert status_task("r-busy-1")(host, session).data["run"]["status"] == RunStatus.STOPPED
+    assert status_task("r-busy-1")(host, session).report.run.status == RunStatus.STOPPED
 
 
 def test_launch_refuses_a_repo_that_is_not_there(tmp_path):

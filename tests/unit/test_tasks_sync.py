@@ -37,8 +37,8 @@ def test_sync_pushes_a_bundle_when_told_to(upstream, tmp_path):
     host = Host(name="here", address="localhost", repo=str(tmp_path / "repo"), repo_url=upstream["url"],
                 commit=upstream["second"], sync="push")
     outcome = sync(host)
-    assert outcome.status == CHANGED and outcome.data["source"] == "bundle", outcome.message
-    assert outcome.data["uploaded_bytes"] > 0
+    assert outcome.status == CHANGED and outcome.report.source == "bundle", outcome.message
+    assert outcome.report.uploaded_bytes == outcome.report.bytes_moved > 0
     assert git(tmp_path / "repo", "rev-parse", "HEAD") == upstream["second"]
 
 
@@ -67,4 +67,5 @@ def test_deploy_syncs_and_applies_the_inventorys_patches(tmp_path):
         outcome = deploy_host(host, session, run)
     assert outcome.status == CHANGED, outcome.message
     assert outcome.message.endswith("cpu-timing applied and verified")
+    assert (outcome.report.patch.status, outcome.report.verify.status) == (CHANGED, OK)
     assert (tmp_path / "repo" / ".ddops" / "journal.jsonl").is_file()

@@ -1,0 +1,189 @@
+"""What a command shows: the console (made on first use), the live progress of a fleet run, the recap table, and the
+one --json document."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from ddops.cli.state import current_state
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ddops.fleet import FleetEvent, HostResult
+
+# Rich's console, tables and syntax highlighting load only when something is drawn (`--json` draws nothing, and
+# rich.console alone is a visible part of every command's start).
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold magenta",
+                "drifted": "bold red", "skipped": "dim"}
+
+def _width(stream: Any) -> int | None:
+    """Terminals report their width; pipes and CI logs get a wide one rather than rich's 80 columns."""
+    import shutil
+
+    return None if stream.isatty() else shutil.get_terminal_size((200, 24)).columns
+
+
+class _ConsoleOnFirstUse:
+    """A rich Console, made when first used."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def made(self) -> "Console":
+        """The Console itself (for rich objects that are handed one)."""
+        if self._console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if self._options.get("stderr") else sys.stdout
+            self._console = Console(**self._options, width=_width(stream))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.made(), name)
+
+
+console = _ConsoleOnFirstUse(highlight=False, soft_wrap=False)
+err_console = _ConsoleOnFirstUse(stderr=True, highlight=False)
+
+
+class FleetProgress:
+    """Live progress: on a terminal a bar with the hosts done, counts by state and an ETA, and a line per host that
+    needs a look (failed, unreachable, drifted) above it; otherwise one plain line per host."""
+
+    def __init__(self, title: str, names: Iterable[str], enabled: bool = True, console: Any = None) -> None:
+        self.title, self.names, self.enabled = title, list(names), enabled
+        self.done: dict[str, int] = {}  # status -> hosts done with it
+        self.in_flight: set[str] = set()
+        self._console = console if console is not None else err_console
+        self._progress: Any = None
+        self._task: Any = None
+        self._tty = enabled and self._console.is_terminal  # not even asked for --json: it would load rich
+
+    def __enter__(self) -> "FleetProgress":
+        if self.enabled and self._tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            console = self._console.made() if hasattr(self._console, "made") else self._console
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[counts]}"), TextColumn("eta"), TimeRemainingColumn(),
+                                      console=console, transient=True, refresh_per_second=4)
+            self._task = self._progress.add_task(escape(self.title), total=len(self.names), counts=self._counts())
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def _counts(self) -> str:
+        parts = [f"[{STATUS_STYLE.get(s, '')}]{n} {s}[/]" for s, n in self.done.items()]
+        waiting = len(self.names) - sum(self.done.values()) - len(self.in_flight)
+        parts += [f"{len(self.in_flight)} in flight"] + ([f"{waiting} waiting"] if waiting > 0 else [])
+        return " · ".join(parts)
+
+    def event(self, event: FleetEvent) -> None:
+        if not self.enabled:
+            return
+        if event.phase != "done" or event.result is None:
+            self.in_flight.add(event.host)
+            if self._progress is not None:
+                self._progress.update(self._task, counts=self._counts())
+            return
+        self.in_flight.discard(event.host)
+        r = event.result
+        self.done[r.status] = self.done.get(r.status, 0) + 1
+        line = f"{r.host}: {r.status} ({r.elapsed:.2f}s)" + (f" {r.message}" if r.failed and r.message else "")
+        if self._progress is not None:
+            if r.failed:  # the others are counted in the bar, and shown in the recap
+                style = STATUS_STYLE.get(r.status, "")
+                self._progress.console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+            self._progress.update(self._task, advance=1, counts=self._counts())
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+# The --json envelope's version (docs/json.md): raised when a key is removed or changes meaning, never for one added.
+SCHEMA_VERSION = 1
+
+
+def write_document(exit_code: int, body: dict[str, Any] | None = None, *, interrupted: bool = False) -> None:
+    """The one JSON document of a --json run: the envelope's keys (the running command's name from its state, the
+    one home of that name), then the command's own."""
+    current = current_state()
+    doc = {"schema_version": SCHEMA_VERSION, "command": current.command if current else "", "exit_code": exit_code,
+           "interrupted": interrupted, **(body or {})}
+    # Indented for a person at a terminal; compact otherwise, which the json module writes in C (indented output
+    # goes through its pure-Python encoder: a quarter of a 32-host `patch --check --json` run's CPU).
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(doc, indent=indent, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit_json(results: Sequence[HostResult], extra: dict[str, Any] | None = None, *,
+              exit_code: int | None = None, interrupted: bool = False) -> None:
+    """A fleet command's document: the envelope, a count per status, and one result per host."""
+    from ddops.fleet import counts, worst_exit_code
+
+    code = worst_exit_code(results) if exit_code is None else exit_code
+    write_document(code, {"summary": counts(results), "hosts": [r.to_json() for r in results],
+                                   **(extra or {})}, interrupted=interrupted)
+
+
+def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[HostResult], str]]] = (),
+          title: str | None = None) -> None:
+    """The final table and a one-line summary; past a screenful of hosts, only those to look at (failed, drifted,
+    changed; identical rows grouped) and one line counting the rest, unless --all-rows."""
+    from rich.table import Table
+
+    from ddops.fleet import fold_recap
+
+    current = current_state()
+    view = fold_recap(results, lambda r: tuple(fn(r) for _, fn in columns), all_rows=bool(current and current.all_rows))
+    table = Table(title=title, show_lines=False, header_style="bold")
+    grouped = len(view.rows) != len(results) or bool(view.folded)
+    table.add_column("host", no_wrap=not grouped, overflow="fold" if grouped else "ellipsis")
+    table.add_column("status", no_wrap=True)
+    for name, _ in columns:
+        table.add_column(name)
+    table.add_column("time", justify="right")
+    detail = bool(current and current.verbose)  # -v: where the time went, and how many remote round trips it took
+    if detail:
+        table.add_column("connect", justify="right")
+        table.add_column("round trips", justify="right")
+        table.add_column("agent")
+    table.add_column("message", overflow="fold")
+    for row in view.rows:
+        style = STATUS_STYLE.get(row.status, "")
+        cells = [escape(c) for c in row.cells]
+        if detail:
+            r = row.results[0]
+            cells += (["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips),
+                       r.agent or ""] if len(row.results) == 1 else ["", "", ""])
+        table.add_row(escape(", ".join(row.hosts)), f"[{style}]{row.status}[/]", *cells[:len(columns)],
+                      f"{row.elapsed:.2f}s", *cells[len(columns):], escape(row.message))
+    console.print(table)
+    if view.folded:
+        n = sum(view.folded.values())
+        what = (f"{n} more host{'s' if n != 1 else ''} {next(iter(view.folded))}" if len(view.folded) == 1 else
+                f"{n} more hosts: " + ", ".join(f"{k} {s}" for s, k in view.folded.items()))
+        console.print(f"{what} (--all-rows shows every host)")
+    console.print(count_line(results))
+
+
+def count_line(results: Sequence[HostResult]) -> str:
+    """`5 hosts: 4 ok, 1 failed`."""
+    from ddops.fleet import counts
+
+    summary = ", ".join(f"{n} {s}" for s, n in counts(results).items())
+    return f"{len(results)} host{'s' if len(results) != 1 else ''}: {summary}"
