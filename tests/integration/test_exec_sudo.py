@@ -68,6 +68,7 @@ def user_bed():
         inventory.write_text(text)
         yield bed, inventory
     finally:
+        os.chmod(root, 0o700)  # `down` trusts only a root closed to others, as `up` made it
         tb.down(root)
         shutil.rmtree(parent, ignore_errors=True)
 
