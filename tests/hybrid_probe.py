@@ -1,0 +1,157 @@
+"""Run inside a transformers release's venv (torch and transformers only): the hybrid verify module on that release.
+
+    python hybrid_probe.py route MODULE.py          the route against cache-free forwards, on tiny random targets
+    python hybrid_probe.py mini REPO MODELS N TOKENS BUDGETS
+                                                    the patched mini DDTree's methods against cache-free greedy
+
+Prints one JSON document; tests/unit/test_hybrid_matrix.py reads it. Ground truth is always a forward without any
+cache (the prompt and the path to a node as one sequence), never the release's own cached multi-token forward:
+some releases get that one wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+
+import torch
+
+VOCAB, PROMPT = 64, 11
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_target(layer_types, seed=0):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=list(layer_types),
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4)
+    return Qwen3_5ForCausalLM(config).eval()
+
+
+def target_cache(target, prompt, record):
+    """The target cache as the playbooks leave it after the prefill (crop-relative records from there on)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    target(prompt, past_key_values=cache, use_cache=True)
+    if record and hasattr(cache, "activate_past_recording"):
+        import inspect
+
+        if "recurrent_states_to_keep" in inspect.signature(cache.activate_past_recording).parameters:
+            cache.activate_past_recording(recurrent_states_to_keep=4096)
+        else:
+            cache.activate_past_recording()
+    return cache
+
+
+def random_tree(size, rng):
+    return [-1] + [rng.randrange(node) for node in range(1, size)]
+
+
+def path_to(parents, node):
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def tree_inputs(parents, past, ids):
+    size = len(parents)
+    visible = torch.zeros(size, size, dtype=torch.bool)
+    depth = [0] * size
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            visible[node], depth[node] = visible[parent], depth[parent] + 1
+        visible[node, node] = True
+    mask = torch.zeros(1, 1, size, past + size)
+    mask[0, 0, :, past:].masked_fill_(~visible, torch.finfo(torch.float32).min)
+    return torch.tensor([depth]) + past, mask
+
+
+def cache_free_logits(target, sequence, ids, parents):
+    """Each node's logits from one forward without a cache over the prompt and the path to it (a batch of them,
+    right-padded: causal layers never see what follows a row's last token)."""
+    rows = [torch.cat([sequence[0], ids[0, path_to(parents, node)]]) for node in range(len(parents))]
+    width = max(len(row) for row in rows)
+    batch = torch.stack([torch.cat([row, row.new_zeros(width - len(row))]) for row in rows])
+    logits = target(batch).logits
+    return torch.stack([logits[node, len(row) - 1] for node, row in enumerate(rows)])
+
+
+def states(cache, module):
+    """Every committed tensor, flattened: linear states, then attention keys/values cut to the cache's length."""
+    out = []
+    for layer in cache.layers:
+        if hasattr(layer, "recurrent_states"):
+            out += [module._state(layer, "recurrent_states").float().flatten(),
+                    module._state(layer, "conv_states")[..., -4:].float().flatten()]
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            out += [layer.keys.flatten(), layer.values.flatten()]
+    return out
+
+
+def gap(got, want):
+    if len(got) != len(want) or any(a.shape != b.shape for a, b in zip(got, want)):
+        return float("inf")
+    return max((a - b).abs().max().item() for a, b in zip(got, want))
+
+
+def probe_route(module_path):
+    """Rounds of trees and chains through verify_tree / verify_chain, each against cache-free forwards."""
+    module = load("ddops_hybrid_verify", module_path)
+    rng = random.Random(0)
+    report = {"paths": {}, "logit_gap": 0.0, "state_gap": 0.0, "rounds": 0}
+    for layout in (("linear_attention", "full_attention") * 2, ("linear_attention",) * 3 + ("full_attention",)):
+        target = tiny_target(layout)
+        for record in (False, True):
+            sequence = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(7))
+            with torch.inference_mode():
+                cache = target_cache(target, sequence, record)
+                for round_, size in enumerate((17, 8, 66, 5)):
+                    past = sequence.shape[1]
+                    chain = round_ % 2 == 1
+                    parents = list(range(-1, size - 1)) if chain else random_tree(size, rng)
+                    ids = torch.randint(0, VOCAB, (1, size), generator=torch.Generator().manual_seed(round_))
+                    positions, mask = tree_inputs(parents, past, ids)
+                    if chain:
+                        output = module.verify_chain(target, cache)(ids, position_ids=positions, past_key_values=cache,
+                                                                   use_cache=True, output_hidden_states=True)
+                    else:
+                        output = module.verify_tree(target, ids, positions, mask, cache, parents)
+                    want = cache_free_logits(target, sequence, ids, parents)
+                    report["logit_gap"] = max(report["logit_gap"], (output.logits[0] - want).abs().max().item())
+                    accepted = path_to(parents, rng.randrange(size))
+                    if chain:
+                        cache.crop(past + len(accepted))
+                    else:
+                        module.commit_tree(target, cache, past, accepted, ids, compact=None)
+                    sequence = torch.cat([sequence, ids[:, accepted]], dim=1)
+                    fresh = target_cache(target, sequence, False)
+                    report["state_gap"] = max(report["state_gap"], gap(states(cache, module), states(fresh, module)))
+                    report["rounds"] += 1
+                for label, count in (module.verify_paths(cache) or {}).items():
+                    report["paths"][label] = report["paths"].get(label, 0) + count
+    return report
+
+
+if __name__ == "__main__":
+    import transformers
+
+    mode, *args = sys.argv[1:]
+    result = {"transformers": transformers.__version__}
+    if mode == "route":
+        result.update(probe_route(*args))
+    print(json.dumps(result))
