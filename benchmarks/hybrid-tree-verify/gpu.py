@@ -124,7 +124,9 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
+    import ddops_hybrid_verify as hv
     import ddtree
+    import dflash
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -143,7 +145,6 @@ def main() -> None:
         for context in args.contexts:
             tick = time.monotonic()
             cache = DynamicCache(config=target.config)
-            cache.activate_past_recording()  # as crop-relative leaves it
             prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
             for offset in range(0, context, args.prefill_chunk):
                 if out_of_time(0):
@@ -152,7 +153,7 @@ def main() -> None:
                 piece = prompt[:, offset:offset + args.prefill_chunk]
                 target(piece, position_ids=torch.arange(offset, offset + piece.shape[1], device=device)[None],
                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-                cache.crop(0)  # keep only the conv windows the next forward needs
+            dflash._ddops_record_past(cache, context)  # as crop-relative leaves it: recording from the prefill on
             synchronize(device)
             prefill_s = time.monotonic() - tick
             depth = 15  # DDTree's default block of 16: 15 drafted positions
@@ -163,14 +164,14 @@ def main() -> None:
                 vin, vpos, vmask = ddtree.compile_ddtree_tree(root, context, node_ids, depths, visibility, context,
                                                               target.dtype, device)
                 probe = copy.deepcopy(cache)
-                new_out = ddtree._ddops_verify_tree(target, vin, vpos, vmask, probe, parents)
-                mode = probe.__dict__.pop("_ddops_tree", {}).get("mode")
+                new_out = hv.verify_tree(target, vin, vpos, vmask, probe, parents)
+                mode = next(iter(hv.verify_paths(probe) or {None: 0}))
                 del probe
                 accepted = [0]
                 while len(accepted) < 4 and accepted[-1] in parents[1:]:  # down the first children: tau 4
                     accepted.append(parents.index(accepted[-1]))
                 try:
-                    reference = ddtree._ddops_verify_tree_by_paths(target, vin, vpos, copy.deepcopy(cache), parents)
+                    reference = hv._verify_tree_by_paths(target, vin, vpos, copy.deepcopy(cache), parents)
                     error = (new_out.logits.float() - reference.logits.float()).abs().max().item()
                     same = bool(torch.equal(new_out.logits.argmax(-1), reference.logits.argmax(-1)))
                     del reference
@@ -184,13 +185,13 @@ def main() -> None:
                     ddtree.compact_dynamic_cache(c, context, accepted)
 
                 def paths(c):
-                    ddtree._ddops_verify_tree_by_paths(target, vin, vpos, c, parents)
-                    c._ddops_tree = {"mode": "paths"}
-                    ddtree._ddops_commit_tree(target, c, context, accepted, vin)
+                    hv._verify_tree_by_paths(target, vin, vpos, c, parents)
+                    c._ddops_tree = "paths"
+                    hv.commit_tree(target, c, context, accepted, vin, ddtree.compact_dynamic_cache)
 
                 def new(c):
-                    ddtree._ddops_verify_tree(target, vin, vpos, vmask, c, parents)
-                    ddtree._ddops_commit_tree(target, c, context, accepted, vin)
+                    hv.verify_tree(target, vin, vpos, vmask, c, parents)
+                    hv.commit_tree(target, c, context, accepted, vin, ddtree.compact_dynamic_cache)
 
                 steps = {"lossy": lossy, "paths": paths, "new": new}
                 times = {label: [] for label in steps}
