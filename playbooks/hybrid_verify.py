@@ -179,7 +179,7 @@ def verify_route(target, cache, batch_size):
             return f"linear layer {index} holds no single conv and recurrent state yet"
         if "forward" in vars(module):
             return f"layer {index}: its forward was replaced on the instance"
-        forward = inspect.unwrap(type(module).forward)
+        forward = _plain(type(module).forward)
         home = sys.modules.get(type(module).__module__)
         if home is None or getattr(forward, "__globals__", None) is not vars(home):
             return f"{type(module).__name__}.forward is not its modeling module's own (a kernel replaced it)"
@@ -206,13 +206,24 @@ def _names(function):
     return loaded, attributes
 
 
+# The closure cells through which transformers' own wrappers reach what they wrap: kernels' function modules
+# (5.25+ wraps module-level functions in one) and accelerate's force_accelerate_hooks (5.14-5.15, no __wrapped__).
+_WRAPPED_CELLS = ("func", "forward_func")
+
+
 def _plain(function):
-    """The function behind kernels' function modules (transformers 5.25+ wraps module-level functions in one)."""
-    forward = getattr(type(function), "forward", None)
-    if isinstance(function, torch.nn.Module) and "func" in getattr(getattr(forward, "__code__", None),
-                                                                   "co_freevars", ()):
-        function = forward.__closure__[forward.__code__.co_freevars.index("func")].cell_contents
-    return inspect.unwrap(function)
+    """The function behind transformers' wrappers of it (functools.wraps, or one of _WRAPPED_CELLS)."""
+    if isinstance(function, torch.nn.Module):
+        function = type(function).forward
+    for _ in range(8):
+        function = inspect.unwrap(function)
+        code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
+        inner = [cell.cell_contents for name, cell in zip(getattr(code, "co_freevars", ()), cells)
+                 if name in _WRAPPED_CELLS and callable(cell.cell_contents)]
+        if not inner:
+            return function
+        function = inner[0]
+    return function
 
 
 def _takes(function, params, skip=0):

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import functools
 import random
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -147,11 +149,64 @@ def probe_route(module_path):
     return report
 
 
+def cache_free_greedy(target, ids, tokens, stop):
+    """The target's greedy continuation, each token from a forward over the whole sequence without any cache."""
+    sequence = ids
+    for _ in range(tokens):
+        token = target(sequence).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, token], dim=1)
+        if int(token) == stop:
+            break
+    return sequence
+
+
+def probe_mini(repo, models, samples, tokens, budgets):
+    """Every method of the patched mini DDTree on both trained targets, each output against cache-free greedy."""
+    sys.path.insert(0, repo)
+    from transformers import AutoModelForCausalLM
+
+    from ddtree import ddtree_generate
+    from dflash import dflash_generate
+    from model import ByteTokenizer, DFlashDraftModel, load_and_process_dataset
+
+    torch.set_num_threads(1)
+    report = {}
+    for name in ("qwen3.5-hybrid", "qwen3-attn"):
+        target = AutoModelForCausalLM.from_pretrained(f"{models}/{name}", dtype=torch.float32).eval()
+        draft = DFlashDraftModel.from_pretrained(f"{models}/{name}-draft", dtype=torch.float32).eval()
+        tokenizer = ByteTokenizer.from_pretrained(f"{models}/{name}")
+        stop = tokenizer.eos_token_id
+        common = dict(model=draft, target=target, mask_token_id=draft.mask_token_id, max_new_tokens=int(tokens),
+                      stop_token_ids=[stop], temperature=0.0)
+        methods = {"baseline": lambda ids: dflash_generate(input_ids=ids, block_size=1, **common),
+                   "dflash": lambda ids: dflash_generate(input_ids=ids, block_size=draft.block_size, **common)}
+        for budget in (int(b) for b in budgets.split(",")):
+            methods[f"ddtree_tb{budget}"] = functools.partial(
+                lambda ids, budget: ddtree_generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget,
+                                                    **common), budget=budget)
+        rows = report[name] = {}
+        with torch.inference_mode():
+            for sample in load_and_process_dataset("mini")[:int(samples)]:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": sample["turns"][0]}], tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=False)
+                ids = tokenizer.encode(text, return_tensors="pt")
+                want = cache_free_greedy(target, ids, int(tokens), stop)
+                outputs = {key: run(ids) for key, run in methods.items()}
+                outputs["spec_generate"] = SimpleNamespace(
+                    output_ids=draft.spec_generate(target, ids, int(tokens), [stop], 0.0))
+                for key, out in outputs.items():
+                    row = rows.setdefault(key, {"equal": 0, "responses": 0, "verify_paths": {}})
+                    row["equal"] += int(torch.equal(out.output_ids, want))
+                    row["responses"] += 1
+                    for label, rounds in (getattr(out, "verify_paths", None) or {}).items():
+                        row["verify_paths"][label] = row["verify_paths"].get(label, 0) + rounds
+    return report
+
+
 if __name__ == "__main__":
     import transformers
 
     mode, *args = sys.argv[1:]
     result = {"transformers": transformers.__version__}
-    if mode == "route":
-        result.update(probe_route(*args))
+    result.update(probe_route(*args) if mode == "route" else probe_mini(*args))
     print(json.dumps(result))
