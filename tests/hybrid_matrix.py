@@ -24,18 +24,61 @@ MATRIX_DIR = Path(os.environ.get("DDOPS_HYBRID_MATRIX_DIR", REPO_ROOT / ".cache"
 TORCH = "torch==2.13.0"
 
 
-def support() -> dict:
-    """playbooks/hybrid-support.yaml: the releases and what the matrix proved on each."""
-    return yaml.safe_load(SUPPORT.read_text())
+README = REPO_ROOT / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- hybrid-support: begin (tests/hybrid_matrix.py --write) -->", "<!-- hybrid-support: end -->"
+# Where a matrix run (DDOPS_HYBRID_MATRIX_RECORD=DIR) leaves what it observed on each release, one JSON file each.
+RECORD_ENV = "DDOPS_HYBRID_MATRIX_RECORD"
+
+
+def entries() -> list[dict]:
+    """playbooks/hybrid-support.yaml's releases, oldest first, with what the matrix proved on each."""
+    return yaml.safe_load(SUPPORT.read_text())["transformers"]
 
 
 def releases() -> list[str]:
-    return [str(entry["version"]) for entry in support()["transformers"]]
+    return [str(entry["version"]) for entry in entries()]
 
 
-def subset(all_releases: list[str]) -> list[str]:
-    """What the default suite runs: the oldest, a middle one and the newest."""
-    return list(dict.fromkeys([all_releases[0], all_releases[len(all_releases) // 2], all_releases[-1]]))
+def entry(version: str) -> dict:
+    return next(e for e in entries() if str(e["version"]) == version)
+
+
+def selected() -> list[str]:
+    """The releases this run tests: all with DDOPS_HYBRID_MATRIX=all, else the oldest, a middle one, the newest."""
+    every = releases()
+    if os.environ.get("DDOPS_HYBRID_MATRIX") == "all":
+        return every
+    return list(dict.fromkeys([every[0], every[len(every) // 2], every[-1]]))
+
+
+def readme_table(rows: list[dict]) -> str:
+    """The README's compatibility table, from playbooks/hybrid-support.yaml."""
+    lines = ["| transformers | with hybrid-cache, crop-relative, hybrid-tree-verify |", "| --- | --- |"]
+    for row in rows:
+        if row["supported"]:
+            said = (f"every method equals cache-free greedy; DDTree's and DFlash's verify: `{row['verify']}`")
+        else:
+            said = f"not supported: {row['why']}"
+        lines.append(f"| {row['version']} | {said} |")
+    return "\n".join(lines)
+
+
+def write(observed_dir: Path) -> None:
+    """Each release's entry from what a matrix run observed (one JSON per release), then the README's table."""
+    import json
+
+    rows = []
+    for row in entries():
+        seen = observed_dir / f"{row['version']}.json"
+        if seen.is_file():
+            found = json.loads(seen.read_text())
+            row = {"version": row["version"], **found}
+        rows.append(row)
+    SUPPORT.write_text(SUPPORT.read_text().split("transformers:")[0] + yaml.safe_dump(
+        {"transformers": rows}, sort_keys=False, width=1000))
+    text = README.read_text()
+    head, rest = text.split(TABLE_BEGIN)
+    README.write_text(f"{head}{TABLE_BEGIN}\n{readme_table(rows)}\n{TABLE_END}{rest.split(TABLE_END)[1]}")
 
 
 def _python(venv: Path) -> Path:
@@ -91,6 +134,11 @@ def venv_python(version: str) -> Path:
     return _python(_built(MATRIX_DIR / f"transformers-{version}", f"{TORCH} transformers=={version}", build))
 
 
-if __name__ == "__main__":  # python tests/hybrid_matrix.py [VERSION...]: build the venvs ahead of a run
-    for wanted in sys.argv[1:] or releases():
-        print(venv_python(wanted), flush=True)
+if __name__ == "__main__":
+    # python tests/hybrid_matrix.py [VERSION...]: build the venvs ahead of a run;
+    # python tests/hybrid_matrix.py --write DIR: playbooks/hybrid-support.yaml and the README's table from a run.
+    if sys.argv[1:2] == ["--write"]:
+        write(Path(sys.argv[2]))
+    else:
+        for wanted in sys.argv[1:] or releases():
+            print(venv_python(wanted), flush=True)

@@ -25,7 +25,7 @@ from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
 from ddops.patching.playbook import load_playbook
-from tests.unit.test_mini_ddtree import trained_models  # noqa: F401 - a fixture: the trained mini models, built once
+from tests.unit.test_mini_ddtree import models, trained_models  # noqa: F401 - fixtures: untrained and trained mini models
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree" / "hybrid-tree-verify"
 REPO = Path(__file__).resolve().parents[2]
@@ -714,3 +714,53 @@ def test_the_gpu_mode_builds_its_qwen3_5_shaped_target_and_times_the_three_verif
 def test_the_gpu_mode_refuses_bad_arguments_before_building_anything(argv, message):
     result = subprocess.run([sys.executable, str(GPU_SCRIPT), *argv], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+# --- what crop recording holds ------------------------------------------------------------------------------------
+
+HELD = r"""
+import json, sys, torch
+sys.path.insert(0, ".")
+from transformers import AutoModelForCausalLM
+from dflash import dflash_generate
+from model import DFlashDraftModel
+
+torch.set_num_threads(1)
+target = AutoModelForCausalLM.from_pretrained("models/qwen3.5-hybrid", dtype=torch.float32).eval()
+draft = DFlashDraftModel.from_pretrained("models/qwen3.5-hybrid-draft", dtype=torch.float32).eval()
+widths = []
+
+def conv_columns(cache):
+    # The conv inputs each linear layer holds: its window, and whatever a recording keeps for a crop.
+    held = [layer.conv_states for layer in getattr(cache, "layers", ()) if hasattr(layer, "conv_states")]
+    return max((state.get(0) if isinstance(state, dict) else state).shape[-1] for state in held)
+
+forward = target.forward
+def counted(*args, **kwargs):
+    out = forward(*args, **kwargs)
+    widths.append(conv_columns(kwargs["past_key_values"]))
+    return out
+target.forward = counted
+prompt = torch.randint(0, target.config.vocab_size - 8, (1, int(sys.argv[1])), generator=torch.Generator().manual_seed(0))
+dflash_generate(draft, target, prompt, draft.mask_token_id, 8, draft.block_size, [], 0.0)
+print(json.dumps({"after_prefill": widths[0], "most": max(widths), "kernel": target.config.linear_conv_kernel_dim,
+                  "block": draft.block_size}))
+"""
+
+
+@pytest.mark.torch
+def test_crop_recording_holds_the_verify_window_not_the_prompt(tmp_path, models):  # noqa: F811
+    """An 8k-token prompt: what the target cache's linear layers hold is their conv window after the prefill, and
+    at most one verify block more until the crop takes it back (recording the prefill held all 8192 columns)."""
+    from tests.unit.test_mini_ddtree import bench_env
+
+    repo = tmp_path / "ddtree"
+    shutil.copytree(MINI, repo, ignore=shutil.ignore_patterns("models", "runs", "logs", "__pycache__"))
+    (repo / "models").symlink_to(models, target_is_directory=True)
+    patch_repo(repo, "hybrid-cache", "crop-relative", "cpu-timing", NAME)
+    done = subprocess.run([sys.executable, "-c", HELD, "8192"], cwd=repo, env=bench_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = json.loads(done.stdout.strip().splitlines()[-1])
+    assert held["after_prefill"] <= held["kernel"], held
+    assert held["most"] <= held["kernel"] + held["block"], held
