@@ -119,3 +119,13 @@ def test_the_support_file_names_every_release_line_once_oldest_first():
     for row in matrix.entries():
         assert set(row) == ({"version", "supported", "verify"} if row["supported"]
                             else {"version", "supported", "why", "error"}), row
+
+
+def test_the_mini_extra_asks_for_exactly_the_releases_the_support_file_covers():
+    import tomllib
+
+    supported = [row["version"] for row in matrix.entries() if row["supported"]]
+    newest = [int(part) for part in supported[-1].split(".")]
+    bound = f"transformers>={supported[0]},<{newest[0]}.{newest[1] + 1}"
+    extras = tomllib.loads((matrix.REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert bound in extras["mini"], (bound, extras["mini"])
