@@ -184,14 +184,14 @@ def verify_route(target, cache, batch_size):
         if home is None or getattr(forward, "__globals__", None) is not vars(home):
             return f"{type(module).__name__}.forward is not its modeling module's own (a kernel replaced it)"
         homes.add(home)
+        if len(homes) > 1:
+            return "linear-attention layers from more than one modeling module"
         found = _swaps(module, forward, home)
         if isinstance(found, str):
             return found
         swaps += found
         if getattr(module, "activation", None) not in (None, "silu", "swish"):
             return f"layer {index}: activation {module.activation!r}"
-    if len(homes) > 1:
-        return "linear-attention layers from more than one modeling module"
     # A module-level function is swapped once, however many layers call it.
     unique = {(id(owner), name): (owner, name, kind) for owner, name, kind in swaps}
     conv_weights = {module.conv1d.weight.data_ptr(): index for index, module in modules.items()}
