@@ -157,7 +157,7 @@ def _set_length(layer, length):
 def _trim_recording(cache):
     """Drop the conv windows a recording cache keeps for crops (crop(0) on 5.14+): nothing here is rolled back."""
     if any(getattr(layer, "record_past", False) for layer in cache.layers):
-        getattr(cache, "crop")(0)  # spelled so that crop-relative, which rewrites absolute crops, leaves it alone
+        cache.crop(0)
 
 
 # --- the route: may the tree go through this target's Gated DeltaNet layers in one forward? ---------------------
@@ -218,7 +218,7 @@ def _plain(function):
     for _ in range(8):
         function = inspect.unwrap(function)
         code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
-        inner = [cell.cell_contents for name, cell in zip(getattr(code, "co_freevars", ()), cells)
+        inner = [cell.cell_contents for name, cell in zip(getattr(code, "co_freevars", ()), cells, strict=False)
                  if name in _WRAPPED_CELLS and callable(cell.cell_contents)]
         if not inner:
             return function

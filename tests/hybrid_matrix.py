@@ -12,9 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
@@ -25,7 +25,8 @@ TORCH = "torch==2.13.0"
 
 
 README = REPO_ROOT / "README.md"
-TABLE_BEGIN, TABLE_END = "<!-- hybrid-support: begin (tests/hybrid_matrix.py --write) -->", "<!-- hybrid-support: end -->"
+TABLE_BEGIN = "<!-- hybrid-support: begin (tests/hybrid_matrix.py --write) -->"
+TABLE_END = "<!-- hybrid-support: end -->"
 # Where a matrix run (DDOPS_HYBRID_MATRIX_RECORD=DIR) leaves what it observed on each release, one JSON file each.
 RECORD_ENV = "DDOPS_HYBRID_MATRIX_RECORD"
 

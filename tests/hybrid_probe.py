@@ -11,9 +11,9 @@ some releases get that one wrong.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
-import functools
 import random
 import sys
 from types import SimpleNamespace
@@ -106,9 +106,9 @@ def states(cache, module):
 
 
 def gap(got, want):
-    if len(got) != len(want) or any(a.shape != b.shape for a, b in zip(got, want)):
+    if len(got) != len(want) or any(a.shape != b.shape for a, b in zip(got, want, strict=True)):
         return float("inf")
-    return max((a - b).abs().max().item() for a, b in zip(got, want))
+    return max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
 
 
 def probe_route(module_path):
@@ -163,11 +163,10 @@ def cache_free_greedy(target, ids, tokens, stop):
 def probe_mini(repo, models, samples, tokens, budgets):
     """Every method of the patched mini DDTree on both trained targets, each output against cache-free greedy."""
     sys.path.insert(0, repo)
-    from transformers import AutoModelForCausalLM
-
     from ddtree import ddtree_generate
     from dflash import dflash_generate
     from model import ByteTokenizer, DFlashDraftModel, load_and_process_dataset
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     report = {}
@@ -178,12 +177,11 @@ def probe_mini(repo, models, samples, tokens, budgets):
         stop = tokenizer.eos_token_id
         common = dict(model=draft, target=target, mask_token_id=draft.mask_token_id, max_new_tokens=int(tokens),
                       stop_token_ids=[stop], temperature=0.0)
-        methods = {"baseline": lambda ids: dflash_generate(input_ids=ids, block_size=1, **common),
-                   "dflash": lambda ids: dflash_generate(input_ids=ids, block_size=draft.block_size, **common)}
+        methods = {"baseline": functools.partial(dflash_generate, block_size=1, **common),
+                   "dflash": functools.partial(dflash_generate, block_size=draft.block_size, **common)}
         for budget in (int(b) for b in budgets.split(",")):
-            methods[f"ddtree_tb{budget}"] = functools.partial(
-                lambda ids, budget: ddtree_generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget,
-                                                    **common), budget=budget)
+            methods[f"ddtree_tb{budget}"] = functools.partial(ddtree_generate, block_size=draft.block_size,
+                                                              tree_budget=budget, **common)
         rows = report[name] = {}
         with torch.inference_mode():
             for sample in load_and_process_dataset("mini")[:int(samples)]:
@@ -191,7 +189,7 @@ def probe_mini(repo, models, samples, tokens, budgets):
                                                      add_generation_prompt=True, enable_thinking=False)
                 ids = tokenizer.encode(text, return_tensors="pt")
                 want = cache_free_greedy(target, ids, int(tokens), stop)
-                outputs = {key: run(ids) for key, run in methods.items()}
+                outputs = {key: run(input_ids=ids) for key, run in methods.items()}
                 outputs["spec_generate"] = SimpleNamespace(
                     output_ids=draft.spec_generate(target, ids, int(tokens), [stop], 0.0))
                 for key, out in outputs.items():

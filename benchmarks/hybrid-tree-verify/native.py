@@ -24,11 +24,10 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
-
 import ddops_hybrid_verify as hv  # noqa: E402
 import dflash  # noqa: E402
 from model import ByteTokenizer, DFlashDraftModel, extract_context_feature, load_and_process_dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 torch.set_num_threads(1)
 name, repeats = sys.argv[1], int(sys.argv[2])
@@ -83,9 +82,10 @@ with torch.inference_mode():
             dflash._ddops_crop_to(c, start + kept)
             timings[key][0].append(time.process_time() - cpu)
             timings[key][1].append(time.perf_counter() - wall)
-            gaps[key] = max((a - b).abs().max().item() for a, b in zip(states(c), states(fresh)))
+            gaps[key] = max((a - b).abs().max().item() for a, b in zip(states(c), states(fresh), strict=True))
 
 for key, (cpu, wall) in timings.items():
     print(json.dumps({"target": name, "verifier": key, "block": draft.block_size, "accepted": kept,
-                      "cpu_ms": round(statistics.median(cpu) * 1e3, 2), "wall_ms": round(statistics.median(wall) * 1e3, 2),
+                      "cpu_ms": round(statistics.median(cpu) * 1e3, 2),
+                      "wall_ms": round(statistics.median(wall) * 1e3, 2),
                       "held_bytes_at_verify": held[key], "max_state_diff": gaps[key]}))

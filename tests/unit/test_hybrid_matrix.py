@@ -88,7 +88,7 @@ def test_every_method_of_the_patched_mini_ddtree_equals_cache_free_greedy(versio
     for target in ("qwen3.5-hybrid", "qwen3-attn"):
         rows = found[target]
         assert set(rows) == methods
-        unequal = {key: row for key, row in rows.items() if row["equal"] != row["responses"] or row["responses"] != SAMPLES}
+        unequal = {key: row for key, row in rows.items() if not row["equal"] == row["responses"] == SAMPLES}
         assert not unequal, (target, unequal)
     hybrid, attention = found["qwen3.5-hybrid"], found["qwen3-attn"]
     seen = next(iter(hybrid["dflash"]["verify_paths"]))

@@ -25,7 +25,7 @@ from ddops.patching.checks import run_checks
 from ddops.patching.kinds import APPLIED, PENDING
 from ddops.patching.plan import plan_file
 from ddops.patching.playbook import load_playbook
-from tests.unit.test_mini_ddtree import models, trained_models  # noqa: F401 - fixtures: untrained and trained mini models
+from tests.unit.test_mini_ddtree import models, trained_models  # noqa: F401 - fixtures: the mini models, built once
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddtree" / "hybrid-tree-verify"
 REPO = Path(__file__).resolve().parents[2]
@@ -657,7 +657,6 @@ def test_spec_generate_runs_on_the_hybrid_target_with_hybrid_cache_and_crop_rela
 
     from transformers import AutoModelForCausalLM
 
-    models = trained_models
     shutil.copytree(MINI / "model", tmp_path / "model", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "data").symlink_to(MINI / "data", target_is_directory=True)  # the package reads ../data
     path = "model/dflash.py"
@@ -671,9 +670,10 @@ def test_spec_generate_runs_on_the_hybrid_target_with_hybrid_cache_and_crop_rela
     sys.modules[name] = package
     try:
         spec.loader.exec_module(package)
-        target = AutoModelForCausalLM.from_pretrained(models / "qwen3.5-hybrid", dtype=torch_.float32).eval()
-        draft = package.DFlashDraftModel.from_pretrained(models / "qwen3.5-hybrid-draft", dtype=torch_.float32).eval()
-        tokenizer = package.ByteTokenizer.from_pretrained(models / "qwen3.5-hybrid")
+        target = AutoModelForCausalLM.from_pretrained(trained_models / "qwen3.5-hybrid", dtype=torch_.float32).eval()
+        draft = package.DFlashDraftModel.from_pretrained(trained_models / "qwen3.5-hybrid-draft",
+                                                         dtype=torch_.float32).eval()
+        tokenizer = package.ByteTokenizer.from_pretrained(trained_models / "qwen3.5-hybrid")
         prompt = package.load_and_process_dataset("mini")[0]["turns"][0]
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
@@ -753,7 +753,8 @@ def counted(*args, **kwargs):
     widths.append(conv_columns(kwargs["past_key_values"]))
     return out
 target.forward = counted
-prompt = torch.randint(0, target.config.vocab_size - 8, (1, int(sys.argv[1])), generator=torch.Generator().manual_seed(0))
+generator = torch.Generator().manual_seed(0)
+prompt = torch.randint(0, target.config.vocab_size - 8, (1, int(sys.argv[1])), generator=generator)
 dflash_generate(draft, target, prompt, draft.mask_token_id, 8, draft.block_size, [], 0.0)
 print(json.dumps({"after_prefill": widths[0], "most": max(widths), "kernel": target.config.linear_conv_kernel_dim,
                   "block": draft.block_size}))
