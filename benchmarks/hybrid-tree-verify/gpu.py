@@ -9,7 +9,7 @@ draft logits. The three methods run round-robin on a fresh copy of the same cach
 commits the same accepted path. Also prints how far the new verify's logits are from the reference's (bf16).
 
     python gpu.py --device cuda [--layout 27b|tiny] [--layers N] [--contexts 8192,32768] [--budgets 16,64]
-        [--repeats 5] [--time-limit 480]
+        [--repeats 5] [--chain-block 16] [--dtype bfloat16|float32] [--time-limit 480]
 
 --layout 27b is a Qwen3.5 ~27B dense hybrid layout (64 layers, every 4th full attention; written from the
 published shape, not read from a config.json); when it does not fit, fewer layers are built and the report says
@@ -50,6 +50,9 @@ def parse_args(argv=None):
     parser.add_argument("--budgets", default="16,64")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill-chunk", type=int, default=4096)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                        help="default: bfloat16 on CUDA, float32 elsewhere")
+    parser.add_argument("--chain-block", type=int, default=16, help="DFlash's block for the native-recording row")
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for the whole script")
     args = parser.parse_args(argv)
     args.contexts = [int(c) for c in args.contexts.split(",")]
@@ -124,10 +127,12 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
+    import ddops_hybrid_verify as hv
     import ddtree
+    import dflash
 
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     target, layers = build_target(args, device, dtype)
     params = sum(p.numel() for p in target.parameters())
     print(json.dumps({"layout": args.layout, "layers": layers, "parameters": params, "dtype": str(dtype),
@@ -143,7 +148,6 @@ def main() -> None:
         for context in args.contexts:
             tick = time.monotonic()
             cache = DynamicCache(config=target.config)
-            cache.activate_past_recording()  # as crop-relative leaves it
             prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
             for offset in range(0, context, args.prefill_chunk):
                 if out_of_time(0):
@@ -152,7 +156,7 @@ def main() -> None:
                 piece = prompt[:, offset:offset + args.prefill_chunk]
                 target(piece, position_ids=torch.arange(offset, offset + piece.shape[1], device=device)[None],
                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-                cache.crop(0)  # keep only the conv windows the next forward needs
+            dflash._ddops_record_past(cache, context)  # as crop-relative leaves it: recording from the prefill on
             synchronize(device)
             prefill_s = time.monotonic() - tick
             depth = 15  # DDTree's default block of 16: 15 drafted positions
@@ -163,14 +167,14 @@ def main() -> None:
                 vin, vpos, vmask = ddtree.compile_ddtree_tree(root, context, node_ids, depths, visibility, context,
                                                               target.dtype, device)
                 probe = copy.deepcopy(cache)
-                new_out = ddtree._ddops_verify_tree(target, vin, vpos, vmask, probe, parents)
-                mode = probe.__dict__.pop("_ddops_tree", {}).get("mode")
+                new_out = hv.verify_tree(target, vin, vpos, vmask, probe, parents)
+                mode = next(iter(hv.verify_paths(probe) or {None: 0}))
                 del probe
                 accepted = [0]
                 while len(accepted) < 4 and accepted[-1] in parents[1:]:  # down the first children: tau 4
                     accepted.append(parents.index(accepted[-1]))
                 try:
-                    reference = ddtree._ddops_verify_tree_by_paths(target, vin, vpos, copy.deepcopy(cache), parents)
+                    reference = hv._verify_tree_by_paths(target, vin, vpos, copy.deepcopy(cache), parents)
                     error = (new_out.logits.float() - reference.logits.float()).abs().max().item()
                     same = bool(torch.equal(new_out.logits.argmax(-1), reference.logits.argmax(-1)))
                     del reference
@@ -184,13 +188,13 @@ def main() -> None:
                     ddtree.compact_dynamic_cache(c, context, accepted)
 
                 def paths(c):
-                    ddtree._ddops_verify_tree_by_paths(target, vin, vpos, c, parents)
-                    c._ddops_tree = {"mode": "paths"}
-                    ddtree._ddops_commit_tree(target, c, context, accepted, vin)
+                    hv._verify_tree_by_paths(target, vin, vpos, c, parents)
+                    c._ddops_tree = "paths"
+                    hv.commit_tree(target, c, context, accepted, vin, ddtree.compact_dynamic_cache)
 
                 def new(c):
-                    ddtree._ddops_verify_tree(target, vin, vpos, vmask, c, parents)
-                    ddtree._ddops_commit_tree(target, c, context, accepted, vin)
+                    hv.verify_tree(target, vin, vpos, vmask, c, parents)
+                    hv.commit_tree(target, c, context, accepted, vin, ddtree.compact_dynamic_cache)
 
                 steps = {"lossy": lossy, "paths": paths, "new": new}
                 times = {label: [] for label in steps}
@@ -221,10 +225,70 @@ def main() -> None:
                     row[f"{label}_ms"] = ("out of memory" if values is None else
                                           round(statistics.median(values) * 1e3, 2) if values else "time limit")
                 print(json.dumps(row), flush=True)
+            if not out_of_time(60):
+                print(json.dumps(chain_row(args, target, cache, context, device, generator)), flush=True)
             del cache
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(json.dumps({"total_s": round(time.monotonic() - began, 1)}))
+
+
+def chain_row(args, target, cache, context, device, generator) -> dict:
+    """DFlash's block (args.chain_block tokens, 4 accepted): transformers' native per-token recording (5.25+: the
+    plain verify keeps each token's recurrent state, the crop puts back the accepted one) against the fold (verify_chain,
+    then the same crop); each committed state against the reference (the accepted tokens run on the cache)."""
+    import inspect
+
+    import torch
+
+    import ddops_hybrid_verify as hv
+    import dflash
+
+    block = torch.randint(0, target.config.vocab_size, (1, args.chain_block), generator=generator).to(device)
+    positions = torch.arange(context, context + args.chain_block, device=device)[None]
+    kept = min(4, args.chain_block)
+    linear = list(hv.linear_layers(cache).values())
+    native_there = "recurrent_states_to_keep" in inspect.signature(linear[0].activate_past_recording).parameters
+
+    def held(c):
+        total = sum(hv._state(layer, "conv_states").nbytes for layer in hv.linear_layers(c).values())
+        for layer in hv.linear_layers(c).values():
+            total += sum(s.nbytes for states in (getattr(layer, "recurrent_states_history", None) or {}).values()
+                         for s in states)
+        return total
+
+    def run(verifier):
+        c = copy.deepcopy(cache)
+        synchronize(device)
+        tick = time.perf_counter()
+        verifier(c)(block, position_ids=positions, past_key_values=c, use_cache=True)
+        size = held(c)
+        dflash._ddops_crop_to(c, context + kept)
+        synchronize(device)
+        return c, time.perf_counter() - tick, size
+
+    reference = copy.deepcopy(cache)
+    target(block[:, :kept], position_ids=positions[:, :kept], past_key_values=reference, use_cache=True)
+    dflash._ddops_crop_to(reference, context + kept)
+    verifiers = {"fold": lambda c: hv.verify_chain(target, c)}
+    if native_there:
+        verifiers["native"] = lambda c: target
+    row = {"context": context, "chain_block": args.chain_block, "accepted": kept, "native_recording": native_there}
+    times = {label: [] for label in verifiers}
+    for repeat in range(args.repeats + 1):
+        for label, verifier in verifiers.items():
+            c, seconds, size = run(verifier)
+            if repeat:
+                times[label].append(seconds)
+            row[f"{label}_held_mib"] = round(size / 2**20, 2)
+            row[f"{label}_max_state_diff"] = max(
+                (hv._state(a, n).float() - hv._state(b, n).float()).abs().max().item()
+                for a, b in zip(hv.linear_layers(c).values(), hv.linear_layers(reference).values())
+                for n in ("recurrent_states", "conv_states"))
+            del c
+    for label, values in times.items():
+        row[f"{label}_ms"] = round(statistics.median(values) * 1e3, 2)
+    return row
 
 
 if __name__ == "__main__":

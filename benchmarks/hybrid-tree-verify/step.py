@@ -8,9 +8,9 @@ so that load on a shared machine hits all three alike, each method on a fresh co
 
 - lossy: DDTree's own step (one forward under the tree mask, then compact_dynamic_cache); DFlash's (one forward,
   then the crop);
-- paths: the reference (_ddops_verify_tree_by_paths, then the accepted chain run again; DFlash: states saved, the
+- paths: the reference (_verify_tree_by_paths, then the accepted chain run again; DFlash: states saved, the
   accepted prefix run again);
-- new: _ddops_verify_tree then _ddops_commit_tree (DFlash: _ddops_verify_chain, then the crop).
+- new: verify_tree then commit_tree (DFlash: verify_chain, then the crop).
 
 All three commit the same accepted path (the exact one), so they do the same work. Each row reports medians of
 both the wall time and the process's CPU time (one thread): on a machine other jobs load, the wall time also counts
@@ -29,6 +29,7 @@ sys.path.insert(0, ".")
 from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 import ddtree  # noqa: E402
+import ddops_hybrid_verify as hv  # noqa: E402
 import dflash  # noqa: E402
 from model import ByteTokenizer, DFlashDraftModel, extract_context_feature, load_and_process_dataset  # noqa: E402
 
@@ -45,8 +46,8 @@ start = ids.shape[1]
 
 with torch.inference_mode():
     cache = DynamicCache(config=target.config)
-    cache.activate_past_recording()  # as crop-relative leaves it
     prefill = target(ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    dflash._ddops_record_past(cache, start)  # as crop-relative leaves it: recording from the prefill on
     root = prefill.logits[0, -1].argmax()
     block = torch.full((1, draft.block_size), draft.mask_token_id)
     block[0, 0] = root
@@ -64,14 +65,14 @@ with torch.inference_mode():
             ddtree.compact_dynamic_cache(c, start, accepted)
 
         def paths(c):
-            ddtree._ddops_verify_tree_by_paths(target, vin, vpos, c, parents)
-            c._ddops_tree = {"mode": "paths"}
-            ddtree._ddops_commit_tree(target, c, start, accepted, vin)
+            hv._verify_tree_by_paths(target, vin, vpos, c, parents)
+            c._ddops_tree = "paths"
+            hv.commit_tree(target, c, start, accepted, vin, ddtree.compact_dynamic_cache)
 
         def new(c):
-            ddtree._ddops_verify_tree(target, vin, vpos, vmask, c, parents)
-            assert not hybrid or c._ddops_tree["mode"] in ("one forward", "single")
-            ddtree._ddops_commit_tree(target, c, start, accepted, vin)
+            hv.verify_tree(target, vin, vpos, vmask, c, parents)
+            assert not hybrid or hv.verify_paths(c) in (None, {hv.ONE_FORWARD: 1})
+            hv.commit_tree(target, c, start, accepted, vin, ddtree.compact_dynamic_cache)
 
         return {"lossy": lossy, "paths": paths, "new": new} if hybrid else {"lossy": lossy, "new": new}
 
@@ -83,36 +84,36 @@ with torch.inference_mode():
             dflash._ddops_crop_to(c, start + kept)
 
         def paths(c):
-            plan = dflash._ddops_route_plan
-            dflash._ddops_route_plan = lambda *args: "forced: the reference"
+            plan = hv.verify_route
+            hv.verify_route = lambda *args: "forced: the reference"
             try:
-                dflash._ddops_verify_chain(target, c)(block, **{**kwargs, "past_key_values": c})
+                hv.verify_chain(target, c)(block, **{**kwargs, "past_key_values": c})
             finally:
-                dflash._ddops_route_plan = plan
+                hv.verify_route = plan
             dflash._ddops_crop_to(c, start + kept)
 
         def new(c):
-            dflash._ddops_verify_chain(target, c)(block, **{**kwargs, "past_key_values": c})
+            hv.verify_chain(target, c)(block, **{**kwargs, "past_key_values": c})
             dflash._ddops_crop_to(c, start + kept)
 
         return {"lossy": lossy, "paths": paths, "new": new} if hybrid else {"lossy": lossy, "new": new}
 
     # Without linear layers the playbook never takes the reference path: only lossy and new are timed there.
-    hybrid = bool(ddtree._ddops_linear_layers(cache))
+    hybrid = bool(hv.linear_layers(cache))
     cases = []
     for budget in budgets:
         node_ids, depths, parents, child_maps, visibility, _ = ddtree.build_ddtree_tree(draft_logits, budget)
         vin, vpos, vmask = ddtree.compile_ddtree_tree(root, start, node_ids, depths, visibility, start,
                                                       target.dtype, ids.device)
         probe = copy.deepcopy(cache)
-        out = ddtree._ddops_verify_tree(target, vin, vpos, vmask, probe, parents)
+        out = hv.verify_tree(target, vin, vpos, vmask, probe, parents)
         accepted, _ = ddtree.follow_verified_tree(child_maps, out.logits.argmax(-1))
         paths_count = len(parents) - len(set(parents[1:]))
         cases.append(({"method": "ddtree", "budget": budget, "nodes": len(parents), "paths": paths_count,
                        "depth": int(depths.max()) if len(depths) else 0, "accepted": len(accepted)},
                       tree_steps(vin, vpos, vmask, parents, accepted)))
     probe = copy.deepcopy(cache)
-    out = dflash._ddops_verify_chain(target, probe)(block, position_ids=chain_positions, past_key_values=probe,
+    out = hv.verify_chain(target, probe)(block, position_ids=chain_positions, past_key_values=probe,
                                                      use_cache=True, output_hidden_states=True)
     kept = int((block[:, 1:] == out.logits.argmax(-1)[:, :-1]).long().cumprod(dim=1).sum()) + 1
     cases.append(({"method": "dflash", "budget": draft.block_size - 1, "nodes": draft.block_size, "paths": 1,

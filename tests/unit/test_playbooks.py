@@ -105,14 +105,14 @@ def test_crop_relative_rewrites_every_absolute_crop_in_both_files():
         assert after.count("_ddops_crop_to(") == calls + 1
 
 
-def test_crop_recording_makes_the_target_cache_record_past_states_and_leaves_the_draft_alone():
+def test_crop_recording_makes_the_target_cache_record_past_states_after_the_prefill_and_leaves_the_draft_alone():
     book = load_playbook("crop-relative")
     for path in ("ddtree.py", "dflash.py"):
         after = (FIXTURES / "after" / "crop-relative" / path).read_text()
-        draft = after.index("past_key_values_draft = DynamicCache()\n")
+        prefill = after.index("        logits_to_keep=1,\n")
         recording = after.index('    if hasattr(past_key_values_target, "activate_past_recording"):\n'
-                                '        past_key_values_target.activate_past_recording()\n')
-        assert recording > draft
+                                '        _ddops_record_past(past_key_values_target, output_ids.shape[1])\n')
+        assert recording > prefill  # from the prefill on: a recording never holds the prompt
         assert "past_key_values_draft.activate_past_recording" not in after
         assert plan_file(path, after.encode(), patches_for(book, path)).results[-1].state == APPLIED
 
@@ -121,7 +121,7 @@ def test_all_builtin_playbooks_compose_on_the_same_file():
     patches = [p for name in BUILTINS for p in patches_for(load_playbook(name), "dflash.py")]
     before = (FIXTURES / "before" / "dflash.py").read_bytes()
     plan = plan_file("dflash.py", before, patches)
-    assert [r.state for r in plan.results] == [PENDING] * 5
+    assert [r.state for r in plan.results] == [PENDING] * len(patches) == [PENDING] * 5
     again = plan_file("dflash.py", plan.new, patches)
     assert [r.state for r in again.results] == [APPLIED] * 5
     compile(plan.new, "dflash.py", "exec")
