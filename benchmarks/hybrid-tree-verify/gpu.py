@@ -83,6 +83,7 @@ def parse_args(argv=None):
     parser.add_argument("--profile-over", type=float, default=1.15,
                         help="profile the cases where the one-forward step costs more than this times the lossy one")
     parser.add_argument("--out", type=Path, default=Path("."), help=f"folder for {RESULT} and the profiles")
+    parser.add_argument("--table", type=Path, metavar="JSON", help=f"print the markdown tables of a {RESULT} and exit")
     args = parser.parse_args(argv)
     try:
         args.contexts = [int(c) for c in args.contexts.split(",")]
@@ -189,13 +190,22 @@ def rule_kernels(target, device):
     wrapper = getattr(home, "torch_chunk_gated_delta_rule", None)
     if wrapper is None:
         return home, "unknown", "this transformers has no module-level torch_chunk_gated_delta_rule"
-    bound = dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ())))
-    kernel = bound.get("implementation", inspect.unwrap(wrapper))
-    name = f"{kernel.__module__}.{kernel.__qualname__}"
-    if kernel.__module__.split(".")[0] == "fla":
-        return home, name, None
+    kernel = wrapper
+    while True:  # through the wrappers to the one that holds what it calls
+        code = getattr(kernel, "__code__", None)
+        bound = dict(zip(code.co_freevars, (c.cell_contents for c in kernel.__closure__ or ()))) if code else {}
+        if "implementation" in bound:
+            kernel = bound["implementation"]
+            break
+        if not hasattr(kernel, "__wrapped__"):
+            break
+        kernel = kernel.__wrapped__
+    module = getattr(kernel, "__module__", None) or "?"
+    name = f"{module}.{getattr(kernel, '__qualname__', type(kernel).__name__)}"
     if device.type != "cuda":
         return home, name, "no CUDA device: flash-linear-attention's kernels are Triton GPU kernels"
+    if module.split(".")[0] == "fla":
+        return home, name, None
     try:
         importlib.import_module("fla.ops.gated_delta_rule")
     except Exception as error:  # noqa: BLE001 - the reason is the figure
@@ -446,9 +456,49 @@ def versions(device) -> dict:
     return found
 
 
+def tables(report: dict) -> str:
+    """The markdown tables of playbooks/README.md's GPU section, from one result file."""
+
+    def cell(method, key, digits=2):
+        value = method.get(key) if isinstance(method, dict) else None
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    time_rows, exact_rows = [], []
+    for case in report["cases"]:
+        methods, ratios, exact = case["methods"], case["ratios"], case.get("exactness") or {}
+        shape = f"{case['context']} | {case['budget']} | {case['nodes']} ({case['paths']} × {case['depth']})"
+        base = case["baseline"]
+        time_rows.append(
+            f"| {shape} | " + " | ".join(cell(methods[m], "median_ms", 1) for m in METHODS) + " | "
+            + " | ".join(f"{ratios[f'{m}/{base}']:.2f}x" if f"{m}/{base}" in ratios else "—"
+                         for m in ("new", "paths")) + " | "
+            + " / ".join(cell(methods[m], "peak_above_cache_gib") for m in METHODS) + " |")
+        exact_rows.append(
+            f"| {shape} | {exact.get('nodes_checked', 0)}/{case['nodes']} | "
+            + " | ".join(f"{exact[m]['agree']}/{exact[m]['nodes']}, {exact[m]['max_logit_gap']:.3g}"
+                         if exact.get(m) else "—" for m in METHODS)
+            + f" | {cell(exact, 'reference_top1_margin_median', 3)} |")
+    model, found = report["model"], report["versions"]
+    return "\n".join([
+        f"{found['device']}, {model['layers']} of {model['of_layers']} layers ({model['linear_attention_layers']} "
+        f"Gated DeltaNet + {model['full_attention_layers']} full attention), {model['dtype']}; torch {found['torch']}, "
+        f"transformers {found['transformers']}, triton {found['triton']}, fla {found['fla-core']}, CUDA "
+        f"{found['cuda']}, driver {found['driver']}; baseline of the ratios: {report['cases'][0]['baseline']}"
+        if report["cases"] else "no cases measured", "",
+        "| context | budget | nodes (paths × depth) | lossy fla ms | lossy torch ms | paths ms | new ms | "
+        "new / lossy | paths / lossy | peak above the cache, GiB (fla / torch / paths / new) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", *time_rows, "",
+        "| context | budget | nodes (paths × depth) | nodes checked | lossy fla: argmax agree, max logit gap | "
+        "lossy torch | paths | new | reference top-1 margin (median) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *exact_rows])
+
+
 def main() -> None:
     began = time.monotonic()
     args = parse_args()  # before torch: bad arguments fail in a moment
+    if args.table:
+        print(tables(json.loads(args.table.read_text())))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -460,7 +510,7 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     api = verify_entry_points(ddtree, dflash)
     report = {"argv": sys.argv[1:], "versions": versions(device), "time_limit_s": args.time_limit, "stopped": None,
-              "phases": {}, "contexts": [], "cases": []}
+              "errors": [], "phases": {}, "contexts": [], "cases": []}
 
     def save(phase):
         report["phases"][phase] = round(time.monotonic() - began, 1)
@@ -498,19 +548,25 @@ def main() -> None:
                 break
             tick = time.monotonic()
             prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
-            cache = DynamicCache(config=config)
-            for offset in range(0, context, args.prefill_chunk):
-                piece = prompt[:, offset:offset + args.prefill_chunk]
-                target(piece, position_ids=torch.arange(offset, offset + piece.shape[1], device=device)[None],
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
-            api.record_past(cache, context + DRAFT_DEPTH + 1)  # as the patched crop-relative starts recording
-            synchronize(device)
-            seconds = time.monotonic() - tick
-            prefill_estimate = max(prefill_estimate, seconds / context)
             draft_logits = peaked_draft_logits(DRAFT_DEPTH, vocab, generator)
-            contexts.append(SimpleNamespace(context=context, prompt=prompt, cache=cache, draft_logits=draft_logits))
-            report["contexts"].append({"context": context, "prefill_s": round(seconds, 2),
-                                       "cache_gib": gib(tensor_bytes(cache))})
+            with recorded(report, f"prefill {context}", device):
+                cache = DynamicCache(config=config)
+                for offset in range(0, context, args.prefill_chunk):
+                    piece = prompt[:, offset:offset + args.prefill_chunk]
+                    chunk = time.monotonic()
+                    target(piece, position_ids=torch.arange(offset, offset + piece.shape[1], device=device)[None],
+                           past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    synchronize(device)
+                    # seconds per token of the fastest chunk (the first ones compile kernels) for the time guards
+                    rate = (time.monotonic() - chunk) / piece.shape[1]
+                    prefill_estimate = min(prefill_estimate or rate, rate)
+                api.record_past(cache, context + max(args.budgets) + 1)  # as the patched crop-relative does
+                synchronize(device)
+                seconds = time.monotonic() - tick
+                contexts.append(SimpleNamespace(context=context, prompt=prompt, cache=cache,
+                                                draft_logits=draft_logits))
+                report["contexts"].append({"context": context, "prefill_s": round(seconds, 2),
+                                           "cache_gib": gib(tensor_bytes(cache))})
             save("prefill")
 
         # 2. the four steps, round-robin, per context and budget
@@ -531,8 +587,10 @@ def main() -> None:
         for case in cases:
             ratio = case.row["ratios"].get(f"new/{case.row['baseline']}")
             if ratio is not None and ratio > args.profile_over and left() > 30:
-                case.row["profile"] = profile_case(target, case.steps, case.ctx.cache, device, case.row["baseline"],
-                                                   args.out, f"{case.ctx.context}-{case.row['budget']}")
+                with recorded(report, f"profile {case.ctx.context}-{case.row['budget']}", device):
+                    case.row["profile"] = profile_case(target, case.steps, case.ctx.cache, device,
+                                                       case.row["baseline"], args.out,
+                                                       f"{case.ctx.context}-{case.row['budget']}")
                 save("profiles")
 
         # 4. exactness against cache-free forwards of prompt + path (the largest tree's paths, while time is left)
@@ -540,38 +598,54 @@ def main() -> None:
             mine = [case for case in cases if case.ctx is ctx]
             if not mine:
                 continue
-            largest = max(mine, key=lambda case: case.row["budget"])
-            references, done, tick = {}, 0, time.monotonic()
-            others = len(contexts) - contexts.index(ctx) - 1
-            share = (left() - 10) / (1 + others)  # this context's part of the time left
-            for path in leaves_by_coverage(largest.parents, largest.accepted):
-                spent = time.monotonic() - tick
-                each = spent / done if done else prefill_estimate * ctx.context
-                if spent + 1.5 * each > share:  # no time for one more path
-                    break
-                tokens = largest.vin[0, path]
-                ids = torch.cat([ctx.prompt[0], tokens]).unsqueeze(0)
-                logits = target(ids, use_cache=False, logits_to_keep=len(path)).logits[0]
-                for depth in range(len(path)):
-                    references[tuple(tokens[:depth + 1].tolist())] = logits[depth]
-                done += 1
-                del logits
-            for case in mine:
-                keys = [tuple(case.vin[0, path].tolist()) for path in root_paths(case.parents)]
-                margins = [float(top[0] - top[1]) for top in
-                           (references[key].float().topk(2).values for key in keys if key in references)]
-                case.row["exactness"] = {
-                    "reference": f"cache-free forward of prompt + path (chunked rule: {kernel})",
-                    "nodes_checked": len(margins), "of_nodes": len(keys),
-                    "reference_top1_margin_min": min(margins, default=None),
-                    "reference_top1_margin_median": statistics.median(margins) if margins else None,
-                    **{label: exactness(case.logits.get(label), references, keys) for label in METHODS}}
-                case.logits.clear()
-            del references
+            with recorded(report, f"exactness {ctx.context}", device):
+                check_exactness(ctx, mine, contexts, target, kernel, left, prefill_estimate)
             save("exactness")
     report["total_s"] = round(time.monotonic() - began, 1)
     save("done")
     print(json.dumps({"result": str(args.out / RESULT), "stopped": report["stopped"], "total_s": report["total_s"]}))
+
+
+@contextlib.contextmanager
+def recorded(report, phase, device):
+    """An error goes into the report, and what comes after still runs (a one-shot run keeps what it can)."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - the figures so far are kept (out of memory included)
+        report["errors"].append(f"{phase}: {type(error).__name__}: {error}"[:1000])
+        empty_cache(device)
+
+
+def check_exactness(ctx, mine, contexts, target, kernel, left, prefill_estimate):
+    """Phase 4 for one context: cache-free forwards of prompt + path for the largest tree's paths (while this
+    context's share of the time left lasts), then each case's steps against them."""
+    import torch
+
+    largest = max(mine, key=lambda case: case.row["budget"])
+    references, done, tick = {}, 0, time.monotonic()
+    share = (left() - 10) / (len(contexts) - contexts.index(ctx))  # this context's part of the time left
+    for path in leaves_by_coverage(largest.parents, largest.accepted):
+        spent = time.monotonic() - tick
+        each = spent / done if done else prefill_estimate * ctx.context
+        if spent + 1.5 * each > share:  # no time for one more path
+            break
+        tokens = largest.vin[0, path]
+        ids = torch.cat([ctx.prompt[0], tokens]).unsqueeze(0)
+        logits = target(ids, use_cache=False, logits_to_keep=len(path)).logits[0]
+        for depth in range(len(path)):
+            references[tuple(tokens[:depth + 1].tolist())] = logits[depth]
+        done += 1
+    for case in mine:
+        keys = [tuple(case.vin[0, path].tolist()) for path in root_paths(case.parents)]
+        margins = [float(top[0] - top[1]) for top in
+                   (references[key].float().topk(2).values for key in keys if key in references)]
+        case.row["exactness"] = {
+            "reference": f"cache-free forward of prompt + path (chunked rule: {kernel})",
+            "paths_checked": done, "nodes_checked": len(margins), "of_nodes": len(keys),
+            "reference_top1_margin_min": min(margins, default=None),
+            "reference_top1_margin_median": statistics.median(margins) if margins else None,
+            **{label: exactness(case.logits.get(label), references, keys) for label in METHODS}}
+        case.logits.clear()
 
 
 def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
@@ -628,12 +702,15 @@ def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
                 failed[label] = "out of memory"
                 empty_cache(device)
                 continue
+            except Exception as error:  # noqa: BLE001 - one step failing must not cost the others' figures
+                failed[label] = f"failed: {type(error).__name__}: {error}"[:500]
+                continue
             slowest = max(slowest, ms)
-            if repeat == 0:  # the warm-up: its logits (for exactness) and its memory
+            if repeat == 0:  # the warm-up (kernels compile): its logits, for exactness
                 logits[label] = output.logits[0].detach()
-                peaks[label] = peak
             else:
                 samples[label].append(round(ms, 4))
+                peaks[label] = None if peak is None else max(peak, peaks.get(label) or 0)
             del output
     medians = {label: statistics.median(values) for label, values in samples.items() if values}
     baseline = "lossy-fla" if "lossy-fla" in medians else "lossy-torch"
