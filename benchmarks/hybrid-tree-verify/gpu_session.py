@@ -19,8 +19,12 @@ step, the versions, ddops' ping, patch, verify, the bench run, the manifest's GP
 nvidia-smi-query.csv, nvidia-smi-full.csv, nvidia-smi-q.xml, session.log, and outputs.tar.gz (everything else:
 profiles, ddops' JSON documents, the collected results).
 
-On the GPU machine (repository root; README's "GPU session" gives the device call):
-    python3 benchmarks/hybrid-tree-verify/gpu_session.py --out $OUT --time-limit 420
+The device call (after `.venv/bin/python benchmarks/hybrid-tree-verify/gpu_prepare.py` here, in the checkout the
+device tool sends; playbooks/README.md, "On a GPU", says what comes back and where it goes):
+    run  command:   PYTHONUNBUFFERED=1 python3 benchmarks/hybrid-tree-verify/gpu_session.py --out $OUT --time-limit 420
+         carry:     [".gpu-carry"]
+         timeout_s: 480
+A rerun of one half: add --skip bench or --skip ddops (and a --time-limit that fits what is left).
 Here, the whole session on the CPU at toy size (what tests/unit/test_gpu_session.py runs):
     .venv/bin/python benchmarks/hybrid-tree-verify/gpu_session.py --dry --out /tmp/gpu-out
 """
@@ -206,8 +210,9 @@ def ddops_venv(session: Session, carry: Path) -> Path | None:
     # The image's python3 is itself a venv: --system-site-packages reaches its base interpreter, not its packages.
     Path(purelib, "session-parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     [wheel] = (carry / WHEELS).glob("ddops-*.whl")
-    status, _ = session.run("install ddops", [sys.executable, "-m", "pip", "--python", python, "install", "-q",
-                                              "--no-index", "--find-links", carry / WHEELS, wheel],
+    # The venv's python runs this interpreter's pip (seen through the .pth), which installs into the venv.
+    status, _ = session.run("install ddops", [python, "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                                              carry / WHEELS, wheel],
                             timeout=180, env=offline_env())
     return python if status == 0 else None
 
@@ -325,7 +330,7 @@ def deliver(work: Path, out: Path) -> None:
         if source.is_file():
             shutil.copyfile(source, out / name)
     with tarfile.open(out / "outputs.tar.gz", "w:gz") as archive:
-        for part in ("bench", "ddops", "results", "nvidia-smi", "inventory.yaml"):
+        for part in ("bench", "ddops", "results", "nvidia-smi", "inventory.yaml", "mini/.ddops/runs"):
             if (work / part).exists():
                 archive.add(work / part, arcname=part)
 
