@@ -15,8 +15,9 @@ In the order the time limit cuts it (each phase rewrites DIR/hybrid-gpu.json, so
    random prompt prefilled in chunks, recording for crops started as the patched copy starts it;
 2. per context and budget, DDTree's best-first tree over draft logits shaped like a trained draft's (one draw per
    context, so the smaller tree is the top of the larger), the four steps round-robin on fresh copies of the cache,
-   each committing the same 4-node accepted path: every sample (CUDA events), the median, the peak memory above the
-   cache copy (max_memory_allocated, reset per step), and the ratios to the lossy step on flash-linear-attention;
+   each committing the same 4-node accepted path: every sample (CUDA events), the median, the peak memory
+   (max_memory_allocated, reset per step: in all, and above what the weights, the caches and the step's copy of one
+   hold), and the ratios to the lossy step on flash-linear-attention;
 3. where the one-forward step costs more than --profile-over times that lossy step: one step of each timed per layer
    kind (CUDA events around each decoder layer's linear attention, full attention and MLP, and the commit) and a
    torch.profiler table of the one-forward step (DIR/profile-CONTEXT-BUDGET.txt);
@@ -180,16 +181,9 @@ def build_target(args, device, dtype):
             layers = smaller
 
 
-def rule_kernels(target, device):
-    """(modeling module, the lossy step's chunked-rule kernel, why flash-linear-attention is not it or None).
-
-    transformers 5.14+ binds torch_chunk_gated_delta_rule, at import, to flash-linear-attention's
-    chunk_gated_delta_rule when fla imports, else to the torch reference it wraps (functools.wraps: __wrapped__)."""
-    layer = next(m for m in target.modules() if hasattr(m, "conv1d") and hasattr(m, "layer_idx"))
-    home = sys.modules[type(layer).__module__]
-    wrapper = getattr(home, "torch_chunk_gated_delta_rule", None)
-    if wrapper is None:
-        return home, "unknown", "this transformers has no module-level torch_chunk_gated_delta_rule"
+def bound_kernel(wrapper) -> str:
+    """The function transformers' kernel wrapper calls: use_kernel_func_from_hub_with_fallback binds, at import,
+    the package's kernel when it imports (fla, causal_conv1d), else the torch reference it wraps."""
     kernel = wrapper
     while True:  # through the wrappers to the one that holds what it calls
         code = getattr(kernel, "__code__", None)
@@ -200,17 +194,26 @@ def rule_kernels(target, device):
         if not hasattr(kernel, "__wrapped__"):
             break
         kernel = kernel.__wrapped__
-    module = getattr(kernel, "__module__", None) or "?"
-    name = f"{module}.{getattr(kernel, '__qualname__', type(kernel).__name__)}"
+    return f"{getattr(kernel, '__module__', None) or '?'}.{getattr(kernel, '__qualname__', type(kernel).__name__)}"
+
+
+def rule_kernels(target, device):
+    """(modeling module, {what the lossy step's chunked rule and conv call}, why flash-linear-attention is not the
+    rule's kernel, or None)."""
+    layer = next(m for m in target.modules() if hasattr(m, "conv1d") and hasattr(m, "layer_idx"))
+    home = sys.modules[type(layer).__module__]
+    kernels = {name: bound_kernel(getattr(home, name)) for name in ("torch_chunk_gated_delta_rule",
+                                                                     "causal_conv1d_fn") if hasattr(home, name)}
+    rule = kernels.get("torch_chunk_gated_delta_rule", "?")
     if device.type != "cuda":
-        return home, name, "no CUDA device: flash-linear-attention's kernels are Triton GPU kernels"
-    if module.split(".")[0] == "fla":
-        return home, name, None
+        return home, kernels, "no CUDA device: flash-linear-attention's kernels are Triton GPU kernels"
+    if rule.split(".")[0] == "fla":
+        return home, kernels, None
     try:
         importlib.import_module("fla.ops.gated_delta_rule")
     except Exception as error:  # noqa: BLE001 - the reason is the figure
-        return home, name, f"flash-linear-attention does not import: {type(error).__name__}: {error}"[:300]
-    return home, name, "fla imports, but this transformers bound its torch reference"
+        return home, kernels, f"flash-linear-attention does not import: {type(error).__name__}: {error}"[:300]
+    return home, kernels, f"fla imports, but this transformers' lossy step calls {rule}"
 
 
 @contextlib.contextmanager
@@ -304,8 +307,8 @@ class Clock:
 
 
 def run_step(verify, commit, cache, device):
-    """(ms, peak bytes above what was allocated before it or None on a CPU, the verify's output): verify + commit
-    on a fresh copy of cache (the copy is not timed)."""
+    """(ms, (peak bytes allocated, the part above what was allocated before it) or None on a CPU, the verify's
+    output): verify + commit on a fresh copy of cache (the copy is not timed)."""
     import torch
 
     fresh = copy.deepcopy(cache)
@@ -319,7 +322,10 @@ def run_step(verify, commit, cache, device):
     output = verify(fresh)
     commit(fresh, output)
     ms = clock.stop()
-    peak = torch.cuda.max_memory_allocated(device) - before if before is not None else None
+    peak = None
+    if before is not None:
+        peak = torch.cuda.max_memory_allocated(device)
+        peak = (peak, peak - before)
     del fresh
     return ms, peak, output
 
@@ -410,10 +416,11 @@ def profile_case(target, steps, cache, device, baseline, out: Path, name: str) -
         verify, commit = steps["new"]
         commit(fresh, verify(fresh))
         synchronize(device)
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    table = profiler.key_averages().table(sort_by=sort, row_limit=40)
     path = out / f"profile-{name}.txt"
-    path.write_text(f"one-forward step (verify + commit), {name}, sorted by {sort}\n\n{table}\n")
+    with path.open("w") as text:  # where the device's time goes, and where the host's (launches) goes
+        for sort in (["self_device_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]:
+            table = profiler.key_averages().table(sort_by=sort, row_limit=40)
+            text.write(f"one-forward step (verify + commit), {name}, sorted by {sort}\n\n{table}\n\n")
     return {"sections_ms": sections, "baseline": baseline, "table": path.name}
 
 
@@ -524,7 +531,8 @@ def main() -> None:
 
     target, layers = build_target(args, device, dtype)
     synchronize(device)
-    home, kernel, no_fla = rule_kernels(target, device)
+    home, kernels, no_fla = rule_kernels(target, device)
+    kernel = kernels.get("torch_chunk_gated_delta_rule")
     config = target.config
     report["model"] = {
         "layout": args.layout, "layers": layers, "of_layers": LAYOUTS[args.layout]["num_hidden_layers"],
@@ -532,7 +540,7 @@ def main() -> None:
         "full_attention_layers": config.layer_types.count("full_attention"), "dtype": str(dtype).split(".")[-1],
         "parameters": sum(p.numel() for p in target.parameters()), "weights_gib": gib(tensor_bytes(list(
             target.parameters()))), "built_s": round(time.monotonic() - began, 1)}
-    report["kernels"] = {"chunked_rule": kernel, "lossy-fla_skipped": no_fla,
+    report["kernels"] = {**kernels, "lossy-fla_skipped": no_fla,
                          "lossy-torch": f"{home.__name__}.torch_chunk_gated_delta_rule (its torch reference)"}
     save("model")
     vocab = config.vocab_size
@@ -710,7 +718,7 @@ def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
                 logits[label] = output.logits[0].detach()
             else:
                 samples[label].append(round(ms, 4))
-                peaks[label] = None if peak is None else max(peak, peaks.get(label) or 0)
+                peaks[label] = None if peak is None else max(peak, peaks.get(label) or (0, 0))
             del output
     medians = {label: statistics.median(values) for label, values in samples.items() if values}
     baseline = "lossy-fla" if "lossy-fla" in medians else "lossy-torch"
@@ -720,7 +728,8 @@ def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
             methods[label] = {"skipped": skipped.get(label) or failed[label]}
             continue
         methods[label] = {"median_ms": round(medians[label], 4) if label in medians else None,
-                          "samples_ms": samples[label], "peak_above_cache_gib": gib(peaks.get(label))}
+                          "samples_ms": samples[label], "peak_gib": gib((peaks.get(label) or (None,))[0]),
+                          "peak_above_cache_gib": gib((peaks.get(label) or (None, None))[1])}
     ratios = {f"{label}/{baseline}": round(medians[label] / medians[baseline], 4)
               for label in medians if baseline in medians and label != baseline}
     if "lossy-fla" in medians and "lossy-torch" in medians:
