@@ -98,7 +98,7 @@ def parse_args(argv=None):
     return args
 
 
-# --- the patched copy's verify: the one place that knows its entry points ------------------------------------------
+# --- the patched copy's verify: the one place that knows its entry points -------------------------------------------
 
 def verify_entry_points(ddtree, dflash):
     """(record_past, verify, reference, commit, path_taken) of the patched copy: hybrid-tree-verify's module
@@ -142,7 +142,7 @@ def verify_entry_points(ddtree, dflash):
                            path_taken=path_taken)
 
 
-# --- the target, its kernels, the trees ------------------------------------------------------------------------------
+# --- the target, its kernels, the trees -----------------------------------------------------------------------------
 
 def config_for(layout: str, layers: int | None, context: int):
     """The Qwen3.5 text config of the layout, optionally with fewer layers (the 3:1 pattern kept)."""
@@ -264,7 +264,7 @@ def leaves_by_coverage(parents: list[int], first: list[int]) -> list[list[int]]:
     return ordered
 
 
-# --- measuring -------------------------------------------------------------------------------------------------------
+# --- measuring ------------------------------------------------------------------------------------------------------
 
 def synchronize(device):
     import torch
@@ -437,7 +437,7 @@ def exactness(logits, references: dict, keys: list) -> dict | None:
     return {"nodes": len(checked), "agree": agree, "share": round(agree / len(checked), 4), "max_logit_gap": gap}
 
 
-# --- the run -----------------------------------------------------------------------------------------------------------
+# --- the run --------------------------------------------------------------------------------------------------------
 
 def versions(device) -> dict:
     import torch

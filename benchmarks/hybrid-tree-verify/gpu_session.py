@@ -1,6 +1,6 @@
-"""The GPU session of issue 36 in one command: hybrid-tree-verify's figures on a 27B layout (gpu.py) and ddops itself on
-CUDA (a `connection: local` host over mini-DDTree: ping, patch, verify, bench, collect, report), on the GPU machine's
-image as it is, with what the image lacks carried in .gpu-carry/ (gpu_prepare.py makes it here, beforehand).
+"""The GPU session of issue 36 in one command: hybrid-tree-verify's figures on a 27B layout (gpu.py) and ddops itself
+on CUDA (a `connection: local` host over mini-DDTree: ping, patch, verify, exec, bench, collect, report), on the GPU
+machine's image as it is, with what the image lacks carried in .gpu-carry/ (gpu_prepare.py makes it here first).
 
 Standard library only: it runs under the image's python3 (torch, transformers, triton; no libcst, paramiko or
 flash-linear-attention, and no network). In order, each step logged with its exit status and time:
@@ -261,6 +261,10 @@ def ddops_on_this_machine(session: Session, args, carry: Path) -> dict:
         done = ddops(name, name, "--all", timeout=300)
         found[name] = {"status": done.get("status"), "message": done.get("message"),
                        "patches": (done.get("data") or {}).get("patches")}
+    # The device benchmark.py takes: it runs on CUDA wherever the host's interpreter sees a GPU.
+    seen = ddops("exec", "exec", "--all", "--", sys.executable, "-c", "import torch; print(torch.cuda.is_available()"
+                 " and torch.cuda.get_device_name() or 'cpu')", timeout=120)
+    found["device_for_benchmark"] = ((seen.get("data") or {}).get("stdout") or "").strip() or seen.get("message")
     # The hybrid target alone in the dry run: the CPU check of the same steps, in half the time.
     only = ["--only", "target=qwen3.5-hybrid"] if args.dry else []
     launch = ddops("bench", "bench", MINI_PLAN, "--all", "--run-id", RUN_ID, *only)

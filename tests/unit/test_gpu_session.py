@@ -115,6 +115,7 @@ def test_the_dry_session_runs_every_step_on_the_cpu_and_brings_back_its_figures(
     ddops = session["ddops"]
     assert ddops["versions"]["ddops"] and ddops["versions"]["libcst"] and ddops["ping"]["gpus"] == []
     assert ddops["patch"]["status"] == "changed" and ddops["verify"]["status"] == "ok"
+    assert ddops["device_for_benchmark"] == "cpu"  # `ddops exec` asked the host's interpreter
     assert ddops["bench"]["run"]["status"] == "completed", ddops["bench"]
     assert ddops["collect"]["manifest"]["gpu"] == {"model": None, "count": 0, "driver": None}
     methods = {row["method"] for row in ddops["report"]["rows"]}
