@@ -7,7 +7,7 @@ gpu_prepare.py made): it imports the copy's ddtree, dflash and the verify throug
 (verify_entry_points), and nothing of ddops. No weights are downloaded: the target is built from a config with random
 weights (what is timed does not depend on them), bf16 on CUDA, fp32 on the CPU.
 
-    python gpu.py [--device cuda] [--layout 27b|tiny] [--layers N] [--contexts 8192,32768] [--budgets 16,64]
+    python gpu.py [--device cuda] [--layout 27b|tiny] [--dtype auto] [--layers N] [--contexts 8192,32768] [--budgets 16,64]
         [--repeats 7] [--prefill-chunk 4096] [--time-limit 300] [--profile-over 1.15] [--out DIR]
 
 In the order the time limit cuts it (each phase rewrites DIR/hybrid-gpu.json, so a killed run leaves the last one):
@@ -75,6 +75,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="27b")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="auto: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--layers", type=int, help="build this many layers (a multiple of 4) instead of the layout's")
     parser.add_argument("--contexts", default="8192,32768")
     parser.add_argument("--budgets", default="16,64")
@@ -514,7 +516,8 @@ def main() -> None:
     from transformers import DynamicCache
 
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else \
+        torch.bfloat16 if device.type == "cuda" else torch.float32
     api = verify_entry_points(ddtree, dflash)
     report = {"argv": sys.argv[1:], "versions": versions(device), "time_limit_s": args.time_limit, "stopped": None,
               "errors": [], "phases": {}, "contexts": [], "cases": []}

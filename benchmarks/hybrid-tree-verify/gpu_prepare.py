@@ -88,7 +88,7 @@ def patched_copy(repo: Path) -> dict:
 def travelling_bytes(carry: Path) -> int:
     """The tracked and untracked-not-ignored files of the checkout, and the carry."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.split(b"\0")
+                            capture_output=True).stdout.split(b"\0")  # nothing listed outside a git checkout
     tree = sum((REPO / os.fsdecode(name)).stat().st_size for name in listed if name and (REPO / os.fsdecode(name))
                .is_file())
     return tree + sum(path.stat().st_size for path in carry.rglob("*") if path.is_file())
