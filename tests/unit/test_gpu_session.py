@@ -126,17 +126,19 @@ def test_the_dry_session_runs_every_step_on_the_cpu_and_brings_back_its_figures(
 
 
 @pytest.mark.torch
-def test_the_benchmark_runs_with_ddops_libcst_and_paramiko_unimportable_and_profiles_on_request(carry, tmp_path):
+def test_the_benchmark_runs_in_bf16_with_the_controllers_packages_unimportable_and_profiles_on_request(carry, tmp_path):
     repo = carry / "mini-exact"
     out = tmp_path / "figures"
-    done = subprocess.run([sys.executable, "-c", BLOCKED, str(GPU), "--device", "cpu", "--layout", "tiny",
-                           "--contexts", "40", "--budgets", "8", "--repeats", "1", "--prefill-chunk", "16",
-                           "--profile-over", "0", "--out", str(out)], cwd=repo, env={**os.environ, **OFFLINE},
+    done = subprocess.run([sys.executable, "-c", BLOCKED, str(GPU), "--device", "cpu", "--dtype", "bfloat16",
+                           "--layout", "tiny", "--contexts", "40", "--budgets", "8", "--repeats", "1",
+                           "--prefill-chunk", "16", "--profile-over", "0", "--out", str(out)], cwd=repo,
+                          env={**os.environ, **OFFLINE},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads((out / "hybrid-gpu.json").read_text())
-    assert figures["controller_imports"] == []
+    assert figures["controller_imports"] == [] and figures["model"]["dtype"] == "bfloat16"  # the GPU's dtype
     (case,) = figures["cases"]
+    assert case["exactness"]["new"]["nodes"] == case["nodes"]  # bf16: how many agree is a figure, not a check
     profile = case["profile"]
     assert set(profile["sections_ms"]) == {"new", "lossy-torch"}
     for sections in profile["sections_ms"].values():
