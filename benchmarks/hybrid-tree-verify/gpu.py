@@ -7,8 +7,9 @@ gpu_prepare.py made): it imports the copy's ddtree, dflash and the verify throug
 (verify_entry_points), and nothing of ddops. No weights are downloaded: the target is built from a config with random
 weights (what is timed does not depend on them), bf16 on CUDA, fp32 on the CPU.
 
-    python gpu.py [--device cuda] [--layout 27b|tiny] [--dtype auto] [--layers N] [--contexts 8192,32768] [--budgets 16,64]
-        [--repeats 7] [--prefill-chunk 4096] [--time-limit 300] [--profile-over 1.15] [--out DIR]
+    python gpu.py [--device cuda] [--layout 27b|tiny] [--dtype auto] [--layers N] [--contexts 8192,32768]
+        [--budgets 16,64] [--repeats 7] [--prefill-chunk 4096] [--time-limit 300] [--profile-over 1.15] [--out DIR]
+    python gpu.py --table hybrid-gpu.json   # the markdown tables of playbooks/README.md's "On a GPU"
 
 In the order the time limit cuts it (each phase rewrites DIR/hybrid-gpu.json, so a killed run leaves the last one):
 1. the target (all layers of the layout if they fit, else 3/4, 1/2... of them: the JSON says how many), each context's
