@@ -108,6 +108,10 @@ def test_the_dry_session_runs_every_step_on_the_cpu_and_brings_back_its_figures(
             assert exact[method]["share"] == 1.0 and exact[method]["max_logit_gap"] < 1e-4, (method, exact)
         assert exact["lossy-fla"] is None and exact["lossy-torch"]["nodes"] == case["nodes"]
 
+    table = subprocess.run([sys.executable, str(GPU), "--table", str(out / "hybrid-gpu.json")], capture_output=True,
+                           text=True, timeout=60).stdout
+    assert [line.split(" | ")[:2] for line in table.splitlines() if line.startswith("| 48 ")] == \
+        [["| 48", "16"], ["| 48", "64"]] * 2, table  # the README's time and exactness tables, one row per case
     session = json.loads((out / "session.json").read_text())
     statuses = {step["step"]: step["status"] for step in session["steps"]}
     assert statuses["fla"] == "skipped" and statuses["gpu.py"] == 0 and statuses["install ddops"] == 0, statuses
