@@ -8,7 +8,8 @@ gpu_prepare.py made): it imports the copy's ddtree, dflash and the verify throug
 weights (what is timed does not depend on them), bf16 on CUDA, fp32 on the CPU.
 
     python gpu.py [--device cuda] [--layout 27b|tiny] [--dtype auto] [--layers N] [--contexts 8192,32768]
-        [--budgets 16,64] [--repeats 7] [--prefill-chunk 4096] [--time-limit 300] [--profile-over 1.15] [--out DIR]
+        [--budgets 16,64] [--repeats 5] [--prefill-chunk 4096] [--chain-block 16] [--time-limit 300]
+        [--profile-over 1.15] [--out DIR]
     python gpu.py --table hybrid-gpu.json   # the markdown tables of playbooks/README.md's "On a GPU"
 
 In the order the time limit cuts it (each phase rewrites DIR/hybrid-gpu.json, so a killed run leaves the last one):
@@ -18,7 +19,9 @@ In the order the time limit cuts it (each phase rewrites DIR/hybrid-gpu.json, so
    context, so the smaller tree is the top of the larger), the four steps round-robin on fresh copies of the cache,
    each committing the same 4-node accepted path: every sample (CUDA events), the median, the peak memory
    (max_memory_allocated, reset per step: in all, and above what the weights, the caches and the step's copy of one
-   hold), and the ratios to the lossy step on flash-linear-attention;
+   hold), and the ratios to the lossy step on flash-linear-attention; then per context DFlash's block of
+   --chain-block tokens: the fold (verify_chain) and, on 5.25+, transformers' native per-token recording (time,
+   bytes held between verify and crop, committed states against the accepted tokens run on the cache);
 3. where the one-forward step costs more than --profile-over times that lossy step: one step of each timed per layer
    kind (CUDA events around each decoder layer's linear attention, full attention and MLP, and the commit) and a
    torch.profiler table of the one-forward step (DIR/profile-CONTEXT-BUDGET.txt);
@@ -81,8 +84,9 @@ def parse_args(argv=None):
     parser.add_argument("--layers", type=int, help="build this many layers (a multiple of 4) instead of the layout's")
     parser.add_argument("--contexts", default="8192,32768")
     parser.add_argument("--budgets", default="16,64")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each step (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each step (after one warm-up)")
     parser.add_argument("--prefill-chunk", type=int, default=4096)
+    parser.add_argument("--chain-block", type=int, default=16, help="DFlash's block for the chain rows")
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for the whole script")
     parser.add_argument("--profile-over", type=float, default=1.15,
                         help="profile the cases where the one-forward step costs more than this times the lossy one")
@@ -96,53 +100,35 @@ def parse_args(argv=None):
         parser.error("--contexts and --budgets are comma-separated whole numbers")
     if args.layers is not None and (args.layers < 4 or args.layers % 4):
         parser.error("--layers must be a positive multiple of 4 (3 linear-attention layers per full-attention one)")
-    if min(args.contexts) < 1 or min(args.budgets) < 1 or args.repeats < 1:
-        parser.error("--contexts, --budgets and --repeats must be positive")
+    if min(args.contexts) < 1 or min(args.budgets) < 1 or args.repeats < 1 or args.chain_block < 2:
+        parser.error("--contexts, --budgets and --repeats must be positive, --chain-block at least 2")
     return args
 
 
 # --- the patched copy's verify: the one place that knows its entry points -------------------------------------------
 
 def verify_entry_points(ddtree, dflash):
-    """(record_past, verify, reference, commit, path_taken) of the patched copy: hybrid-tree-verify's module
-    ddops_hybrid_verify where the playbook adds it, else the helpers it inserted into ddtree.py. reference is the
-    same public verify with its route refused, so that it takes (and labels, and commits) the batch of paths."""
-    try:
-        import ddops_hybrid_verify as hv
-    except ImportError:
-        hv = None
-    if hv is not None:
-        home, route_name, verify = hv, "verify_route", hv.verify_tree
-
-        def commit(target, cache, past, accepted, ids):
-            hv.commit_tree(target, cache, past, accepted, ids, ddtree.compact_dynamic_cache)
-
-        def path_taken(cache):
-            return next(iter(hv.verify_paths(cache) or {"none": 0}))
-    else:
-        home, route_name, verify, commit = ddtree, "_ddops_route_plan", ddtree._ddops_verify_tree, \
-            ddtree._ddops_commit_tree
-
-        def path_taken(cache):
-            state = vars(cache).get("_ddops_tree") or {}
-            return "one-forward" if state.get("mode") == "one forward" else f"reference: {state.get('why')}"
-
-    def record_past(cache, tokens):
-        if hasattr(dflash, "_ddops_record_past"):
-            dflash._ddops_record_past(cache, tokens)
-        elif hasattr(cache, "activate_past_recording"):
-            cache.activate_past_recording()
+    """The patched copy's verify, reached through hybrid-tree-verify's module (ddops_hybrid_verify) and the helpers
+    crop-relative inserts; the benchmark calls nothing else of it."""
+    import ddops_hybrid_verify as hv
 
     def reference(*args):
-        route = getattr(home, route_name)
-        setattr(home, route_name, lambda *_: "forced: the reference")
+        """The same public verify with its route refused: it takes (and labels, and commits) the batch of paths."""
+        route = hv.verify_route
+        hv.verify_route = lambda *_: "forced: the reference"
         try:
-            return verify(*args)
+            return hv.verify_tree(*args)
         finally:
-            setattr(home, route_name, route)
+            hv.verify_route = route
 
-    return SimpleNamespace(record_past=record_past, verify=verify, reference=reference, commit=commit,
-                           path_taken=path_taken)
+    def commit(target, cache, past, accepted, ids):
+        hv.commit_tree(target, cache, past, accepted, ids, ddtree.compact_dynamic_cache)
+
+    return SimpleNamespace(
+        record_past=dflash._ddops_record_past, crop_to=dflash._ddops_crop_to, verify=hv.verify_tree,
+        reference=reference, commit=commit, chain=hv.verify_chain, linear_layers=hv.linear_layers, state=hv._state,
+        plain=hv._plain,
+        path_taken=lambda cache: next(iter(hv.verify_paths(cache) or {"none": 0})))
 
 
 # --- the target, its kernels, the trees -----------------------------------------------------------------------------
@@ -186,17 +172,23 @@ def build_target(args, device, dtype):
 
 def bound_kernel(wrapper) -> str:
     """The function transformers' kernel wrapper calls: use_kernel_func_from_hub_with_fallback binds, at import,
-    the package's kernel when it imports (fla, causal_conv1d), else the torch reference it wraps."""
+    the package's kernel when it imports (fla, causal_conv1d), else the torch reference it wraps; 5.25 wraps that
+    again in a `kernels` function module."""
+    import torch
+
     kernel = wrapper
-    while True:  # through the wrappers to the one that holds what it calls
+    for _ in range(8):  # through the wrappers to the one that holds what it calls
+        if isinstance(kernel, torch.nn.Module):
+            kernel = type(kernel).forward
         code = getattr(kernel, "__code__", None)
-        bound = dict(zip(code.co_freevars, (c.cell_contents for c in kernel.__closure__ or ()))) if code else {}
-        if "implementation" in bound:
-            kernel = bound["implementation"]
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in kernel.__closure__ or ()))) if code else {}
+        inner = cells.get("implementation") or cells.get("func") or cells.get("forward_func") or \
+            getattr(kernel, "__wrapped__", None)
+        if inner is None:
             break
-        if not hasattr(kernel, "__wrapped__"):
+        kernel = inner
+        if "implementation" in cells:
             break
-        kernel = kernel.__wrapped__
     return f"{getattr(kernel, '__module__', None) or '?'}.{getattr(kernel, '__qualname__', type(kernel).__name__)}"
 
 
@@ -220,13 +212,14 @@ def rule_kernels(target, device):
 
 
 @contextlib.contextmanager
-def torch_kernels(home):
-    """transformers' reference PyTorch gated delta rules instead of the kernels they dispatch to, for the block."""
+def torch_kernels(home, plain):
+    """transformers' reference PyTorch gated delta rules (plain: what a wrapper wraps) instead of the kernels they
+    dispatch to, for the block."""
     names = [n for n in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule") if hasattr(home, n)]
     saved = {name: getattr(home, name) for name in names}
     try:
         for name, function in saved.items():
-            setattr(home, name, inspect.unwrap(function))
+            setattr(home, name, plain(function))
         yield
     finally:
         for name, function in saved.items():
@@ -488,6 +481,13 @@ def tables(report: dict) -> str:
             + " | ".join(f"{exact[m]['agree']}/{exact[m]['nodes']}, {exact[m]['max_logit_gap']:.3g}"
                          if exact.get(m) else "—" for m in METHODS)
             + f" | {cell(exact, 'reference_top1_margin_median', 3)} |")
+    def pair(chain, key):
+        return " / ".join("—" if chain.get(f"{label}_{key}") is None else f"{chain[f'{label}_{key}']:.3g}"
+                          for label in ("native", "fold"))
+
+    chain_rows = [f"| {c['context']} | {c['chain_block']} | "
+                  + " | ".join(pair(c, key) for key in ("ms", "held_mib", "max_state_diff")) + " |"
+                  for c in report.get("chains", [])]
     model, found = report["model"], report["versions"]
     return "\n".join([
         f"{found['device']}, {model['layers']} of {model['of_layers']} layers ({model['linear_attention_layers']} "
@@ -500,7 +500,9 @@ def tables(report: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", *time_rows, "",
         "| context | budget | nodes (paths × depth) | nodes checked | lossy fla: argmax agree, max logit gap | "
         "lossy torch | paths | new | reference top-1 margin (median) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *exact_rows])
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *exact_rows, "",
+        "| context | DFlash block | ms, native / fold | held MiB, native / fold | states vs reference, native / fold |",
+        "| --- | --- | --- | --- | --- |", *chain_rows])
 
 
 def main() -> None:
@@ -521,7 +523,7 @@ def main() -> None:
         torch.bfloat16 if device.type == "cuda" else torch.float32
     api = verify_entry_points(ddtree, dflash)
     report = {"argv": sys.argv[1:], "versions": versions(device), "time_limit_s": args.time_limit, "stopped": None,
-              "errors": [], "phases": {}, "contexts": [], "cases": []}
+              "errors": [], "phases": {}, "contexts": [], "cases": [], "chains": []}
 
     def save(phase):
         report["phases"][phase] = round(time.monotonic() - began, 1)
@@ -595,6 +597,13 @@ def main() -> None:
             if report["stopped"]:
                 break
 
+        # 2b. DFlash's block: the fold, and transformers' native per-token recording where it has one (5.25+)
+        for ctx in contexts:
+            if left() > 60:
+                with recorded(report, f"chain {ctx.context}", device):
+                    report["chains"].append(chain_row(args, target, api, ctx, device, generator))
+                save("chains")
+
         # 3. where the one-forward step costs more than --profile-over times the lossy one: where its time goes
         for case in cases:
             ratio = case.row["ratios"].get(f"new/{case.row['baseline']}")
@@ -660,6 +669,55 @@ def check_exactness(ctx, mine, contexts, target, kernel, left, prefill_estimate)
         case.logits.clear()
 
 
+def chain_row(args, target, api, ctx, device, generator) -> dict:
+    """DFlash's block (--chain-block tokens, 4 accepted): the fold (verify_chain, then the crop) and, on 5.25+,
+    transformers' native recording (the plain verify keeps each token's recurrent state, the crop puts back the
+    accepted one): verify + crop time, the bytes the linear layers hold between the two, and each committed state
+    against the reference (the accepted tokens run on the cache)."""
+    import torch
+
+    context, cache = ctx.context, ctx.cache
+    block = torch.randint(0, target.config.vocab_size, (1, args.chain_block), generator=generator).to(device)
+    positions = torch.arange(context, context + args.chain_block, device=device)[None]
+    kept = min(ACCEPTED, args.chain_block)
+    linear = list(api.linear_layers(cache).values())
+    native = "recurrent_states_to_keep" in inspect.signature(linear[0].activate_past_recording).parameters
+
+    def held(c):
+        layers = api.linear_layers(c).values()
+        return sum(api.state(layer, "conv_states").nbytes for layer in layers) + sum(
+            state.nbytes for layer in layers
+            for states in (getattr(layer, "recurrent_states_history", None) or {}).values() for state in states)
+
+    reference = copy.deepcopy(cache)
+    target(block[:, :kept], position_ids=positions[:, :kept], past_key_values=reference, use_cache=True)
+    api.crop_to(reference, context + kept)
+    verifiers = {"fold": lambda c: api.chain(target, c), **({"native": lambda c: target} if native else {})}
+    row = {"context": context, "chain_block": args.chain_block, "accepted": kept, "native_recording": native}
+    samples = {label: [] for label in verifiers}
+    for repeat in range(args.repeats + 1):
+        for label, verifier in verifiers.items():
+            fresh = copy.deepcopy(cache)
+            synchronize(device)
+            clock = Clock(device)
+            clock.start()
+            verifier(fresh)(block, position_ids=positions, past_key_values=fresh, use_cache=True)
+            size = held(fresh)
+            api.crop_to(fresh, context + kept)
+            ms = clock.stop()
+            if repeat:
+                samples[label].append(round(ms, 4))
+            row[f"{label}_held_mib"] = round(size / 2**20, 2)
+            row[f"{label}_max_state_diff"] = max(
+                (api.state(a, n).float() - api.state(b, n).float()).abs().max().item()
+                for a, b in zip(api.linear_layers(fresh).values(), api.linear_layers(reference).values())
+                for n in ("recurrent_states", "conv_states"))
+            del fresh
+    for label, values in samples.items():
+        row[f"{label}_ms"], row[f"{label}_samples_ms"] = round(statistics.median(values), 4), values
+    return row
+
+
 def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
     """One context and budget: the tree, the four steps timed round-robin (warm-up first), their memory and logits."""
     import torch
@@ -691,7 +749,7 @@ def measure(args, target, home, api, ddtree, ctx, budget, device, no_fla, left):
         return output
 
     def lossy_torch(c):
-        with torch_kernels(home):
+        with torch_kernels(home, api.plain):
             return lossy(c)
 
     steps = {"lossy-fla": (lossy, lossy_commit), "lossy-torch": (lossy_torch, lossy_commit),

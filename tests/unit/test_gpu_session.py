@@ -107,11 +107,15 @@ def test_the_dry_session_runs_every_step_on_the_cpu_and_brings_back_its_figures(
         for method in ("paths", "new"):  # fp32 on the CPU: the exact verifiers agree with the cache-free forward
             assert exact[method]["share"] == 1.0 and exact[method]["max_logit_gap"] < 1e-4, (method, exact)
         assert exact["lossy-fla"] is None and exact["lossy-torch"]["nodes"] == case["nodes"]
+    (chain,) = figures["chains"]
+    assert chain["chain_block"] == 16 and chain["fold_max_state_diff"] <= 1e-5 and chain["fold_ms"] > 0, chain
+    if chain["native_recording"]:  # 5.25+: transformers' own per-token recording, exact for a chain too
+        assert chain["native_max_state_diff"] <= 1e-5 and chain["native_held_mib"] > chain["fold_held_mib"], chain
 
     table = subprocess.run([sys.executable, str(GPU), "--table", str(out / "hybrid-gpu.json")], capture_output=True,
                            text=True, timeout=60).stdout
     assert [line.split(" | ")[:2] for line in table.splitlines() if line.startswith("| 48 ")] == \
-        [["| 48", "16"], ["| 48", "64"]] * 2, table  # the README's time and exactness tables, one row per case
+        [["| 48", "16"], ["| 48", "64"]] * 2 + [["| 48", "16"]], table  # time, exactness, DFlash's chain
     session = json.loads((out / "session.json").read_text())
     statuses = {step["step"]: step["status"] for step in session["steps"]}
     assert statuses["fla"] == "skipped" and statuses["gpu.py"] == 0 and statuses["install ddops"] == 0, statuses
