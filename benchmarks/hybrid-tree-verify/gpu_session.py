@@ -55,7 +55,6 @@ PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative", "hybrid-tree-verify"
 FLA_WHEELS = ("fla_core", "flash_linear_attention", "einops")
 MINI_PLAN = "mini-ddtree-bench"
 RUN_ID = "gpu-session"
-DDOPS_RESERVE_S = 150  # what step 4 needs at most (the mini bench on 2 targets included)
 NVIDIA_SMI = {  # file: argv; the first is the query remote/ddops_agent/facts.py sends, verbatim
     "nvidia-smi-query.csv": ["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
     "nvidia-smi-full.csv": ["--query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,driver_version,"
@@ -79,6 +78,8 @@ def parse_args(argv=None):
     parser.add_argument("--skip", choices=("bench", "ddops"), action="append", default=[],
                         help="leave out a step (for a rerun of the other)")
     parser.add_argument("--bench-args", default="", help="more gpu.py options, e.g. '--contexts 8192'")
+    parser.add_argument("--ddops-seconds", type=float, default=150.0,
+                        help="what step 4 is given (the mini bench on 2 targets included); gpu.py has the rest")
     args = parser.parse_args(argv)
     if args.out is None:
         parser.error("--out is required where $OUT is not set")
@@ -188,7 +189,7 @@ def gpu_figures(session: Session, args, carry: Path, cuda: bool) -> dict:
     figures = work / "bench"
     device = ["--device", "cpu", "--layout", "tiny", "--contexts", "48", "--budgets", "16,64", "--repeats", "1",
               "--prefill-chunk", "32"] if args.dry else ["--device", "cuda", "--layout", "27b"]
-    budget = session.left() - (0 if "ddops" in args.skip else DDOPS_RESERVE_S)
+    budget = session.left() - (0 if "ddops" in args.skip else args.ddops_seconds)
     env = offline_env(**({"PYTHONPATH": fla_site} if fla_site else {}))
     status, output = session.run("gpu.py", [sys.executable, HERE / "gpu.py", *device, *args.bench_args.split(),
                                             "--time-limit", max(budget - 20, 1), "--out", figures],
