@@ -142,6 +142,15 @@ def test_each_third_party_dependency_is_imported_from_its_one_home():
     assert not strays, "\n".join(strays)
 
 
+def test_the_gpu_session_scripts_import_nothing_of_the_controller():
+    """They run under the GPU machine's image, which has no libcst or paramiko (issue 36); gpu_prepare.py, which
+    runs here, is the one that may use ddops."""
+    folder = PACKAGE.parent / "benchmarks" / "hybrid-tree-verify"
+    for script in ("gpu.py", "gpu_session.py"):
+        found = {name.split(".")[0] for name in imports_in((folder / script).read_text(), script[:-3])}
+        assert not found & {"ddops", "libcst", "paramiko", "typer", "rich", "yaml"}, (script, sorted(found))
+
+
 def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
     source = "import os\n\ndef f():\n    from ddops.tasks import patch\n    from ..fleet import run_fleet\n"
     found = imports_in(source, "ddops.bench.x")

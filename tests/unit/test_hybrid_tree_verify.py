@@ -686,48 +686,6 @@ def test_spec_generate_runs_on_the_hybrid_target_with_hybrid_cache_and_crop_rela
     assert ids.shape[1] < out.shape[1] <= ids.shape[1] + 24
 
 
-# --- the benchmark's GPU mode, checked at toy size on the CPU ----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def exact_repo(tmp_path_factory) -> Path:
-    """A copy of mini-ddtree (no models) with the mini bench plan's playbooks and hybrid-tree-verify."""
-    repo = tmp_path_factory.mktemp("hybrid-tree-verify-gpu") / "ddtree"
-    shutil.copytree(MINI, repo, ignore=shutil.ignore_patterns("models", "runs", "logs", "__pycache__"))
-    patch_repo(repo, "hybrid-cache", "crop-relative", "cpu-timing", NAME)
-    return repo
-
-
-GPU_SCRIPT = REPO / "benchmarks" / "hybrid-tree-verify" / "gpu.py"
-
-
-@pytest.mark.torch
-def test_the_gpu_mode_builds_its_qwen3_5_shaped_target_and_times_the_three_verifiers(torch_, exact_repo):
-    from tests.unit.test_mini_ddtree import bench_env
-
-    result = subprocess.run([sys.executable, str(GPU_SCRIPT), "--device", "cpu", "--layout", "tiny", "--contexts",
-                             "40", "--budgets", "8", "--repeats", "1", "--prefill-chunk", "16"], cwd=exact_repo,
-                            env=bench_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    header, row, chain, total = (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{"))
-    assert header["layout"] == "tiny" and header["layers"] == 4 and "total_s" in total
-    assert chain["chain_block"] == 16 and chain["fold_max_state_diff"] <= 1e-5 and isinstance(chain["fold_ms"], float)
-    if chain["native_recording"]:  # 5.25+: transformers' own per-token recording, exact for a chain too
-        assert chain["native_max_state_diff"] <= 1e-5 and chain["native_held_mib"] > chain["fold_held_mib"]
-    assert row["context"] == 40 and row["nodes"] == 9 and row["new_mode"] == "one-forward"
-    assert row["max_logit_diff_vs_paths"] <= 1e-4 and row["same_argmax_as_paths"]
-    assert all(isinstance(row[f"{m}_ms"], float) for m in ("lossy", "paths", "new")), row
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--layers", "6"], "--layers must be a positive multiple of 4"),
-    (["--budgets", "0"], "must be positive"),
-    (["--layout", "70b"], "invalid choice: '70b'"),
-])
-def test_the_gpu_mode_refuses_bad_arguments_before_building_anything(argv, message):
-    result = subprocess.run([sys.executable, str(GPU_SCRIPT), *argv], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-
-
 # --- what crop recording holds ------------------------------------------------------------------------------------
 
 HELD = r"""
