@@ -16,7 +16,7 @@ import pytest
 from ddops.bench.plan import BenchPlan, load_bench_plan
 from ddops.bench.runs import RunStatus
 from ddops.fleet import CHANGED, FAILED
-from ddops.tasks.bench import launch_task, status_task, stop_task
+from ddops.tasks.bench import collect_task, launch_task, status_task, stop_task
 from ddops.transport.local import LocalSession
 from tests.conftest import exited, wait_until
 
@@ -129,6 +129,12 @@ command: {sys.executable} client.py /version {{result_dir}}/{{method}}-{{tempera
     log = (run_dir(host, "r-serve") / "log").read_text()
     assert f"=== ddops server 1 ready on port {ports[0]}" in log and "=== ddops server 2 stopped" in log
     assert "GET /version" in (run_dir(host, "r-serve") / "server-2.log").read_text()  # its output, kept
+    # The manifest says, per command, which server answered it: as the plan rendered it, and its version.
+    collected = collect_task("r-serve", tmp_path / "results")(host, session)
+    commands = collected.data["manifest"]["commands"]
+    assert [(c["server"]["version"], c["server"]["port"]) for c in commands] == [("1.a", ports[0])] * 2 + [
+        ("1.b", ports[1])] * 2
+    assert commands[2]["server"]["command"].endswith("--directory b") and commands[2]["server"]["ready"] == "/"
 
 
 # A server in the repo: `never` never answers, `crash` exits 3 at once, `tree` starts a helper in a session of its
