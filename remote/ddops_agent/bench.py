@@ -524,13 +524,16 @@ def list_runs(repo):
 
 
 def run_processes(run_id, run_dir, state):
-    """{pid: record} of every process of the run: runner and command (while still the run's), their descendants, and
-    every process carrying the run's tags. A recorded pid that now belongs to another process is left out."""
+    """{pid: record} of every process of the run: runner and command (while still the run's), every process
+    carrying the run's tags, and their descendants. A recorded pid that now belongs to another process is left
+    out."""
     roots = []
     for record in (read_json_file(os.path.join(run_dir, "pid")), (state or {}).get("child")):
         if is_run_process(record, run_id, run_dir):
             roots.append(record["pid"])
-    pids = set(tagged_pids(run_id, run_dir)) | set(roots) | set(descendants(roots))
+    tagged = tagged_pids(run_id, run_dir)
+    # Below tagged processes too: one renamed by setproctitle (vLLM's engine) no longer shows its environment.
+    pids = set(tagged) | set(roots) | set(descendants(roots + tagged))
     pids.discard(os.getpid())
     return records_of(pids)
 

@@ -21,7 +21,8 @@ import subprocess
 import time
 
 from ddops_agent.journal import now_iso
-from ddops_agent.procs import end_processes, pids_carrying, process_record, records_of, same_process, spawn_agent
+from ddops_agent.procs import (descendants, end_processes, pids_carrying, process_record, records_of, same_process,
+                               spawn_agent)
 from ddops_agent.protocol import require_str, verb
 
 SERVER_TAG = "DDOPS_SERVER"
@@ -90,10 +91,16 @@ def server_tags(run_id, name):
     return [("%s=%s/%s" % (SERVER_TAG, run_id, name)).encode()]
 
 
+def server_processes(run_id, name):
+    """{pid: record} of a server's processes: those carrying its tag, and every process below them (vLLM renames
+    its engine processes with setproctitle, which blanks what /proc shows of their environment: no tag to see)."""
+    tagged = pids_carrying(server_tags(run_id, name))
+    return records_of(tagged + descendants(tagged))
+
+
 def end_server(run_id, name, grace=STOP_GRACE):
-    """End every process of a server (found by its tag); returns the pids still alive (none, normally)."""
-    tags = server_tags(run_id, name)
-    return end_processes(lambda: records_of(pids_carrying(tags)), grace)[1]
+    """End every process of a server; returns the pids still alive (none, normally)."""
+    return end_processes(lambda: server_processes(run_id, name), grace)[1]
 
 
 def log_tail(path):
@@ -254,11 +261,10 @@ def server_guard(payload):
     end the server. Returns when the server is gone."""
     run_id, name = require_str(payload, "run_id"), require_str(payload, "name")
     owner, leader = payload.get("owner") or {}, payload.get("leader") or {}
-    tags = server_tags(run_id, name)
     while True:
         if not same_process(owner):
             return {"ended_by_guard": True, "left": end_server(run_id, name)}
         # The server's own shell gone and none of its processes left: nothing more to guard.
-        if not same_process(leader) and not pids_carrying(tags):
+        if not same_process(leader) and not server_processes(run_id, name):
             return {"ended_by_guard": False}
         time.sleep(GUARD_INTERVAL)

@@ -87,11 +87,11 @@ command: sleep {{delay}}
     assert first["name"] == "task-0-server-1" and first["ready_seconds"] is not None
     # The long one, cancelled while its server answers and its command runs.
     wait_until(lambda: (task_server(repo, 1) or {}).get("ready_seconds") is not None, timeout=120, interval=0.5)
-    port = task_server(repo, 1)["port"]
-    assert listening(port) and server_processes(RUN)
+    port, tree = task_server(repo, 1)["port"], server_processes(RUN)
+    assert listening(port) and len(tree) >= 2  # the server and the helper it started in a session of its own
     proc = ddops(login, "bench", "stop", RUN, "--yes")
     assert proc.returncode == 0 and f"scancel {job}" in proc.stdout, proc.stdout + proc.stderr
     wait_until(lambda: not squeue(slurm_cluster, job).strip(), timeout=60, interval=0.5)
-    wait_until(lambda: nothing_left(RUN, [first["port"], port]), timeout=30, interval=0.2)
+    wait_until(lambda: nothing_left(RUN, [first["port"], port], tree), timeout=30, interval=0.2)
     log = (repo / ".ddops" / "runs" / RUN / "task-1-server-1.log").read_text()
     assert "serve.py starting: tree" in log  # the task's server output, kept in the run directory

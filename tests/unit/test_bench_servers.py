@@ -43,16 +43,24 @@ def ended(host, session, run_id: str) -> bool:
 
 
 def server_processes(run_id: str) -> list[int]:
-    """Live processes of any server of the run (they carry DDOPS_SERVER=<run-id>/...)."""
+    """Live processes of any server of the run: those carrying DDOPS_SERVER=<run-id>/..., and all below them (a
+    process that blanked its environment, as vLLM's renamed engine processes do, shows no tag)."""
     prefix = f"DDOPS_SERVER={run_id}/".encode()
-    found = []
+    parents, found = {}, []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and any(e.startswith(prefix) for e in (entry / "environ").read_bytes().split(b"\0")) \
-                    and not exited(int(entry.name)):
+            if not entry.name.isdigit() or exited(int(entry.name)):
+                continue
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if any(e.startswith(prefix) for e in (entry / "environ").read_bytes().split(b"\0")):
                 found.append(int(entry.name))
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
+    grown = True
+    while grown:
+        below = [pid for pid, parent in parents.items() if parent in found and pid not in found]
+        found += below
+        grown = bool(below)
     return found
 
 
@@ -77,8 +85,10 @@ def listening(port: int) -> bool:
     return False
 
 
-def nothing_left(run_id: str, ports) -> bool:
-    return not server_processes(run_id) and not any(listening(p) for p in ports)
+def nothing_left(run_id: str, ports, before=()) -> bool:
+    """No server process of the run (`before`: the ones seen earlier, none of which may outlive its tree), nothing
+    listening on `ports`."""
+    return not server_processes(run_id) and all(exited(pid) for pid in before) and not any(listening(p) for p in ports)
 
 
 # What a run's command does with its server: GET a path and save the answer under a name of its choosing.
@@ -137,8 +147,9 @@ command: {sys.executable} client.py /version {{result_dir}}/{{method}}-{{tempera
     assert commands[2]["server"]["command"].endswith("--directory b") and commands[2]["server"]["ready"] == "/"
 
 
-# A server in the repo: `never` never answers, `crash` exits 3 at once, `tree` starts a helper in a session of its
-# own first (as vLLM starts its engine processes), then serves HTTP like `ok`.
+# A server in the repo: `never` never answers, `crash` exits 3 at once, `tree` starts a helper first, in a session of
+# its own and with no environment to see (as vLLM's engine processes, renamed by setproctitle, show none), then serves
+# HTTP like `ok`.
 SERVE = """\
 import http.server, subprocess, sys, time
 mode, port = sys.argv[1], int(sys.argv[2])
@@ -148,7 +159,7 @@ if mode == "never":
 if mode == "crash":
     sys.exit(3)
 if mode == "tree":
-    subprocess.Popen(["sleep", "600"], start_new_session=True)
+    subprocess.Popen(["/bin/sleep", "600"], start_new_session=True, env={})
 http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
 """
 
@@ -211,10 +222,11 @@ def test_bench_stop_ends_the_server_with_every_process_it_started(host, session,
     wait_until(lambda: ready_and_running(host, "r-stop"), timeout=60, interval=0.1)
     port = state(host, "r-stop")["servers"][0]["port"]
     # The server and the helper it set apart in a session of its own, which a process group would not reach.
-    assert listening(port) and "sleep 600" in [cmdline(pid) for pid in server_processes("r-stop")]
+    tree = server_processes("r-stop")
+    assert listening(port) and "/bin/sleep 600" in [cmdline(pid) for pid in tree]
     stopped = stop_task("r-stop", "tester@here", grace=2)(host, session)
     assert stopped.status == CHANGED, stopped.message
-    assert nothing_left("r-stop", [port])  # at once: stop answers once every process of the run is gone
+    assert nothing_left("r-stop", [port], tree)  # at once: stop answers once every process of the run is gone
     assert status_task("r-stop")(host, session).data["run"]["status"] == RunStatus.STOPPED
 
 
@@ -222,10 +234,10 @@ def test_a_runner_killed_by_sigkill_takes_its_server_with_it(host, session, tmp_
     plan = serve_plan(tmp_path, "tree", command="sleep 600 && echo {mode} {temperature}")
     assert launch_task(plan, "r-kill")(host, session).status == CHANGED
     wait_until(lambda: ready_and_running(host, "r-kill"), timeout=60, interval=0.1)
-    port = state(host, "r-kill")["servers"][0]["port"]
+    port, tree = state(host, "r-kill")["servers"][0]["port"], server_processes("r-kill")
     os.kill(state(host, "r-kill")["runner_pid"], signal.SIGKILL)
     # The server's guard sees its runner gone and ends the server, with no one asking.
-    wait_until(lambda: nothing_left("r-kill", [port]), timeout=30, interval=0.1)
+    wait_until(lambda: nothing_left("r-kill", [port], tree), timeout=30, interval=0.1)
     assert status_task("r-kill")(host, session).data["run"]["status"] == RunStatus.LOST
     stop_task("r-kill", "tester@here", grace=0)(host, session)  # the lost run's command, left as before
 
@@ -240,7 +252,8 @@ def test_a_lost_run_whose_guard_died_too_has_its_server_ended_when_the_agent_rea
     wait_until(lambda: exited(before["servers"][0]["guard_pid"]), timeout=10)
     os.kill(before["runner_pid"], signal.SIGKILL)
     wait_until(lambda: exited(before["runner_pid"]), timeout=10)
-    assert listening(port) and server_processes("r-reap")  # no guard left: the server outlived its runner
+    tree = server_processes("r-reap")
+    assert listening(port) and len(tree) >= 2  # no guard left: the server (and its helper) outlived the runner
     assert status_task("r-reap")(host, session).data["run"]["status"] == RunStatus.LOST
-    assert nothing_left("r-reap", [port]) and state(host, "r-reap")["server"] is None
+    assert nothing_left("r-reap", [port], tree) and state(host, "r-reap")["server"] is None
     stop_task("r-reap", "tester@here", grace=0)(host, session)
