@@ -19,7 +19,8 @@ times, per-run exit codes and log offsets), pid (the runner's pid and start time
 appended, with a header and a footer per run), exit-<index> (each run's exit code), results/ (what the commands
 save), bootstrap.py + runner.in (the detached runner: the shipped bootstrap and bundle, written to disk, running
 `bench_runner`),
-runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked).
+runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked), and for a
+plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard).
 """
 
 import datetime

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import git, run_ddops, wait_until
 from tests.conftest import testbeds as started_testbeds
+from tests.slurm.conftest import login_inventory
 from tests.unit.test_bench_servers import SERVE, listening, nothing_left, server_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sshd]
@@ -28,21 +29,7 @@ def login(slurm_cluster, tmp_path_factory):
     git(repo, "init", "-q", "-b", "main")
     with started_testbeds(tmp_path_factory) as start:
         bed = start(1, name_prefix="login")
-        host = bed.hosts[0]
-        inventory = Path(bed.root) / "slurm-inventory.yaml"
-        inventory.write_text(f"""defaults:
-  user: root
-  identity_file: {json.dumps(str(bed.client_key))}
-  python: {json.dumps(sys.executable)}
-known_hosts: {json.dumps(str(bed.known_hosts))}
-ssh_config: /dev/null
-groups:
-  cluster:
-    executor: slurm
-    slurm: {{partition: debug, time: 5, conf: {json.dumps(slurm_cluster.conf)}}}
-hosts:
-  login: {{address: {host.address}, port: {host.port}, repo: {json.dumps(str(repo))}, groups: [cluster]}}
-""")
+        inventory = login_inventory(bed, repo, slurm_cluster, "partition: debug, time: 5")
         yield inventory, repo, tmp_path_factory.mktemp("results")
 
 

@@ -523,3 +523,59 @@ def test_playbook_lint_checks_a_server_with_its_line(tmp_path):
                           text=True, cwd=REPO_ROOT)
     assert done.returncode == EXIT_USAGE
     assert f"{path}:6: server.redy: unknown key (did you mean 'ready'?)" in done.stderr
+
+
+# --- the vLLM plans -----------------------------------------------------------------------------------------------
+
+
+def test_vllm_plans_run_the_ddtree_plans_prompts_sizes_and_temperatures():
+    ddtree, vllm = load_bench_plan(PLAYBOOKS / "ddtree-bench.yaml"), load_bench_plan(PLAYBOOKS / "vllm-spec-bench.yaml")
+    assert dict(vllm.matrix)["task"] == dict(ddtree.matrix)["task"]
+    assert dict(vllm.matrix)["temperature"] == dict(ddtree.matrix)["temperature"]
+    assert {k: vllm.vars[k] for k in ("model", "draft", "max_new_tokens")} == {
+        k: ddtree.vars[k] for k in ("model", "draft", "max_new_tokens")}
+    smoke = load_bench_plan(PLAYBOOKS / "ddtree-smoke.yaml")
+    vsmoke = load_bench_plan(PLAYBOOKS / "vllm-spec-smoke.yaml")
+    shared = ("model", "draft", "dataset", "max_samples", "max_new_tokens", "temperature")
+    assert {k: vsmoke.vars[k] for k in shared} == {k: smoke.vars[k] for k in shared}
+    # The smoke plan is the full one at the smoke's sizes: same server, command, helpers and methods.
+    assert (vsmoke.server, vsmoke.command, dict(vsmoke.matrix)["spec"]) == (vllm.server, vllm.command,
+                                                                           dict(vllm.matrix)["spec"])
+    assert all(vsmoke.vars[k] == vllm.vars[k] for k in ("export_prompts", "bench_client", "vllm_python"))
+
+
+def test_vllm_plan_starts_one_server_per_method_and_saves_every_output_with_its_dataset_and_temperature():
+    plan = load_bench_plan(PLAYBOOKS / "vllm-spec-bench.yaml")
+    runs = expand_runs(plan, HOST, "/r")
+    assert len(runs) == 4 * 10 * 2 and len({r.server.group for r in runs}) == 4
+    assert plan.server.ready == "/health" and plan.server.version == "/version"
+    for run in runs:
+        p = run.params
+        assert "--save-result --save-detailed" in run.command and "--max-concurrency 1" in run.command
+        assert (f"--metadata dataset={p['dataset']} temperature={p['temperature']} method={p['method']}"
+                in run.command)
+        assert f"--result-filename {p['dataset']}__t{p['temperature']}__{p['method']}.vllm.json" in run.command
+        assert '--port "$DDOPS_SERVER_PORT"' in run.command and '--port "$DDOPS_SERVER_PORT"' in run.server.command
+
+
+@pytest.mark.parametrize("method,flags", [
+    ("baseline", []),
+    ("dflash", ["--speculative-config.method=dflash", "--speculative-config.num_speculative_tokens=15",
+                "--speculative-config.model=z-lab/Qwen3-8B-DFlash-b16"]),
+    ("ngram", ["--speculative-config.method=ngram", "--speculative-config.num_speculative_tokens=3",
+               "--speculative-config.prompt_lookup_max=3", "--speculative-config.prompt_lookup_min=1"]),
+    ("mtp", ["--speculative-config.method=mtp", "--speculative-config.num_speculative_tokens=2"]),
+])
+def test_vllm_plan_serves_each_method_with_its_speculative_config_and_dflash_with_ddtrees_draft(tmp_path, method,
+                                                                                               flags):
+    # The server command, run by a shell as the runner runs it, with a stand-in python that prints its arguments.
+    show = tmp_path / "python"
+    show.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    show.chmod(0o755)
+    plan = load_bench_plan(PLAYBOOKS / "vllm-spec-smoke.yaml")
+    (run,) = [r for r in expand_runs(plan, {**HOST, "vllm_python": str(show), "serve_flags": ["--max-model-len", "64"]})
+              if r.params["method"] == method]
+    argv = subprocess.run(["sh", "-c", run.server.command], capture_output=True, text=True, check=True,
+                          env={**os.environ, "DDOPS_SERVER_PORT": "8123"}).stdout.splitlines()
+    assert argv == ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", "8123", "--model",
+                    "Qwen/Qwen3-8B", "--seed", "0", "--generation-config", "vllm", *flags, "--max-model-len", "64"]

@@ -17,7 +17,6 @@ from ddops.bench.plan import BenchPlan, load_bench_plan
 from ddops.bench.runs import RunStatus
 from ddops.fleet import CHANGED, FAILED
 from ddops.tasks.bench import collect_task, launch_task, status_task, stop_task
-from ddops.transport.local import LocalSession
 from tests.conftest import exited, wait_until
 
 # A server that is ready when its port answers HTTP (the standard library's file server, in the repo folder).
@@ -164,7 +163,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPReque
 """
 
 
-def serve_plan(tmp_path: Path, modes: str, command: str = "echo {mode} {temperature}", deadline: float = 10) -> BenchPlan:
+def serve_plan(tmp_path: Path, modes: str, command: str = "echo {mode} {temperature}",
+               deadline: float = 10) -> BenchPlan:
     (tmp_path / "repo" / "serve.py").write_text(SERVE)
     return write_plan(tmp_path, f"""
 summarizer: vllm

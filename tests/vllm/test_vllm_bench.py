@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops, wait_until
-from tests.unit.test_bench_servers import cmdline, listening, nothing_left, server_processes
+from tests.unit.test_bench_servers import cmdline, nothing_left, server_processes
 
 # The venv's first build (minutes of downloads, in the background while the rest of the suite runs) counts here.
 pytestmark = [pytest.mark.vllm, pytest.mark.sshd, pytest.mark.torch, requires_sshd, pytest.mark.timeout(1800)]
