@@ -108,7 +108,15 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
         "refused": listing.get("refused") or [], "launched_by": spec.get("actor"),
         "ddops_version": spec.get("ddops_version"),
         **({"executor": "slurm", "job_id": state.get("job_id")} if state.get("executor") == "slurm" else {}),
+        **server_versions(spec.get("summarizer"), commands),
     }
+
+
+def server_versions(summarizer: Any, commands: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """{"vllm": "0.32.0"} for a vLLM plan whose servers said their version (several: joined), what the report's code
+    identity reads beside torch's and transformers'; {} otherwise."""
+    found = sorted({str(c["server"]["version"]) for c in commands if (c.get("server") or {}).get("version")})
+    return {"vllm": ", ".join(found)} if found and summarizer == "vllm" else {}
 
 
 def served_by(run: Mapping[str, Any], rec: Mapping[str, Any], servers: Mapping[Any, Mapping[str, Any]]

@@ -144,6 +144,7 @@ command: {sys.executable} client.py /version {{result_dir}}/{{method}}-{{tempera
     assert [(c["server"]["version"], c["server"]["port"]) for c in commands] == [("1.a", ports[0])] * 2 + [
         ("1.b", ports[1])] * 2
     assert commands[2]["server"]["command"].endswith("--directory b") and commands[2]["server"]["ready"] == "/"
+    assert collected.data["manifest"]["vllm"] == "1.a, 1.b"  # a vLLM plan's servers: the version the report reads
 
 
 # A server in the repo: `never` never answers, `crash` exits 3 at once, `tree` starts a helper first, in a session of

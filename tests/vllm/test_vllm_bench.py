@@ -118,7 +118,7 @@ def test_ddtree_beside_vllms_chain_on_one_host_and_stop_leaves_no_server(host_be
     entry = json.loads((results / "20261204-1300-vllm" / "manifest.json").read_text())["hosts"]["host1"]
     by_method = {c["params"]["method"]: c for c in entry["commands"]}
     assert set(by_method) == {"baseline", "ngram"}
-    assert all(c["server"]["version"] == "0.32.0" for c in by_method.values())
+    assert all(c["server"]["version"] == "0.32.0" for c in by_method.values()) and entry["vllm"] == "0.32.0"
     assert "--speculative-config.method=ngram" in by_method["ngram"]["server"]["command"]
     assert "--speculative-config.method" not in by_method["baseline"]["server"]["command"]
     assert by_method["baseline"]["params"]["spec_flags"] == []
@@ -136,4 +136,6 @@ def test_ddtree_beside_vllms_chain_on_one_host_and_stop_leaves_no_server(host_be
     ngram = rows["vllm:ngram"]
     assert ngram["fidelity"] == 1.0 and ngram["acceptance_length"] > 0 and ngram["speedup"] > 0
     assert ngram["dataset"] == rows["baseline"]["dataset"] == "mini" and ngram["temperature"] == 0.0
-    print(f"vllm test: {time.monotonic() - started:.0f} s after the venv was ready")
+    table = ddops(bed, results, "bench", "report", "20261204-1300-tree", "20261204-1300-vllm")
+    assert table.returncode == 0 and "vllm:ngram" in table.stdout and "ddtree_tb4" in table.stdout, table.stdout
+    print(table.stdout, f"vllm test: {time.monotonic() - started:.0f} s after the venv was ready")
