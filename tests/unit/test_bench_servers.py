@@ -38,7 +38,7 @@ def run_dir(host, run_id: str) -> Path:
 
 
 def ended(host, session, run_id: str) -> bool:
-    return status_task(run_id)(host, session).data["run"]["status"] not in ("starting", "running")
+    return status_task(run_id)(host, session).report.run.status not in ("starting", "running")
 
 
 def server_processes(run_id: str) -> list[int]:
@@ -140,11 +140,11 @@ command: {sys.executable} client.py /version {{result_dir}}/{{method}}-{{tempera
     assert "GET /version" in (run_dir(host, "r-serve") / "server-2.log").read_text()  # its output, kept
     # The manifest says, per command, which server answered it: as the plan rendered it, and its version.
     collected = collect_task("r-serve", tmp_path / "results")(host, session)
-    commands = collected.data["manifest"]["commands"]
+    commands = collected.report.manifest["commands"]
     assert [(c["server"]["version"], c["server"]["port"]) for c in commands] == [("1.a", ports[0])] * 2 + [
         ("1.b", ports[1])] * 2
     assert commands[2]["server"]["command"].endswith("--directory b") and commands[2]["server"]["ready"] == "/"
-    assert collected.data["manifest"]["vllm"] == "1.a, 1.b"  # a vLLM plan's servers: the version the report reads
+    assert collected.report.manifest["vllm"] == "1.a, 1.b"  # a vLLM plan's servers: the version the report reads
 
 
 # A server in the repo: `never` never answers, `crash` exits 3 at once, `tree` starts a helper first, in a session of
@@ -205,7 +205,7 @@ def test_a_server_that_exits_before_it_is_ready_fails_its_runs_at_once(host, ses
     assert final["servers"][0]["problem"] == "1 exited with code 3 before it was ready"
     assert [r["exit_code"] for r in final["runs"]] == [126, 126]
     status = status_task("r-crash")(host, session)
-    assert status.status == FAILED and "serve.py starting: crash" in status.data["run"]["runs"][0]["log_tail"]
+    assert status.status == FAILED and "serve.py starting: crash" in status.report.run.runs[0].log_tail
 
 
 def ready_and_running(host, run_id: str) -> bool:
@@ -228,7 +228,7 @@ def test_bench_stop_ends_the_server_with_every_process_it_started(host, session,
     stopped = stop_task("r-stop", "tester@here", grace=2)(host, session)
     assert stopped.status == CHANGED, stopped.message
     assert nothing_left("r-stop", [port], tree)  # at once: stop answers once every process of the run is gone
-    assert status_task("r-stop")(host, session).data["run"]["status"] == RunStatus.STOPPED
+    assert status_task("r-stop")(host, session).report.run.status == RunStatus.STOPPED
 
 
 def test_a_runner_killed_by_sigkill_takes_its_server_with_it(host, session, tmp_path):
@@ -239,7 +239,7 @@ def test_a_runner_killed_by_sigkill_takes_its_server_with_it(host, session, tmp_
     os.kill(state(host, "r-kill")["runner_pid"], signal.SIGKILL)
     # The server's guard sees its runner gone and ends the server, with no one asking.
     wait_until(lambda: nothing_left("r-kill", [port], tree), timeout=30, interval=0.1)
-    assert status_task("r-kill")(host, session).data["run"]["status"] == RunStatus.LOST
+    assert status_task("r-kill")(host, session).report.run.status == RunStatus.LOST
     stop_task("r-kill", "tester@here", grace=0)(host, session)  # the lost run's command, left as before
 
 
@@ -255,6 +255,6 @@ def test_a_lost_run_whose_guard_died_too_has_its_server_ended_when_the_agent_rea
     wait_until(lambda: exited(before["runner_pid"]), timeout=10)
     tree = server_processes("r-reap")
     assert listening(port) and len(tree) >= 2  # no guard left: the server (and its helper) outlived the runner
-    assert status_task("r-reap")(host, session).data["run"]["status"] == RunStatus.LOST
+    assert status_task("r-reap")(host, session).report.run.status == RunStatus.LOST
     assert nothing_left("r-reap", [port], tree) and state(host, "r-reap")["server"] is None
     stop_task("r-reap", "tester@here", grace=0)(host, session)
