@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -160,6 +161,7 @@ if mode == "crash":
     sys.exit(3)
 if mode == "tree":
     subprocess.Popen(["/bin/sleep", "600"], start_new_session=True, env={})
+open("server.pid", "w").write(str(__import__("os").getpid()))
 http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler).serve_forever()
 """
 
@@ -258,3 +260,16 @@ def test_a_lost_run_whose_guard_died_too_has_its_server_ended_when_the_agent_rea
     assert status_task("r-reap")(host, session).report.run.status == RunStatus.LOST
     assert nothing_left("r-reap", [port], tree) and state(host, "r-reap")["server"] is None
     stop_task("r-reap", "tester@here", grace=0)(host, session)
+
+
+def test_a_server_that_dies_between_its_groups_runs_is_started_again_for_the_next(host, session, tmp_path):
+    # The first run ends the server it was given; the second, of the same group, gets a new one.
+    plan = serve_plan(tmp_path, "ok", command="kill $(cat server.pid) && echo {mode} {temperature}")
+    assert launch_task(plan, "r-again")(host, session).status == CHANGED
+    wait_until(lambda: ended(host, session, "r-again"), timeout=60, interval=0.2)
+    final = state(host, "r-again")
+    assert final["status"] == "completed" and [s["group"] for s in final["servers"]] == [0, 0]
+    log = (run_dir(host, "r-again") / "log").read_text()
+    # The server's shell, after the kill: 143 (dash waits for its command) or -15 (a shell that exec'd it).
+    assert re.search(r"=== ddops server 1 exited \(code (143|-15)\); starting it again ===", log), log
+    assert nothing_left("r-again", [s["port"] for s in final["servers"]])

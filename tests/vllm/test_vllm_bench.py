@@ -7,6 +7,7 @@ with the vLLM version and each run's server in the manifest; reported in one tab
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,8 +36,8 @@ def mini_models(tmp_path_factory) -> Path:
     """mini-DDTree's models, untrained (seconds to build): this test is about the plumbing, not the numbers."""
     out = tmp_path_factory.mktemp("mini-models")
     subprocess.run([sys.executable, "make_models.py", "--out", str(out), "--target-steps", "0", "--distill-steps",
-                    "0"], cwd=MINI_DDTREE, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-                                                "HF_HUB_OFFLINE": "1"}, check=True, capture_output=True, timeout=300)
+                    "0"], cwd=MINI_DDTREE, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+                   check=True, capture_output=True, timeout=300)
     return out
 
 
