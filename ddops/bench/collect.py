@@ -77,6 +77,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
     state = listing.get("state") or {}
     prov = spec.get("provenance") or {}
     records = {r.get("index"): r for r in state.get("runs") or []}
+    servers = {s.get("number"): s for s in state.get("servers") or [] if isinstance(s, dict)}
     commands = []
     for run in spec.get("runs") or []:
         rec = records.get(run.get("index"), {})
@@ -84,7 +85,8 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
                          "env": run.get("env") or {}, "params": run.get("params") or {},
                          "status": rec.get("status"), "exit_code": rec.get("exit_code"), "signal": rec.get("signal"),
                          "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds"),
-                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {})})
+                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {}),
+                         **served_by(run, rec, servers)})
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
@@ -106,7 +108,26 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
         "refused": listing.get("refused") or [], "launched_by": spec.get("actor"),
         "ddops_version": spec.get("ddops_version"),
         **({"executor": "slurm", "job_id": state.get("job_id")} if state.get("executor") == "slurm" else {}),
+        **server_versions(spec.get("summarizer"), commands),
     }
+
+
+def server_versions(summarizer: Any, commands: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """{"vllm": "0.32.0"} for a vLLM plan whose servers said their version (several: joined), what the report's code
+    identity reads beside torch's and transformers'; {} otherwise."""
+    found = sorted({str(c["server"]["version"]) for c in commands if (c.get("server") or {}).get("version")})
+    return {"vllm": ", ".join(found)} if found and summarizer == "vllm" else {}
+
+
+def served_by(run: Mapping[str, Any], rec: Mapping[str, Any], servers: Mapping[Any, Mapping[str, Any]]
+              ) -> dict[str, Any]:
+    """{"server": ...} for a run that had one: its command and env as the plan rendered them, and what the host
+    recorded of the server that answered it (version, port, seconds to ready, why it failed); {} for a run without."""
+    if not run.get("server"):
+        return {}
+    ran = servers.get(rec.get("server")) or (rec.get("servers") or [{}])[-1]  # a Slurm task records its own
+    kept = ("version", "port", "ready_seconds", "problem", "log")
+    return {"server": {**run["server"], **{k: ran.get(k) for k in kept}}}
 
 
 def write_manifest(root: Path, run_id: str, entries: Mapping[str, Mapping[str, Any]]) -> Path:

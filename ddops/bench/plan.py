@@ -16,7 +16,9 @@ SUMMARIZERS = ("ddtree", "vllm", "metrics")
 # Names the launcher fills per host or per run; a plan may use them without declaring them.
 HOST_BUILTINS = ("gpus", "host", "repo", "python")
 RUN_BUILTINS = ("result_dir", "run_index")
-BUILTINS = HOST_BUILTINS + RUN_BUILTINS
+# The free port the host's runner picked for the plan's `server:` (remote/ddops_agent/servers.py), known only there.
+SERVER_PORT = "server_port"
+BUILTINS = HOST_BUILTINS + RUN_BUILTINS + (SERVER_PORT,)
 
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -33,6 +35,7 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "summarizer": str,
     "timeout_minutes": (int, float),
     "metrics": dict,
+    "server": dict,
 }
 # `metrics:` of a plan whose summarizer is `metrics` (ddops/bench/summarize_metrics.py): where each number and the
 # output text sit in the team's own JSON or CSV metrics file, as key paths (`a.b.0.c`; a CSV column name).
@@ -65,13 +68,15 @@ class BenchPlan:
     min_free_disk_gb: float = 0.0
     timeout_minutes: float = 60.0
     metrics: dict[str, str] = field(default_factory=dict, hash=False)
+    server: ServerPlan | None = None
     overrides: dict[str, Value] = field(default_factory=dict, hash=False)  # --var: beat plan and host vars
 
     @property
     def placeholders(self) -> tuple[str, ...]:
-        """Every name the command and env templates use, in first-use order."""
+        """Every name the command, env and server templates use, in first-use order."""
         seen: dict[str, None] = {}
-        for text in (self.command, *self.env.values()):
+        server = (self.server.command, *self.server.env.values()) if self.server else ()
+        for text in (self.command, *self.env.values(), *server):
             for name in template_names(text):
                 seen.setdefault(name)
         return tuple(seen)
@@ -85,12 +90,118 @@ class RunSpec:
     params: dict[str, Value] = field(hash=False)
     command: str = ""
     env: dict[str, str] = field(default_factory=dict, hash=False)
+    server: RunServer | None = None
 
     @property
     def label(self) -> str:
         """`dataset=gsm8k temperature=0.0`: the scalar matrix values, for logs and tables."""
         parts = [f"{k}={_text(v)}" for k, v in self.params.items() if not isinstance(v, tuple)]
         return " ".join(parts) or f"run {self.index}"
+
+
+# --- servers: a process the runs need (a vLLM server), started by the host's runner and always stopped ------------
+
+SERVER_KEYS: dict[str, type | tuple[type, ...]] = {
+    "command": str, "ready": str, "ready_timeout_minutes": (int, float), "version": str, "env": dict, "scope": str,
+}
+# group: consecutive runs whose server renders alike share one; run: a server of its own for every run.
+SERVER_SCOPES = ("group", "run")
+READY_TCP = "tcp"
+# How `{server_port}` reaches a shell: the runner exports the port it picked under this name.
+SERVER_PORT_ENV = "DDOPS_SERVER_PORT"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPlan:
+    """A plan's `server:` as written: templates, the readiness probe and its deadline, how runs share it."""
+
+    command: str
+    ready: str = READY_TCP  # an HTTP path answered 2xx on 127.0.0.1:<port>, or `tcp`: the port accepts connections
+    ready_timeout_minutes: float = 10.0
+    version: str | None = None  # an HTTP path whose answer the manifest keeps as the server's version
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    scope: str = "group"
+
+
+@dataclass(frozen=True, slots=True)
+class RunServer:
+    """The server one run needs, rendered; runs with the same `group` share one server, started once."""
+
+    group: int
+    command: str
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    ready: str = READY_TCP
+    ready_timeout_s: float = 600.0
+    version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "command": self.command, "env": dict(self.env), "ready": self.ready,
+                "ready_timeout_s": self.ready_timeout_s, "version": self.version}
+
+
+class ShellWord(str):
+    """A rendered value that is shell text already (`"$DDOPS_SERVER_PORT"`), put into a command unquoted."""
+
+
+def _parse_server(doc: YamlDoc, raw: Any) -> ServerPlan | None:
+    if raw is None:
+        return None
+    for key, value in raw.items():
+        if key not in SERVER_KEYS:
+            raise _err(doc, ("server", key), f"unknown key{suggest(str(key), SERVER_KEYS)}")
+        if not _is_type(value, SERVER_KEYS[key]):
+            raise _err(doc, ("server", key), f"must be {type_name(SERVER_KEYS[key])}, not {describe(value)}")
+    if not str(raw.get("command") or "").strip():
+        raise _err(doc, ("server",), "missing `command:` (how to start the server)")
+    command = raw["command"].strip()
+    _check_command_shell(doc, command, ("server", "command"))
+    ready = raw.get("ready", READY_TCP)
+    if ready != READY_TCP and not _is_http_path(ready):
+        raise _err(doc, ("server", "ready"), f"must be an HTTP path like /health (answered 2xx once the server is "
+                                             f"ready) or `{READY_TCP}` (the port accepts connections)")
+    version = raw.get("version")
+    if version is not None and not _is_http_path(version):
+        raise _err(doc, ("server", "version"), "must be an HTTP path like /version")
+    deadline = raw.get("ready_timeout_minutes", 10)
+    if deadline <= 0:
+        raise _err(doc, ("server", "ready_timeout_minutes"), "must be a positive number of minutes")
+    scope = raw.get("scope", "group")
+    if scope not in SERVER_SCOPES:
+        raise _err(doc, ("server", "scope"),
+                   f"must be one of {', '.join(SERVER_SCOPES)}{suggest(scope, SERVER_SCOPES)}")
+    return ServerPlan(command=command, ready=ready, ready_timeout_minutes=float(deadline), version=version,
+                      env=_parse_env(doc, raw.get("env") or {}, ("server", "env")), scope=scope)
+
+
+def _is_http_path(text: str) -> bool:
+    return text.startswith("/") and not any(c.isspace() or c in "{}" for c in text)
+
+
+def _check_server_port(doc: YamlDoc, keypath: tuple, server: ServerPlan | None) -> None:
+    """{server_port} is the port the runner picks when it starts the server: only shell commands can see it."""
+    if server is None:
+        raise _err(doc, keypath, f"{{{SERVER_PORT}}} is the port of the plan's `server:`, and this plan has none")
+    if "env" in keypath:
+        raise _err(doc, keypath, f"{{{SERVER_PORT}}} is known only on the host, once the server starts: use it in "
+                                 f"`command` or `server.command` (their environment has it as ${SERVER_PORT_ENV})")
+
+
+def _with_servers(plan: BenchPlan, runs: list[RunSpec], values: list[dict[str, Any]]) -> list[RunSpec]:
+    """The runs with their rendered server; with scope `group`, a run whose server renders like the previous
+    run's shares its group (one server for both)."""
+    if plan.server is None:
+        return runs
+    out: list[RunSpec] = []
+    for run, vals in zip(runs, values):
+        server = RunServer(group=run.index, command=render(plan.server.command, vals, shell=True),
+                           env={k: render(v, vals, shell=False) for k, v in plan.server.env.items()},
+                           ready=plan.server.ready, ready_timeout_s=plan.server.ready_timeout_minutes * 60,
+                           version=plan.server.version)
+        before = out[-1].server if out else None
+        if plan.server.scope == "group" and before and (before.command, before.env) == (server.command, server.env):
+            server = replace(server, group=before.group)
+        out.append(replace(run, server=server))
+    return out
 
 
 # --- loading -----------------------------------------------------------------------------------------------------
@@ -142,16 +253,23 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
     patches = _parse_patches(doc, data.get("requires_patches") or [], known_patches)
     plan_vars = _parse_vars(doc, data.get("vars") or {})
     matrix = _parse_matrix(doc, data.get("matrix") or {}, plan_vars)
-    env = _parse_env(doc, data.get("env") or {})
+    env = _parse_env(doc, data.get("env") or {}, ("env",))
+    server = _parse_server(doc, data.get("server"))
 
     command = data["command"].strip()
     if not command:
         raise _err(doc, ("command",), "must not be empty")
-    _check_command_shell(doc, command)
+    _check_command_shell(doc, command, ("command",))
     defined = set(plan_vars) | set(BUILTINS) | {n for _, entries in matrix for e in entries for n in e}
-    for keypath, text in [(("command",), command)] + [(("env", k), v) for k, v in env.items()]:
+    templates = [(("command",), command)] + [(("env", k), v) for k, v in env.items()]
+    if server is not None:
+        templates += [(("server", "command"), server.command)]
+        templates += [(("server", "env", k), v) for k, v in server.env.items()]
+    for keypath, text in templates:
         for ph in _parse_template(text, lambda msg, kp=keypath: _err(doc, kp, msg)):
-            if isinstance(ph, _Var) and ph.name not in defined:
+            if isinstance(ph, _Var) and ph.name == SERVER_PORT:
+                _check_server_port(doc, keypath, server)
+            elif isinstance(ph, _Var) and ph.name not in defined:
                 hint = suggest(ph.name, defined)
                 raise _err(doc, keypath, f"unknown placeholder {{{ph.name}}}{hint}: define it in `vars:` or `matrix:`")
 
@@ -159,7 +277,7 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
         name=name, command=command, results=results, summarizer=summarizer, path=doc.path,
         description=str(data.get("description", "")).strip(), workdir=workdir, env=env, matrix=matrix,
         vars=plan_vars, requires_patches=patches, gpus=gpus, min_free_disk_gb=float(disk),
-        timeout_minutes=float(timeout), metrics=metrics,
+        timeout_minutes=float(timeout), metrics=metrics, server=server,
     )
 
 
@@ -248,10 +366,10 @@ def _parse_matrix(doc: YamlDoc, raw: dict, plan_vars: dict) -> tuple[tuple[str, 
     return tuple(axes)
 
 
-def _parse_env(doc: YamlDoc, raw: dict) -> dict[str, str]:
+def _parse_env(doc: YamlDoc, raw: dict, where: tuple) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in raw.items():
-        kp = ("env", key)
+        kp = where + (key,)
         _check_ident(doc, kp, key)
         if not isinstance(value, (str, int, float)) or isinstance(value, bool) or value is None:
             raise _err(doc, kp, f"must be a string or number, not {describe(value)}")
@@ -296,11 +414,11 @@ def _check_ident(doc: YamlDoc, keypath: tuple, name: Any) -> None:
         raise _err(doc, keypath, "names use letters, digits and '_' and do not start with a digit")
 
 
-def _check_command_shell(doc: YamlDoc, command: str) -> None:
+def _check_command_shell(doc: YamlDoc, command: str, keypath: tuple) -> None:
     """Refuse places in the command where a shell-quoted value would not stay one word."""
 
     def fail(msg: str) -> PlaybookError:
-        return _err(doc, ("command",), msg)
+        return _err(doc, keypath, msg)
 
     if re.search(r"(?<!<)<<(?!<)", command):
         raise fail("here-documents are not supported (their bodies are expanded unquoted); put the script in the repo")
@@ -418,7 +536,9 @@ def render(text: str, values: Mapping[str, Any], *, shell: bool) -> str:
             out.append(part)
             continue
         value = values[part.name]
-        if shell:
+        if isinstance(value, ShellWord):
+            out.append(value)
+        elif shell:
             items = value if isinstance(value, tuple) else (value,)
             out.append(" ".join(shlex.quote(_text(v)) for v in items))
         else:
@@ -449,8 +569,10 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
         base[key] = tuple(value) if isinstance(value, list) else value
     base.update(plan.overrides)
     base["result_dir"] = result_dir
+    base[SERVER_PORT] = ShellWord(f'"${SERVER_PORT_ENV}"')
     needed = plan.placeholders
     runs: list[RunSpec] = []
+    rendered: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     axes = [entries for _, entries in plan.matrix]
     for index, combo in enumerate(itertools.product(*axes)):
@@ -478,7 +600,8 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
         seen[command] = index
         env = {k: render(v, values, shell=False) for k, v in plan.env.items()}
         runs.append(RunSpec(index=index, params=params, command=command, env=env))
-    return runs
+        rendered.append(values)
+    return _with_servers(plan, runs, rendered)
 
 
 def parse_assignments(items: Iterable[str], option: str) -> dict[str, tuple[str, ...]]:

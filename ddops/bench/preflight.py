@@ -161,7 +161,8 @@ def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: M
         **({"metrics": dict(plan.metrics)} if plan.metrics else {}),
         "env": {}, "python": host.python, "ddops_version": ddops.__version__, "actor": actor,
         "runs": [{"index": r.index, "label": r.label, "command": r.command, "env": dict(r.env),
-                  "params": {k: _jsonable(v) for k, v in r.params.items()}} for r in runs],
+                  "params": {k: _jsonable(v) for k, v in r.params.items()},
+                  **({"server": r.server.to_json()} if r.server else {})} for r in runs],
         "provenance": dict(provenance),
     }
 

@@ -314,6 +314,7 @@ def build_state(run_id: str, job_id: str, labels: Sequence[str], tasks: Sequence
                       "array_job_id": job_id, "array_index": t.index, "job_id": t.job_id or rec.get("job_id"),
                       "node": t.node or rec.get("node"), "cuda_visible_devices": rec.get("cuda_visible_devices"),
                       "slurm_job_gpus": rec.get("slurm_job_gpus")},
+            **({"servers": rec["servers"]} if rec.get("servers") else {}),
         })
     starts = [r["started"] for r in runs if r["started"]]
     ends = [r["ended"] for r in runs if r["ended"]]

@@ -19,7 +19,8 @@ times, per-run exit codes and log offsets), pid (the runner's pid and start time
 appended, with a header and a footer per run), exit-<index> (each run's exit code), results/ (what the commands
 save), bootstrap.py + runner.in (the detached runner: the shipped bootstrap and bundle, written to disk, running
 `bench_runner`),
-runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked).
+runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked), and for a
+plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard).
 """
 
 import datetime
@@ -35,24 +36,27 @@ import sys
 import time
 
 from ddops_agent.protocol import (AgentFault, b64_text, bad_request, describe_error, optional_number, optional_str,
-                                  check_deadline, require_list, require_object, require_str, shipped_bundle, verb)
+                                  check_deadline, require_list, require_object, require_str, verb)
 from ddops_agent.files import (atomic_write, check_relpath, current_sha, is_inside, make_private_dir, open_repo,
                                read_regular, resolve_target, write_all)
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import collect_facts
 from ddops_agent.journal import ends_without_newline, ensure_state_dir, now_iso, read_journal, state_dir
+from ddops_agent.servers import PORT_ENV, Servers, reap_server
+from ddops_agent.procs import (RUN_TAG_DIR, RUN_TAG_ID, descendants, end_processes, group_alive, group_is_the_runs,
+                               is_run_process, process_record, records_of, signal_quietly, spawn_agent, tagged_pids)
 
 
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 RUNS_DIR = "runs"
 TERMINAL_STATUSES = ("completed", "failed", "stopped", "error", "lost")
-RUN_TAG_ID = "DDOPS_RUN_ID"
-RUN_TAG_DIR = "DDOPS_RUN_DIR"
 DEFAULT_STOP_GRACE = 5.0
 DEFAULT_POLL_BYTES = 256 * 1024
 MAX_POLL_BYTES = 4 * 1024 * 1024
 LOG_TAIL_BYTES = 4096
 TIMEOUT_EXIT_CODE = 124
+# A run that never started because the server it needs was not ready (servers.py): as the shell's "not executable".
+SERVER_FAILED_EXIT_CODE = 126
 ADDED_ENV = ("PATH", "HF_HUB_OFFLINE", RUN_TAG_ID, RUN_TAG_DIR)
 
 
@@ -106,170 +110,6 @@ def utc_seconds(iso):
     except ValueError:
         return None
     return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
-
-
-# -- processes --------------------------------------------------------------------------------------------------
-
-
-def proc_stat_fields(pid):
-    """The fields of /proc/PID/stat after the command name (the 3rd field on), or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError, TypeError):
-        return None
-
-
-# Indices into proc_stat_fields: fields 3 (state), 4 (parent), 5 (process group) and 22 (start time, in clock ticks
-# since boot: what tells a process from a later one given a recycled pid) of proc(5)'s /proc/PID/stat.
-STAT_STATE, STAT_PPID, STAT_PGID, STAT_START_TIME = 0, 1, 2, 19
-
-
-def stat_number(fields, index):
-    """fields[index] of proc_stat_fields as a whole number, or None (the process gone, or no such field)."""
-    try:
-        return int(fields[index])
-    except (TypeError, IndexError, ValueError):
-        return None
-
-
-def process_record(pid):
-    """What stop checks later to know `pid` is still this process: pid, start time and process group."""
-    fields = proc_stat_fields(pid)
-    return {"pid": pid, "start_time": stat_number(fields, STAT_START_TIME), "pgid": stat_number(fields, STAT_PGID)}
-
-
-def carries_run_tags(pid, run_id, run_dir):
-    """Whether the process's environment (as it was exec'd) names this run: an unrelated process never does."""
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as handle:
-            entries = handle.read().split(b"\0")
-    except (OSError, TypeError):
-        return False
-    return (("%s=%s" % (RUN_TAG_ID, run_id)).encode() in entries
-            and ("%s=%s" % (RUN_TAG_DIR, run_dir)).encode() in entries)
-
-
-def is_run_process(record, run_id, run_dir):
-    """Whether a recorded process still runs and is still the run's: same start time and group, the run's tags.
-
-    A pid recorded before a reboot or an OOM kill may belong to anyone now (root's, on a GPU host): nothing is
-    signalled on the strength of a pid alone.
-    """
-    if not isinstance(record, dict):
-        return False
-    pid = record.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    fields = proc_stat_fields(pid)
-    if not fields or fields[STAT_STATE] == b"Z":
-        return False
-    start_time, pgid = stat_number(fields, STAT_START_TIME), stat_number(fields, STAT_PGID)
-    if start_time is None or pgid is None:
-        return False
-    if record.get("start_time") is None or start_time != record.get("start_time"):
-        return False
-    if record.get("pgid") is not None and pgid != record.get("pgid"):
-        return False
-    return carries_run_tags(pid, run_id, run_dir)
-
-
-def proc_state(pid):
-    """The one-letter state of a process (R, S, Z ...), or None when it is gone or unknown."""
-    fields = proc_stat_fields(pid)
-    return fields[STAT_STATE].decode("ascii", "replace") if fields else None
-
-
-def same_process(record):
-    """Whether the process recorded (by process_record) still runs, not a zombie, with the start time recorded."""
-    fields = proc_stat_fields(record.get("pid"))
-    if not fields or fields[STAT_STATE] == b"Z" or record.get("start_time") is None:
-        return False
-    return stat_number(fields, STAT_START_TIME) == record["start_time"]
-
-
-def signal_process(record, sig):
-    """Send `sig` to a recorded process if it is still that process (checked right before, not at the last scan)."""
-    if same_process(record):
-        signal_quietly(record["pid"], sig)
-
-
-def tagged_pids(run_id, run_dir):
-    """Every live process whose environment carries this run's tags (survives setsid, e.g. torchrun workers)."""
-    found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    me = os.getpid()
-    for name in names:
-        if not name.isdigit() or int(name) == me:
-            continue
-        if carries_run_tags(int(name), run_id, run_dir) and proc_state(int(name)) not in (None, "Z"):
-            found.append(int(name))
-    return found
-
-
-def group_members(pgid):
-    """Every live process in process group `pgid`."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return members
-    for name in names:
-        if name.isdigit():
-            fields = proc_stat_fields(int(name))
-            if fields and fields[STAT_STATE] != b"Z" and stat_number(fields, STAT_PGID) == pgid:
-                members.append(int(name))
-    return members
-
-
-def group_is_the_runs(pgid, run_id, run_dir):
-    """Whether process group `pgid` has members and every one of them carries the run's tags (safe to killpg)."""
-    if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1:
-        return False
-    members = [pid for pid in group_members(pgid) if pid != os.getpid()]
-    return bool(members) and all(carries_run_tags(pid, run_id, run_dir) for pid in members)
-
-
-def children_map():
-    """{ppid: [pid]} for every process (Linux /proc)."""
-    children = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return children
-    for name in names:
-        if not name.isdigit():
-            continue
-        ppid = stat_number(proc_stat_fields(int(name)), STAT_PPID)
-        if ppid is not None:
-            children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def descendants(pids):
-    """Every live process below any of `pids`."""
-    children = children_map()
-    found, stack = [], list(pids)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.append(child)
-                stack.append(child)
-    return found
-
-
-def signal_quietly(pid, sig, group=False):
-    """Send `sig` to a process (or its group), ignoring ones already gone."""
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- launch -----------------------------------------------------------------------------------------------------
@@ -328,28 +168,9 @@ def runner_environment(run_id, run_dir, spec):
 
 
 def spawn_runner(run_dir, repo, run_id, env):
-    """Start `bench_runner` detached: own session, stdin from a file, output to runner.out; returns its pid.
-
-    The runner is this agent run again from the shipped bundle, written to the run directory: bootstrap.py reads
-    runner.in (the bundle, then the request) as the bootstrap does over ssh.
-    """
-    shipped = shipped_bundle()
-    if shipped is None:
-        raise bad_request("bench_launch needs the shipped agent bundle (run it through the bootstrap)")
-    bundle, bootstrap = shipped
-    bootstrap_path = os.path.join(run_dir, "bootstrap.py")
-    atomic_write(bootstrap_path, bootstrap.encode("utf-8"), 0o600)
-    request = {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}
-    stdin_path = os.path.join(run_dir, "runner.in")
-    atomic_write(stdin_path, bundle + json.dumps(request).encode("utf-8"), 0o600)
-    with open(stdin_path, "rb") as stdin, open(os.path.join(run_dir, "runner.out"), "ab") as out:
-        # start_new_session: setsid() in the child, so no hangup or signal to our ssh session reaches it; every
-        # descriptor is a file of ours, so the ssh channel closes as soon as this agent exits.
-        process = subprocess.Popen(
-            [sys.executable, "-S", bootstrap_path, str(len(bundle))], cwd=run_dir, stdin=stdin, stdout=out,
-            stderr=subprocess.STDOUT, close_fds=True, start_new_session=True,
-            env=env,
-        )
+    """Start `bench_runner` detached (procs.spawn_agent); returns its pid."""
+    process = spawn_agent(run_dir, "runner", {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}},
+                          env)
     # Keep Python from reaping (or warning about) a child we deliberately leave running.
     process.returncode = 0
     return process.pid
@@ -456,10 +277,15 @@ class Runner:
         self.state.update({"status": "running", "started": now_iso(), "runner_pid": pid})
         self.save()
         runs = self.spec["runs"]
-        for index, run in enumerate(runs):
-            if self.stop_requested():
-                break
-            self.run_one(index, run)
+        self.servers = Servers(self.run_id, self.run_dir, self.workdir, self.state, self.save, self.log)
+        try:
+            for index, run in enumerate(runs):
+                if self.stop_requested():
+                    break
+                self.run_one(index, run)
+                self.servers.keep_for(runs[index + 1].get("server") if index + 1 < len(runs) else None)
+        finally:
+            self.servers.stop()
         self.finish()
         return {"status": self.state["status"]}
 
@@ -474,11 +300,20 @@ class Runner:
         env = dict(os.environ)
         env.update(run.get("env") or {})
         env["DDOPS_RUN_INDEX"] = str(index)
-        started = time.monotonic()
+        waited = time.monotonic()
+        port, problem = self.servers.ensure(run.get("server"), env, self.stop_requested)
+        if problem is not None:
+            self.end_run(index, record, "stopped" if self.stop_requested() else "failed", SERVER_FAILED_EXIT_CODE,
+                         None, waited, "not run: %s" % problem)
+            return
+        if port is not None:
+            env[PORT_ENV] = str(port)
+            record["server"] = self.servers.current.number
         with open(self.log_path, "ab") as out:
             child = subprocess.Popen(["/bin/sh", "-c", run["command"]], cwd=self.workdir, env=env,
                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      close_fds=True, start_new_session=True)
+        started = time.monotonic()  # the command's own time: its server's start is the server's
         # Its start time and group, so that a stop after a reboot never signals whoever has this pid by then.
         self.state.update({"current": index, "child_pid": child.pid, "child": process_record(child.pid)})
         self.save()
@@ -491,7 +326,6 @@ class Runner:
             code = child.wait()
         # Whatever the command left running in its group (a backgrounded helper) ends with it.
         self.end_group(child, grace=0)
-        seconds = round(time.monotonic() - started, 3)
         signal_number = -code if code < 0 else None
         exit_code = TIMEOUT_EXIT_CODE if timed_out else (128 + signal_number if signal_number else code)
         if self.stop_requested():
@@ -500,9 +334,14 @@ class Runner:
             status = "timeout"
         else:
             status = "ok" if exit_code == 0 else "failed"
+        self.end_run(index, record, status, exit_code, signal_number, started,
+                     "timed out after %gs" % self.timeout if timed_out else None)
+
+    def end_run(self, index, record, status, exit_code, signal_number, started, note):
+        """Record how run `index` ended: the log's footer, exit-<index>, its record and the run's progress."""
+        seconds = round(time.monotonic() - started, 3)
         footer = "=== ddops run %d/%d %s: exit %d after %.1fs%s ===\n" % (
-            index + 1, len(self.spec["runs"]), status, exit_code, seconds,
-            " (timed out after %gs)" % self.timeout if timed_out else "")
+            index + 1, len(self.spec["runs"]), status, exit_code, seconds, " (%s)" % note if note else "")
         size = self.log("\n" + footer if self.log_tail_needs_newline() else footer)
         atomic_write(os.path.join(self.run_dir, "exit-%d" % index), ("%d\n" % exit_code).encode(), 0o600)
         record.update({"status": status, "exit_code": exit_code, "signal": signal_number, "ended": now_iso(),
@@ -539,17 +378,6 @@ class Runner:
         self.log("=== ddops run %s %s at %s ===\n" % (self.run_id, status, ended))
         self.state.update({"status": status, "ended": ended, "current": None})
         self.save()
-
-
-def group_alive(pgid):
-    """Whether any process is left in process group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 @verb("bench_runner", bounded=False)
@@ -592,6 +420,11 @@ def current_state(run_dir):
         if recorded or created is None or time.time() - created > 30:
             state["status"] = "lost"
             state["message"] = state.get("message") or "the runner is no longer running (killed, or host rebooted)"
+    if state["status"] == "lost" and reap_server(os.path.basename(run_dir), state):
+        # Its guard should have ended it with the runner; whatever is left of it ends now, and once.
+        saved = read_json_file(os.path.join(run_dir, "state.json")) or {}
+        saved["server"] = state["server"] = None
+        write_json_file(os.path.join(run_dir, "state.json"), saved)
     return state
 
 
@@ -692,20 +525,18 @@ def list_runs(repo):
 
 
 def run_processes(run_id, run_dir, state):
-    """{pid: record} of every process of the run: runner and command (while still the run's), their descendants, and
-    every process carrying the run's tags. A recorded pid that now belongs to another process is left out."""
+    """{pid: record} of every process of the run: runner and command (while still the run's), every process
+    carrying the run's tags, and their descendants. A recorded pid that now belongs to another process is left
+    out."""
     roots = []
     for record in (read_json_file(os.path.join(run_dir, "pid")), (state or {}).get("child")):
         if is_run_process(record, run_id, run_dir):
             roots.append(record["pid"])
-    pids = set(tagged_pids(run_id, run_dir)) | set(roots) | set(descendants(roots))
+    tagged = tagged_pids(run_id, run_dir)
+    # Below tagged processes too: one renamed by setproctitle (vLLM's engine) no longer shows its environment.
+    pids = set(tagged) | set(roots) | set(descendants(roots + tagged))
     pids.discard(os.getpid())
-    records = {}
-    for pid in sorted(pids):
-        record = process_record(pid)
-        if record["start_time"] is not None:
-            records[pid] = record
-    return records
+    return records_of(pids)
 
 
 def command_group(state):
@@ -732,29 +563,9 @@ def bench_stop(payload):
     # The runner looks for this file before every run and after each: it starts nothing more.
     atomic_write(os.path.join(run_dir, "stop"), now_iso().encode("utf-8"), 0o600)
     group = command_group(state)
-    for record in found.values():
-        signal_process(record, signal.SIGTERM)
-    signal_command_group(group, run_id, run_dir, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(same_process(record) for record in found.values()):
-        time.sleep(0.05)
-    killed = sorted(found)
-    # Several rounds: a process may have forked between our scan and its signal.
-    for _ in range(5):
-        left = run_processes(run_id, run_dir, state)
-        for pid, record in found.items():
-            if same_process(record):
-                left.setdefault(pid, record)
-        signal_command_group(group, run_id, run_dir, signal.SIGKILL)
-        if not left:
-            break
-        for pid, record in left.items():
-            signal_process(record, signal.SIGKILL)
-            found.setdefault(pid, record)
-            if pid not in killed:
-                killed.append(pid)
-        time.sleep(0.05)
-    remaining = sorted(run_processes(run_id, run_dir, state))
+    # The run's server (its processes carry the run's tags) ends with the rest.
+    killed, remaining = end_processes(lambda: run_processes(run_id, run_dir, state), grace,
+                                      lambda sig: signal_command_group(group, run_id, run_dir, sig), found)
     state = read_json_file(os.path.join(run_dir, "state.json")) or state
     state.pop("runner_alive", None)
     now = now_iso()
@@ -764,7 +575,7 @@ def bench_stop(payload):
             if run.get("exit_code") is None:
                 run["exit_code"] = 128 + signal.SIGTERM
     state.update({"status": "stopped", "ended": now, "current": None, "child_pid": None, "child": None,
-                  "updated": now, "message": "stopped by %s" % optional_str(payload, "actor", "ddops")})
+                  "server": None, "updated": now, "message": "stopped by %s" % optional_str(payload, "actor", "ddops")})
     write_json_file(os.path.join(run_dir, "state.json"), state)
     fd = os.open(os.path.join(run_dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

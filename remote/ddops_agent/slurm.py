@@ -29,9 +29,11 @@ from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_nu
                                   require_str, shipped_bundle, verb)
 from ddops_agent.files import atomic_write, open_repo, write_all
 from ddops_agent.journal import now_iso
-from ddops_agent.bench import (DEFAULT_POLL_BYTES, MAX_POLL_BYTES, RUN_TAG_DIR, RUN_TAG_ID, bench_files, initial_state,
+from ddops_agent.bench import (DEFAULT_POLL_BYTES, MAX_POLL_BYTES, SERVER_FAILED_EXIT_CODE, bench_files, initial_state,
                                log_size, open_new_run, open_run, parse_spec, read_json_file, read_log_range,
-                               require_run_id, signal_quietly, write_json_file)
+                               require_run_id, write_json_file)
+from ddops_agent.procs import RUN_TAG_DIR, RUN_TAG_ID, signal_quietly
+from ddops_agent.servers import PORT_ENV, Servers
 
 SLURM_COMMAND_TIMEOUT = 30
 SLURM_SQUEUE_FORMAT = "%i|%F|%K|%T|%r|%N"
@@ -146,16 +148,40 @@ def slurm_task(payload):
     env.update({"HF_HUB_OFFLINE": "1", RUN_TAG_ID: run_id, RUN_TAG_DIR: run_dir, "DDOPS_RUN_INDEX": str(index)})
     workdir = os.path.realpath(os.path.join(repo, spec.get("workdir") or "."))
     started = time.monotonic()
-    child = subprocess.Popen(["/bin/sh", "-c", run["command"]], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                             stdout=out.fileno(), stderr=subprocess.STDOUT, close_fds=True)
+    children = []
 
     def forward(number, frame):
-        # scancel and the time limit signal the whole step; pass it on in case the command shields itself.
-        signal_quietly(child.pid, number)
+        # scancel and the time limit signal the whole step; pass it on in case the command (or the server, in a
+        # session of its own) shields itself.
+        for pid in children:
+            signal_quietly(pid, number)
+        if servers.current is not None:
+            signal_quietly(servers.current.process.pid, number, group=True)
 
+    def write(text):
+        out.write(text)
+        out.flush()
+
+    # Each task its own server (tasks may run at once, on other nodes): task-<i>-server-1.
+    servers = Servers(run_id, run_dir, workdir, record, lambda: write_json_file(record_path, record), write,
+                      prefix="task-%d-" % index)
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(number, forward)
-    code = child.wait()
+    try:
+        port, problem = servers.ensure(run.get("server"), env, lambda: os.path.exists(os.path.join(run_dir, "stop")))
+        if problem is None:
+            if port is not None:
+                env[PORT_ENV] = str(port)
+            child = subprocess.Popen(["/bin/sh", "-c", run["command"]], cwd=workdir, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=out.fileno(), stderr=subprocess.STDOUT,
+                                     close_fds=True)
+            children.append(child.pid)
+            code = child.wait()
+        else:
+            write("=== ddops task %d not run: %s ===\n" % (index, problem))
+            code = SERVER_FAILED_EXIT_CODE
+    finally:
+        servers.stop()
     signal_number = -code if code < 0 else None
     exit_code = 128 + signal_number if signal_number else code
     record.update({"ended": now_iso(), "exit_code": exit_code, "signal": signal_number,

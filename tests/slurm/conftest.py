@@ -3,9 +3,12 @@ started once per session in a private directory (ddops/testbed/slurm.py) and ful
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -46,3 +49,26 @@ def slurm_cluster() -> Iterator[object]:
         yield cluster
     finally:
         slurm.down(root)
+
+
+def login_inventory(bed, repo: Path, cluster, slurm: str, name: str = "slurm-inventory.yaml") -> Path:
+    """An inventory naming the testbed's one host `login`, a login node of `cluster` whose group submits with the
+    `slurm:` options given (YAML flow text, without the conf), its repo on the filesystem the cluster shares."""
+    login = bed.hosts[0]
+    path = Path(bed.root) / name
+    path.write_text(f"""defaults:
+  user: root
+  identity_file: {json.dumps(str(bed.client_key))}
+  python: {json.dumps(sys.executable)}
+  connect_timeout: 5
+known_hosts: {json.dumps(str(bed.known_hosts))}
+ssh_config: /dev/null
+patches: [hybrid-cache, crop-relative, cpu-timing]
+groups:
+  cluster:
+    executor: slurm
+    slurm: {{{slurm}, conf: {json.dumps(cluster.conf)}}}
+hosts:
+  login: {{address: {login.address}, port: {login.port}, repo: {json.dumps(str(repo))}, groups: [cluster]}}
+""")
+    return path

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import MINI_DDTREE, REPO_ROOT, git_seed, run_ddops, wait_until
 from tests.conftest import testbeds as started_testbeds
+from tests.slurm.conftest import login_inventory
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sshd]
 pytest.importorskip("transformers", minversion="5.0")
@@ -61,24 +62,8 @@ def cluster_bed(slurm_cluster, tmp_path_factory):
                    capture_output=True, timeout=300)
     with started_testbeds(tmp_path_factory) as start:
         bed = start(1, name_prefix="login")
-        login = bed.hosts[0]
-        inventory = Path(bed.root) / "slurm-inventory.yaml"
         # The repo is not the testbed's private bind mount: the same path on the login node and on the Slurm node.
-        inventory.write_text(f"""defaults:
-  user: root
-  identity_file: {json.dumps(str(bed.client_key))}
-  python: {json.dumps(sys.executable)}
-  connect_timeout: 5
-known_hosts: {json.dumps(str(bed.known_hosts))}
-ssh_config: /dev/null
-patches: [hybrid-cache, crop-relative, cpu-timing]
-groups:
-  cluster:
-    executor: slurm
-    slurm: {{partition: debug, gres: "gpu:1", time: 10, conf: {json.dumps(slurm_cluster.conf)}}}
-hosts:
-  login: {{address: {login.address}, port: {login.port}, repo: {json.dumps(str(repo))}, groups: [cluster]}}
-""")
+        inventory = login_inventory(bed, repo, slurm_cluster, 'partition: debug, gres: "gpu:1", time: 10')
         yield inventory, repo, shared / "results"
 
 

@@ -158,6 +158,21 @@ def test_the_layer_check_sees_imports_inside_functions_and_relative_ones():
     assert layer_of("ddops.tasks.patch") > layer_of("ddops.bench.x")
 
 
+# DDOPS_* names that are no setting of ddops but what the host agent puts in a run's environment, which one controller
+# module must spell too: name -> (that module, the agent module and constant that are the name's home).
+HOST_NAMES = {"DDOPS_SERVER_PORT": ("ddops.bench.plan", "servers.py", "PORT_ENV")}
+
+
+def test_names_the_agent_sets_for_runs_are_spelled_as_the_agent_spells_them():
+    from ddops.resources import remote_dir
+
+    for value, (_, agent_file, constant) in HOST_NAMES.items():
+        tree = ast.parse((remote_dir() / "ddops_agent" / agent_file).read_text())
+        assigned = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                    for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+        assert assigned.get(constant) == value, f"{agent_file} {constant} is not {value}"
+
+
 def test_ddops_environment_settings_are_named_and_read_only_in_ddops_settings():
     """One home per fact: a DDOPS_* variable is a Setting in ddops/settings.py, and the README lists each one."""
     import re
@@ -170,7 +185,8 @@ def test_ddops_environment_settings_are_named_and_read_only_in_ddops_settings():
         if name == "ddops.settings":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value) \
+                    and HOST_NAMES.get(node.value, (None,))[0] != name:
                 strays.append(f"{name}:{node.lineno}: {node.value}")
         for line_no, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"environ(\.get)?[\[(]\s*f?[\"']DDOPS_", line):

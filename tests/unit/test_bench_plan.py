@@ -442,3 +442,140 @@ def test_a_metrics_plan_names_its_key_paths_and_bad_ones_are_file_line_errors(tm
     msg = error_of(tmp_path, text.replace("  tokens_per_s: stats.tok_s\n", ""))
     assert "metrics: needs tokens_per_s or tpot_s" in msg
     assert "needs a `metrics:` mapping" in error_of(tmp_path, text.split("metrics:\n")[0])
+
+
+# --- servers ------------------------------------------------------------------------------------------------------
+
+SERVED = """\
+name: t
+summarizer: vllm
+results: "*.json"
+server:
+  command: serve --model {model} --port {server_port} {spec}
+  ready: /health
+command: bench --port {server_port} --data {dataset} --out {result_dir}/{method}-{dataset}.json
+vars:
+  model: m
+matrix:
+  method:
+    - {method: baseline, spec: []}
+    - {method: ngram, spec: [--speculative-config.method=ngram]}
+  dataset: [gsm8k, math500]
+"""
+
+
+def test_runs_whose_server_renders_alike_share_one_and_learn_its_port_from_the_shell(tmp_path):
+    runs = expand_runs(load(tmp_path, SERVED), {}, "/r")
+    assert [r.server.group for r in runs] == [0, 0, 2, 2]
+    assert runs[0].server.command == 'serve --model m --port "$DDOPS_SERVER_PORT" '
+    assert runs[2].server.command == 'serve --model m --port "$DDOPS_SERVER_PORT" --speculative-config.method=ngram'
+    assert runs[3].command == 'bench --port "$DDOPS_SERVER_PORT" --data math500 --out /r/ngram-math500.json'
+    assert runs[0].server.to_json() == {"group": 0, "command": runs[0].server.command, "env": {}, "ready": "/health",
+                                        "ready_timeout_s": 600.0, "version": None}
+    # The port is a shell expansion, run by the shell: a server named by the runner, nothing a value can inject.
+    port = subprocess.run(["sh", "-c", "echo " + runs[0].command.split()[2]], capture_output=True, text=True,
+                          env={**os.environ, "DDOPS_SERVER_PORT": "8123"}).stdout
+    assert port == "8123\n"
+
+
+def test_scope_run_gives_every_run_a_server_of_its_own_and_a_plan_without_one_has_none(tmp_path):
+    runs = expand_runs(load(tmp_path, SERVED.replace("  ready: /health", "  ready: /health\n  scope: run")), {})
+    assert [r.server.group for r in runs] == [0, 1, 2, 3]
+    assert all(r.server is None for r in expand_runs(load(tmp_path, MINIMAL), {}))
+
+
+def test_server_env_is_rendered_per_run_and_its_placeholders_are_the_plans(tmp_path):
+    plan = load(tmp_path, SERVED.replace("  ready: /health", "  ready: /health\n  env:\n    CACHE: /c/{model}\n"
+                                                         "  ready_timeout_minutes: 0.5\n  version: /version"))
+    (run, *_) = expand_runs(plan, {"model": "host-model"})
+    assert run.server.env == {"CACHE": "/c/host-model"} and run.server.ready_timeout_s == 30
+    assert run.server.version == "/version" and "model" in plan.placeholders
+
+
+@pytest.mark.parametrize("text,line,keypath,fragment", [
+    (SERVED.replace("  ready: /health", "  redy: /health"), 6, "server.redy", "unknown key (did you mean 'ready'?)"),
+    (SERVED.replace("  ready: /health", "  ready: health"), 6, "server.ready", "an HTTP path like /health"),
+    (SERVED.replace("  ready: /health", "  ready: /health\n  scope: grop"), 7, "server.scope",
+     "(did you mean 'group'?)"),
+    (SERVED.replace("  ready: /health", "  ready: /health\n  ready_timeout_minutes: 0"), 7,
+     "server.ready_timeout_minutes", "must be a positive number of minutes"),
+    (SERVED.replace("  ready: /health", "  ready: /health\n  version: v"), 7, "server.version", "an HTTP path"),
+    (SERVED.replace("  ready: /health", "  ready: /health\n  env:\n    A: '{server_port}'"), 8, "server.env.A",
+     "known only on the host, once the server starts"),
+    (SERVED.replace("{spec}", "{spek}"), 5, "server.command", "unknown placeholder {spek} (did you mean 'spec'?)"),
+    (SERVED.replace("{spec}", "'{spec}'"), 5, "server.command", "inside single quotes"),
+    (SERVED.replace("  command: serve", "  comand: serve"), 5, "server.comand", "(did you mean 'command'?)"),
+    (SERVED.replace("server:\n  command: serve --model {model} --port {server_port} {spec}\n  ready: /health\n",
+                    "server: {ready: /health}\n"), 4, "server", "missing `command:`"),
+    (SERVED.replace("server:\n  command: serve --model {model} --port {server_port} {spec}\n  ready: /health\n",
+                    ""), 4, "command", "{server_port} is the port of the plan's `server:`, and this plan has none"),
+    (MINIMAL + "  server_port: 80\n", 7, "vars.server_port", "filled in by ddops"),
+])
+def test_invalid_servers_say_file_line_and_key_path(tmp_path, text, line, keypath, fragment):
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:{line}: {keypath}: "), msg
+    assert fragment in msg, msg
+
+
+def test_playbook_lint_checks_a_server_with_its_line(tmp_path):
+    path = write(tmp_path, SERVED.replace("  ready: /health", "  redy: /health"))
+    done = subprocess.run([sys.executable, "-m", "ddops", "playbook", "lint", str(path)], capture_output=True,
+                          text=True, cwd=REPO_ROOT)
+    assert done.returncode == EXIT_USAGE
+    assert f"{path}:6: server.redy: unknown key (did you mean 'ready'?)" in done.stderr
+
+
+# --- the vLLM plans -----------------------------------------------------------------------------------------------
+
+
+def test_vllm_plans_run_the_ddtree_plans_prompts_sizes_and_temperatures():
+    ddtree, vllm = load_bench_plan(PLAYBOOKS / "ddtree-bench.yaml"), load_bench_plan(PLAYBOOKS / "vllm-spec-bench.yaml")
+    assert dict(vllm.matrix)["task"] == dict(ddtree.matrix)["task"]
+    assert dict(vllm.matrix)["temperature"] == dict(ddtree.matrix)["temperature"]
+    assert {k: vllm.vars[k] for k in ("model", "draft", "max_new_tokens")} == {
+        k: ddtree.vars[k] for k in ("model", "draft", "max_new_tokens")}
+    smoke = load_bench_plan(PLAYBOOKS / "ddtree-smoke.yaml")
+    vsmoke = load_bench_plan(PLAYBOOKS / "vllm-spec-smoke.yaml")
+    shared = ("model", "draft", "dataset", "max_samples", "max_new_tokens", "temperature")
+    assert {k: vsmoke.vars[k] for k in shared} == {k: smoke.vars[k] for k in shared}
+    # The smoke plan is the full one at the smoke's sizes: same server, command, helpers and methods.
+    assert (vsmoke.server, vsmoke.command, dict(vsmoke.matrix)["spec"]) == (vllm.server, vllm.command,
+                                                                           dict(vllm.matrix)["spec"])
+    assert all(vsmoke.vars[k] == vllm.vars[k] for k in ("export_prompts", "bench_client", "vllm_python"))
+
+
+def test_vllm_plan_starts_one_server_per_method_and_saves_every_output_with_its_dataset_and_temperature():
+    plan = load_bench_plan(PLAYBOOKS / "vllm-spec-bench.yaml")
+    runs = expand_runs(plan, HOST, "/r")
+    assert len(runs) == 4 * 10 * 2 and len({r.server.group for r in runs}) == 4
+    assert plan.server.ready == "/health" and plan.server.version == "/version"
+    for run in runs:
+        p = run.params
+        assert "--save-result --save-detailed" in run.command and "--max-concurrency 1" in run.command
+        assert (f"--metadata dataset={p['dataset']} temperature={p['temperature']} method={p['method']}"
+                in run.command)
+        assert f"--result-filename {p['dataset']}__t{p['temperature']}__{p['method']}.vllm.json" in run.command
+        assert '--port "$DDOPS_SERVER_PORT"' in run.command and '--port "$DDOPS_SERVER_PORT"' in run.server.command
+
+
+@pytest.mark.parametrize("method,flags", [
+    ("baseline", []),
+    ("dflash", ["--speculative-config.method=dflash", "--speculative-config.num_speculative_tokens=15",
+                "--speculative-config.model=z-lab/Qwen3-8B-DFlash-b16"]),
+    ("ngram", ["--speculative-config.method=ngram", "--speculative-config.num_speculative_tokens=3",
+               "--speculative-config.prompt_lookup_max=3", "--speculative-config.prompt_lookup_min=1"]),
+    ("mtp", ["--speculative-config.method=mtp", "--speculative-config.num_speculative_tokens=2"]),
+])
+def test_vllm_plan_serves_each_method_with_its_speculative_config_and_dflash_with_ddtrees_draft(tmp_path, method,
+                                                                                               flags):
+    # The server command, run by a shell as the runner runs it, with a stand-in python that prints its arguments.
+    show = tmp_path / "python"
+    show.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    show.chmod(0o755)
+    plan = load_bench_plan(PLAYBOOKS / "vllm-spec-smoke.yaml")
+    (run,) = [r for r in expand_runs(plan, {**HOST, "vllm_python": str(show), "serve_flags": ["--max-model-len", "64"]})
+              if r.params["method"] == method]
+    argv = subprocess.run(["sh", "-c", run.server.command], capture_output=True, text=True, check=True,
+                          env={**os.environ, "DDOPS_SERVER_PORT": "8123"}).stdout.splitlines()
+    assert argv == ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", "8123", "--model",
+                    "Qwen/Qwen3-8B", "--seed", "0", "--generation-config", "vllm", *flags, "--max-model-len", "64"]
