@@ -100,6 +100,14 @@ def parse_statements(text: str) -> list[cst.BaseStatement]:
     return list(cst.parse_module(source).body)
 
 
+def with_newline(statements: list[cst.BaseStatement], newline: str) -> list[cst.BaseStatement]:
+    """The statements as a file with `newline` line endings holds them: a multi-line string's own line breaks too
+    (libcst writes the breaks between lines in the file's style, but a string token as it was parsed)."""
+    if newline == "\n":
+        return statements
+    return list(cst.parse_module(cst.Module(body=statements).code.replace("\n", newline)).body)
+
+
 def parse_anchor(text: str) -> tuple[cst.BaseStatement, bool]:
     """The anchor statement, and whether only its header (`def f(...):`) is to be compared."""
     source, _ = substitute_placeholders(textwrap.dedent(text).strip())
@@ -321,6 +329,10 @@ class InsertStatement(SiteTransformer):
         self.statements = parse_statements(statement)
         self.position = position
         self.anchor, self.header_only = parse_anchor(anchor) if anchor is not None else (None, False)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.statements = with_newline(self.statements, node.default_newline)
+        return True
 
     def _anchor_at(self, stmt: cst.BaseStatement) -> bool:
         return matches(self.anchor, stmt, header_only=self.header_only)

@@ -205,6 +205,13 @@ def test_insert_statement_after_imports_adds_a_helper_once():
                         statement="def helper(n):\n    return n\n")
 
 
+def test_insert_statement_writes_a_multi_line_string_with_a_crlf_files_line_endings():
+    before = "import os\r\n\r\n\r\nA = 1\r\n"
+    after = 'import os\r\n\r\n\r\ndef helper(n):\r\n    """Two\r\n    lines."""\r\n    return n\r\n\r\n\r\nA = 1\r\n'
+    assert_applies_once("insert_statement", before, after, position="after_imports",
+                        statement='def helper(n):\n    """Two\n    lines."""\n    return n\n')
+
+
 def test_insert_statement_after_imports_refuses_a_different_definition_of_the_same_name():
     source = "import os\n\n\ndef helper(n):\n    return n + 1\n"
     outcome, new = run("insert_statement", source, position="after_imports",
