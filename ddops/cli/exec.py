@@ -11,6 +11,7 @@ import typer
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import command
 from ddops.cli.render import console, count_line, escape
+from ddops.safe_text import one_line
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -66,7 +67,7 @@ class _LinePrinter:
     def line(self, host: str, stream: str, text: str) -> None:
         out = sys.stdout if stream == "stdout" else sys.stderr
         with self.lock:  # whole lines, never two hosts' halves on one line
-            out.write(f"{host:<{self.width}} | {text}\n")
+            out.write(f"{host:<{self.width}} | {one_line(text)}\n")
             out.flush()
 
 
@@ -86,5 +87,5 @@ def _summary(results: Sequence[Any]) -> None:
     """What went wrong per host, and one count line, on stderr (stdout keeps the command's output)."""
     for r in results:
         if r.failed:
-            print(f"{r.host}: {r.status}: {r.message}", file=sys.stderr)
+            print(one_line(f"{r.host}: {r.status}: {r.message}"), file=sys.stderr)
     print(count_line(results), file=sys.stderr)
