@@ -12,20 +12,18 @@ import re
 
 # C0 controls but tab (newline kept apart), DEL, and the C1 controls (U+0080..U+009F: U+009B is a one-character CSI).
 _CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-_CONTROLS_BUT_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SHOWN = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0a, 0x20), *range(0x7f, 0xa0))}
+_SHOWN_BUT_NEWLINE = {code: shown for code, shown in _SHOWN.items() if code != 0x0a}
 # Cells a spreadsheet would read as a formula (OWASP, "CSV Injection"): `=`, `+`, `-`, `@`, and tab or CR before one.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
 
 
-def _shown(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
-
-
 def printable(text: str, *, newlines: bool = True) -> str:
     """`text` with each control character but tab (and newline, unless `newlines` is False) written as `\\xNN`."""
-    pattern = _CONTROLS_BUT_NEWLINE if newlines else _CONTROLS
-    return pattern.sub(_shown, text) if pattern.search(text) else text
+    if _CONTROLS.search(text) is None:
+        return text
+    return text.translate(_SHOWN_BUT_NEWLINE if newlines else _SHOWN)
 
 
 def one_line(text: str) -> str:

@@ -41,12 +41,14 @@ def exec_command(ctx: typer.Context, selection: Selection, command: CommandArg =
                  grouped: GroupedOpt = False) -> None:
     """Run one command on the selected hosts: output streamed per host, exit 1 when any host fails."""
     from ddops.tasks.adhoc import ExecSpec, exec_host
+    from ddops.transport.channel import HeldOutput
 
     spec = ExecSpec(argv=tuple(command or ()), shell=shell, in_repo=in_repo, sudo=sudo, timeout=timeout)
     run = OnHosts(ctx, selection)
     printer = _LinePrinter([h.name for h in run.hosts]) if not (run.json or grouped) else None
+    held = HeldOutput()  # what every host's kept output may take together
     results = run.run(lambda h, s: exec_host(h, s, spec, printer.line if printer else None,
-                                             cancel=run.interrupt.event), progress=False)
+                                             cancel=run.interrupt.event, held=held), progress=False)
 
     def render(results: Sequence[Any]) -> None:
         if grouped:

@@ -57,7 +57,7 @@ class AgentChannel:
             self._expected_greeting = resident_proof(resident.secret, "resident", nonce)
         self.answered = False
         limit = max_agent_answer()
-        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR, max_out=limit,
+        self.reader = ChannelReader(channel, host_name, max_err=MAX_AGENT_STDERR, max_out=limit,
                                     too_much=lambda: output_too_large(host_name, "agent", limit))
 
     def _proves_greeting(self, line: str) -> bool:
@@ -112,6 +112,7 @@ class AgentChannel:
             self.channel.status_event.wait(AGENT_EXIT_WAIT)
 
     def close(self) -> None:
+        self.reader.release()
         try:
             self.channel.close()
         except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
