@@ -7,6 +7,7 @@ the plan means lives in ddops/patching/ (pure), so these functions only ask the 
 from __future__ import annotations
 
 import base64
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
@@ -93,10 +94,15 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
                                        "run again)", report, reason=exc.kind)
+        if exc.kind == "no_answer":  # killed (out of memory, say) part way: some files may be patched already
+            why = f"the agent ended during the commit without answering ({_exit_detail(exc.message)})"
+            return after_lost_commit(host, session, changing, why, 0.0, report, reason=exc.kind,
+                                     checks_unknown=bool(post_checks))
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
-        return after_commit_timeout(host, session, changing, seconds, lock_timeout, report)
+        return after_lost_commit(host, session, changing, f"the commit's answer did not come within {seconds:g}s",
+                                 lock_timeout, report, reason=CommandTimeout.kind)
     ran = reply.get("checks", [])
     commands = tuple(CheckResult(c["name"], c["ok"], message=(c.get("output") or "").strip()[-400:], kind="command")
                      for c in ran)
@@ -115,10 +121,18 @@ def commit_timeout(host: Host, lock_timeout: float, post_checks: Sequence[dict[s
     return host.command_timeout + lock_timeout + sum(float(c.get("timeout") or 60) for c in post_checks)
 
 
-def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[Any], seconds: float,
-                         lock_timeout: float, report: PatchReport) -> TaskOutcome:
-    """The outcome of a commit whose answer did not come within `seconds`: read the files, the lock and the journal
-    (waiting up to lock_timeout for a commit still running there to end) and report what the host holds."""
+def _exit_detail(message: str) -> str:
+    """`exit -9: no output` from an agent's `... (exit -9): no output`."""
+    found = re.search(r"\((exit -?\d+)\): (.*)$", message)
+    return f"{found[1]}: {found[2]}" if found else message
+
+
+def after_lost_commit(host: Host, session: AgentSession, changing: Sequence[Any], late: str, lock_timeout: float,
+                      report: PatchReport, *, reason: str, checks_unknown: bool = False) -> TaskOutcome:
+    """The outcome of a commit whose answer never came (`late` says why, `reason` is its kind): read the files, the
+    lock and the journal (pending notes included, as `status` does; waiting up to lock_timeout for a commit still
+    running there to end) and report what the host holds. `checks_unknown`: whether its post checks ran is unknown
+    (the agent died)."""
     settle_until = time.monotonic() + lock_timeout
     paths = [f.path for f in changing]
     while True:
@@ -141,16 +155,17 @@ def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[A
         else:
             states.append(f"{f.path} changed by someone else (sha256 {found})" if found else f"{f.path} missing")
     report = replace(report, written=tuple(patched))
-    late = f"the commit's answer did not come within {seconds:g}s"
     if running:
         who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
         return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
-                                   f"{', '.join(states)}; `ddops status` shows how it ends", report,
-                           reason=CommandTimeout.kind)
+                                   f"{', '.join(states)}; `ddops status` shows how it ends", report, reason=reason)
+    if checks_unknown and len(patched) == len(changing):
+        return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}; its post checks may not have "
+                                   "run: `ddops verify` runs them", report, reason=reason)
     if len(patched) == len(changing):
         return TaskOutcome(CHANGED, f"patched {', '.join(patched)} ({late}, but the host's files and journal show "
                                     f"that it finished)", report)
-    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", report, reason=CommandTimeout.kind)
+    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", report, reason=reason)
 
 
 def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,

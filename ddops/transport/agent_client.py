@@ -24,6 +24,7 @@ from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
 
 MAX_AGENT_STDERR = 1 << 16
+NO_ANSWER = "no_answer"  # AgentError kind: the agent ended without answering the request
 AGENT_EXIT_WAIT = 2.0  # seconds close() waits for the agent to exit after EOF
 
 
@@ -168,7 +169,9 @@ def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str,
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         if result.exit_code == 127 or "not found" in tail[0]:
             raise AgentError(f"agent could not start (is the host's python installed?): {tail[0]}", host=host) from None
-        raise AgentError(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}", host=host) from None
+        # No answer at all: the agent died under the request (killed, out of memory), which may have done part of it.
+        raise AgentError(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}",
+                         kind=NO_ANSWER if not result.stdout.strip() else None, host=host) from None
     if not isinstance(reply, dict) or "ok" not in reply:
         raise AgentError(f"agent {verb} answered something that is not its protocol", host=host)
     return reply

@@ -23,6 +23,7 @@ from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
+from ddops.transport.agent_client import NO_ANSWER
 from ddops.transport.session import copy_limited
 
 
@@ -186,7 +187,7 @@ class LocalSession:
             err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
             self.close()
             raise AgentError(f"agent {verb} ended without answering (exit {code}): "
-                             f"{(err or ['no output'])[-1]}", host=self.host.name)
+                             f"{(err or ['no output'])[-1]}", kind=NO_ANSWER, host=self.host.name)
         try:
             reply = json.loads(line)
         except ValueError:

@@ -116,6 +116,21 @@ def test_verify_host_runs_the_checks_against_the_files_as_they_are(host, session
     assert verified.report.checks and all(c.ok for c in verified.report.checks)
 
 
+def test_an_agent_killed_mid_commit_says_which_files_the_host_now_holds_patched(host, books, repo, monkeypatch):
+    from ddops.transport import agent
+
+    program = agent.build_program(test_bundle=True)
+    monkeypatch.setattr(agent, "agent_program", lambda: program)
+    (repo / ".ddops").mkdir(mode=0o700)
+    (repo / ".ddops" / "faults.json").write_text('{"commit": {"journalled": "oom"}}')  # after the first file
+    with LocalSession(host) as session:
+        outcome = patch_host(host, session, books, planner=planner())
+    assert outcome.status == FAILED
+    assert outcome.message.startswith("the agent ended during the commit without answering (exit -9: no output); "
+                                      "the host now holds: dflash.py patched, ddtree.py original"), outcome.message
+    assert outcome.data["written"] == ["dflash.py"]
+
+
 def test_local_session_raises_the_agents_error_with_its_kind_and_keeps_serving(host, session, tmp_path):
     with pytest.raises(AgentError) as caught:
         session.call_agent("journal", {"repo": str(tmp_path / "nowhere")})
