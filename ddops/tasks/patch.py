@@ -218,7 +218,9 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
     if attention:
         status = DRIFTED if all(s in (PLAN_DRIFTED, journal_mod.MODIFIED) for s in attention.values()) else FAILED
-        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()) + said, report)
+        unreadable = "; ".join(f"{path}: {message}" for path, message in snap.errors.items())  # a symlink, a FIFO ...
+        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items())
+                           + (f" ({unreadable})" if unreadable else "") + said, report)
     pending = [pid for pid, s in states.items() if s != APPLIED]
     return TaskOutcome(OK, (f"{len(pending)} pending" if pending else "all applied") + said, report)
 
