@@ -260,14 +260,28 @@ def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
 ROLLBACK_ATTEMPTS = 3
 
 
+def still_written(host: Host, session: AgentSession, torn: Sequence[journal_mod.TornApplication],
+                  covered: set[str]) -> list[journal_mod.TornApplication]:
+    """The torn applies whose file still holds the bytes they record, beside no application of its own (one more
+    round trip, only where the journal has such a line)."""
+    torn = [t for t in torn if t.file not in covered]
+    if not torn:
+        return []
+    files = session.call_agent("snapshot", {"repo": host.repo, "files": sorted({t.file for t in torn})})["files"]
+    return [t for t in torn if (files.get(t.file) or {}).get("sha256") == t.after]
+
+
 def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool,
                   actor: str | None, lock_timeout: float) -> TaskOutcome:
     """One plan-and-commit of rollback_host; the agent refuses it (`journal_moved`) if the journal moved meanwhile."""
-    raw = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+    journal = session.call_agent("journal", {"repo": host.repo})
+    raw = journal.get("entries", [])
     # Parsed once: a host patched for months has a long journal, and each step below reads all of it.
     entries = journal_mod.parse_journal(raw)
     actives = journal_mod.active_applications(entries)
-    if not actives:
+    torn = still_written(host, session, journal_mod.torn_applications(journal.get("corrupt") or []),
+                         {a.file for a in actives})
+    if not actives and not torn:
         return TaskOutcome(OK, "nothing to roll back", RollbackReport())
     # The agent compares each file with what ddops last wrote (compare-and-swap); plan as if it still is.
     written = journal_mod.last_written_by_file(entries)
@@ -275,22 +289,32 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
     plan = journal_mod.plan_rollback(entries, expected, patch_ids, force=force)
     report = RollbackReport(refused=tuple(Refusal(r.file, r.reason, r.patch) for r in plan.refused),
                             not_applied=tuple(plan.not_applied), patches=tuple(plan.patches))
-    if not plan.restores:
-        if plan.refused:
+    restores = [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
+                 "restore_sha256": r.restore, "force": force} for r in plan.restores]
+    if patch_ids is None:  # every patch: the one a torn line lost is among them, whichever it was
+        restores += [{"path": t.file, "patch_ids": [], "expected_sha256": t.after, "restore_sha256": t.before,
+                      "force": force} for t in torn]
+    else:
+        report = replace(report, refused=report.refused + tuple(Refusal(t.file, (
+            f"{t.file}: journal line {t.line} was cut before its patch id: which patch wrote it is unknown; "
+            "`ddops rollback` without naming patches restores it")) for t in torn))
+    if not restores:
+        if report.refused:
             return TaskOutcome(FAILED, report.summary(host.name), report)
         return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
                                                          if plan.not_applied else ""), report)
     reply = session.call_agent("rollback", {
         "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
-        "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw),
-        "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
-                      "restore_sha256": r.restore, "force": force} for r in plan.restores]})
+        "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw), "restores": restores})
     refused = [Refusal(r["path"], f"{r['path']} " + ("changed since ddops wrote it: left untouched (--force saves "
                                                      "that edit, then restores)" if r.get("reason") == "modified"
                                                      else r.get("reason", "refused")))
                for r in reply.get("refused", [])]
     refused += [Refusal(f["path"], f"{f['path']}: {f.get('message')}") for f in reply.get("failed", [])]
-    report = replace(report, restored=tuple(reply.get("restored", []) + reply.get("unchanged", [])),
+    lines = {t.file: t.line for t in torn if patch_ids is None}
+    restored = [f"{path} (its journal line {lines[path]} cut before the patch id: restored from the backup it names)"
+                if path in lines else path for path in reply.get("restored", []) + reply.get("unchanged", [])]
+    report = replace(report, restored=tuple(restored),
                      refused=report.refused + tuple(refused),
                      saved=tuple(SavedCopy(s["path"], s["sha256"], backup_path(host.repo, s["sha256"]))
                                  for s in reply.get("saved", [])))
