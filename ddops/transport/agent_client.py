@@ -18,6 +18,7 @@ import paramiko
 
 from ddops.errors import AgentError, CommandTimeout
 from ddops.inventory import Host
+from ddops.transport.answers import check_answer
 from ddops.transport.channel import (READ_CHUNK, ChannelReader, CommandResult, max_agent_answer, output_too_large,
                                     send_all)
 from ddops.transport.resident import Resident, ResidentBook, resident_key
@@ -158,7 +159,7 @@ def note_resident(residents: ResidentBook, key: str, reply: dict[str, Any]) -> N
 
 def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
     """The agent's `result`, or an AgentError saying what went wrong on which host."""
-    return agent_result(host, decode_agent_reply(host, verb, result))
+    return agent_result(host, verb, decode_agent_reply(host, verb, result))
 
 
 def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
@@ -177,9 +178,13 @@ def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str,
     return reply
 
 
-def agent_result(host: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """The `result` of a decoded reply, or the AgentError it reports."""
+def agent_result(host: str, verb: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The `result` of a decoded reply, checked to hold what is read of `verb` (answers.check_answer), or the
+    AgentError it reports."""
     if not reply["ok"]:
-        error = reply.get("error") or {}
-        raise AgentError(error.get('message', 'agent error'), kind=error.get("kind", "error"), host=host)
-    return reply.get("result") or {}
+        error = reply.get("error")
+        message, kind = (error.get("message"), error.get("kind")) if isinstance(error, dict) else (None, None)
+        raise AgentError(message if isinstance(message, str) and message else f"agent {verb} failed: {error!r:.200}",
+                         kind=kind if isinstance(kind, str) and kind else "error", host=host)
+    result = reply.get("result")
+    return check_answer(host, verb, {} if result is None else result)

@@ -23,7 +23,7 @@ from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
-from ddops.transport.agent_client import NO_ANSWER
+from ddops.transport.agent_client import NO_ANSWER, agent_result
 from ddops.transport.session import copy_limited
 
 
@@ -194,11 +194,7 @@ class LocalSession:
             raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name) from None
         if not isinstance(reply, dict) or "ok" not in reply:
             raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name)
-        if not reply["ok"]:
-            error = reply.get("error") or {}
-            raise AgentError(error.get('message', 'agent error'),
-                             kind=error.get("kind", "error"), host=self.host.name)
-        return reply.get("result") or {}
+        return agent_result(self.host.name, verb, reply)
 
     def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:
         assert agent.stdout is not None

@@ -198,7 +198,7 @@ class Session:
         if agent.resident_key is not None:
             note_resident(self._residents, agent.resident_key, reply)
             agent.resident_key = None
-        return agent_result(self.host.name, reply)
+        return agent_result(self.host.name, verb, reply)
 
     def _without_resident(self, agent: AgentChannel, verb: str, payload: dict[str, Any],
                           deadline: float) -> dict[str, Any]:
