@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ddops import __version__
-from ddops.errors import AgentError, CommandTimeout, message_for
+from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout, message_for
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
@@ -94,7 +94,7 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
                                        "run again)", report, reason=exc.kind)
-        if exc.kind == "no_answer":  # killed (out of memory, say) part way: some files may be patched already
+        if isinstance(exc, AgentNoAnswer):  # killed (out of memory, say) part way: some files may be patched
             why = f"the agent ended during the commit without answering ({_exit_detail(exc.message)})"
             return after_lost_commit(host, session, changing, why, 0.0, report, reason=exc.kind,
                                      checks_unknown=bool(post_checks))

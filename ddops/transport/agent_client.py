@@ -16,7 +16,7 @@ from typing import Any
 
 import paramiko
 
-from ddops.errors import AgentError, CommandTimeout
+from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout
 from ddops.inventory import Host
 from ddops.transport.answers import check_answer
 from ddops.transport.channel import (READ_CHUNK, ChannelReader, CommandResult, max_agent_answer, output_too_large,
@@ -25,7 +25,6 @@ from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
 
 MAX_AGENT_STDERR = 1 << 16
-NO_ANSWER = "no_answer"  # AgentError kind: the agent ended without answering the request
 AGENT_EXIT_WAIT = 2.0  # seconds close() waits for the agent to exit after EOF
 
 
@@ -171,8 +170,8 @@ def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str,
         if result.exit_code == 127 or "not found" in tail[0]:
             raise AgentError(f"agent could not start (is the host's python installed?): {tail[0]}", host=host) from None
         # No answer at all: the agent died under the request (killed, out of memory), which may have done part of it.
-        raise AgentError(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}",
-                         kind=NO_ANSWER if not result.stdout.strip() else None, host=host) from None
+        error = AgentNoAnswer if not result.stdout.strip() else AgentError
+        raise error(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}", host=host) from None
     if not isinstance(reply, dict) or "ok" not in reply:
         raise AgentError(f"agent {verb} answered something that is not its protocol", host=host)
     return reply

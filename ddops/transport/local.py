@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
+from ddops.errors import AgentError, AgentNoAnswer, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
 from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
-from ddops.transport.agent_client import NO_ANSWER, agent_result
+from ddops.transport.agent_client import agent_result
 from ddops.transport.session import copy_limited
 
 
@@ -186,8 +186,8 @@ class LocalSession:
             self._stderr.seek(0)
             err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
             self.close()
-            raise AgentError(f"agent {verb} ended without answering (exit {code}): "
-                             f"{(err or ['no output'])[-1]}", kind=NO_ANSWER, host=self.host.name)
+            raise AgentNoAnswer(f"agent {verb} ended without answering (exit {code}): "
+                                f"{(err or ['no output'])[-1]}", host=self.host.name)
         try:
             reply = json.loads(line)
         except ValueError:
