@@ -119,13 +119,14 @@ def test_bench_list_shows_a_run_whose_status_this_ddops_does_not_know(tmp_path):
 
 
 def test_bench_list_shows_hostile_run_values_inert_and_as_text_not_markup(tmp_path):
-    run = {"run_id": "r1" + HOSTILE, "plan": "[bold red]plan" + HOSTILE, "status": "[/]" + HOSTILE,
-           "done": "[/]", "total": "[link=x]", "started": HOSTILE, "ended": None}
+    run = {"run_id": "r1[/]", "plan": "[red]plan\x1b[2J", "status": "[/]\x9b", "done": 1, "total": 3,
+           "started": "[link=x]" + HOSTILE, "ended": None}
     agent = hostile_agent(tmp_path, {"bench_list": {"ok": True, "result": {"runs": [run]}}})
     proc = run_ddops("bench", "list", "--all", inventory=local_inventory(tmp_path, agent), env=ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_inert(proc.stdout + proc.stderr)
-    assert "[/]/[link=x]" in proc.stdout.replace("\n", "").replace(" ", "").replace("│", "")
+    shown = proc.stdout.replace("\n", "").replace(" ", "").replace("│", "")
+    assert "r1[/]" in shown and "[red]plan\\x1b[2J" in shown and "[/]\\x9b" in shown and "1/3" in shown
 
 
 def _hostile_run(root: Path, dataset: str) -> None:
