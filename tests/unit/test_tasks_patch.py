@@ -129,7 +129,7 @@ def test_an_agent_killed_mid_commit_says_which_files_the_host_now_holds_patched(
     assert outcome.status == FAILED
     assert outcome.message.startswith("the agent ended during the commit without answering (exit -9: no output); "
                                       "the host now holds: dflash.py patched, ddtree.py original"), outcome.message
-    assert outcome.data["written"] == ["dflash.py"]
+    assert outcome.report.written == ("dflash.py",)
 
 
 @pytest.mark.parametrize("make, reason", [
