@@ -95,4 +95,11 @@ class CommandTimeout(TransportError):
 
 class AgentError(HostError):
     """The remote agent failed or answered something that is not its protocol; `kind` is the agent's error kind
-    (remote/ddops_agent/protocol.py, ERROR_KINDS) or one of the controller's own (no_agent_source, error)."""
+    (remote/ddops_agent/protocol.py, ERROR_KINDS) or one of the controller's own (no_agent_source, error,
+    bad_answer)."""
+
+
+class AgentNoAnswer(AgentError):
+    """The agent ended without answering (killed, out of memory): what it was asked may be done in part."""
+
+    kind = "no_answer"

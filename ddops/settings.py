@@ -36,8 +36,11 @@ MAX_AGENT_ANSWER = Setting("DDOPS_MAX_AGENT_ANSWER", "bytes of one agent answer 
                                                      "more ends that host's call (default 268435456: 256 MiB)")
 MAX_COMMAND_OUTPUT = Setting("DDOPS_MAX_COMMAND_OUTPUT", "bytes of a command's output the controller keeps; "
                                                          "more ends that host's call (default 67108864: 64 MiB)")
+MAX_HELD_OUTPUT = Setting("DDOPS_MAX_HELD_OUTPUT", "bytes of the hosts' answers and output the controller holds at "
+                                                   "once, all hosts together; more ends the call of the host that "
+                                                   "would pass it (exec keeps less) (default 536870912: 512 MiB)")
 CONTAINERS_DIR = Setting("DDOPS_CONTAINERS_DIR", "container testbed state (default the cache's containers/)")
 
 SETTINGS = (INVENTORY, CACHE_DIR, PLAN_CACHE, PLAN_ENGINE, LOCK_TIMEOUT, RESULTS_DIR, PLAYBOOK_PATH,
             SYSTEM_KNOWN_HOSTS, TESTBED_ROOT, TESTBED_ADDRESS_PREFIX, CONTAINERS_DIR, MAX_AGENT_ANSWER,
-            MAX_COMMAND_OUTPUT)
+            MAX_COMMAND_OUTPUT, MAX_HELD_OUTPUT)

@@ -1,6 +1,11 @@
 """`ddops exec`'s guard on the host: the command in a process group of its own, and at its timeout that whole group
 ended (TERM, then KILL after a grace), from inside sudo when there is one, so nothing of it is left running.
 
+The command's output passes through the guard, which is done when the command has exited and its output has closed
+(as an SSH session is): a process the command left in the background holding the output (`sleep 321 & echo hi`)
+is ended with the group at the timeout, instead of holding the session open until the controller gives up. One
+that let go of the output (`cmd >/dev/null 2>&1 &`) is left running, as ssh leaves it.
+
 Run by the login shell as `PYTHON -S -c <this file> TIMEOUT GRACE COMMAND...` (ddops/tasks/adhoc.py); standard
 library only, Python >= 3.8, like the agent. Exits with the command's status (128+N when a signal ended it), 124
 when the timeout ended it with TERM, 137 when KILL was needed, 128+N when signal N for the guard (ddops' Ctrl-C)
@@ -10,6 +15,7 @@ signal instead of a status, and as a user it could not KILL what ran under sudo.
 
 import errno
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -76,6 +82,25 @@ def end_group(child, grace):
     return True
 
 
+def forward(pipes, seconds):
+    """Copy what the command's pipes hold to our stdout and stderr, waiting up to `seconds` for some; a pipe at its
+    end (every process holding it closed it or ended) is closed and dropped from `pipes`. False once our own
+    output is gone (the session closed)."""
+    ready, _, _ = select.select(list(pipes), [], [], seconds)
+    for fd in ready:
+        data = os.read(fd, 65536)
+        if not data:
+            os.close(fd)
+            del pipes[fd]
+            continue
+        try:
+            while data:
+                data = data[os.write(pipes[fd], data):]
+        except OSError:
+            return False
+    return True
+
+
 def main(argv):
     timeout, grace, command = float(argv[0]), float(argv[1]), argv[2:]
     received = []  # a TERM, INT or HUP for us (ddops' Ctrl-C watchdog, or sudo passing one on)
@@ -86,24 +111,42 @@ def main(argv):
     # Before the command starts: a signal from now on ends it as a timeout does, never just this guard.
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, note)
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
         # A session of its own: its group id is its pid, and nothing of ours (this guard, the login shell) is in it.
-        child = subprocess.Popen(command, start_new_session=True)
+        child = subprocess.Popen(command, start_new_session=True, stdout=out_write, stderr=err_write)
     except OSError as error:
         sys.stderr.write("ddops: failed to run command '%s': %s\n" % (command[0], error.strerror))
         return 127 if error.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    pipes = {out_read: 1, err_read: 2}
     deadline = time.monotonic() + timeout
+    code = None
     while not received:
         left = deadline - time.monotonic()
         if left <= 0:
-            return KILLED if end_group(child, grace) else TIMED_OUT
-        try:
-            code = child.wait(timeout=min(left, 0.1))
-        except subprocess.TimeoutExpired:
+            code = KILLED if end_group(child, grace) else TIMED_OUT
+            break
+        if pipes and not forward(pipes, min(left, 0.1)):
+            received.append(signal.SIGHUP)  # nobody reads the output any more: end the command as a hangup does
             continue
-        return code if code >= 0 else 128 - code
-    end_group(child, grace)
-    return 128 + received[0]
+        code = child.poll()
+        if code is not None and not pipes:
+            code = code if code >= 0 else 128 - code
+            break
+        if not pipes:
+            time.sleep(min(left, 0.05))
+    else:
+        end_group(child, grace)
+        code = 128 + received[0]
+    # What the ended group wrote before it went, for a moment: a process outside the group may still hold a pipe.
+    until = time.monotonic() + 1.0
+    while pipes and time.monotonic() < until and select.select(list(pipes), [], [], 0)[0] and forward(pipes, 0):
+        pass
+    return code
 
 
 if __name__ == "__main__":

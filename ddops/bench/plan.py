@@ -414,8 +414,17 @@ def _check_ident(doc: YamlDoc, keypath: tuple, name: Any) -> None:
         raise _err(doc, keypath, "names use letters, digits and '_' and do not start with a digit")
 
 
+# Where bash evaluates a word as arithmetic, a value is an expression, and `a[$(cmd)]` in one runs cmd however it
+# is quoted: (closer, name) of each context that opens with these, scanned in the command's literal text.
+_ARITHMETIC_OPENERS = (("$((", "))", "`$(( ))`"), ("$[", "]", "`$[ ]`"), ("${", "}", "`${ }`"))
+_ARITHMETIC_OPENERS_UNQUOTED = (("((", "))", "`(( ))`"), ("[[", "]]", "`[[ ]]`"))
+# Builtins whose arguments bash evaluates as arithmetic (`let`), or may (`declare -i n=...`).
+_ARITHMETIC_BUILTINS = ("let", "declare", "typeset", "local")
+_COMMAND_KEYWORDS = ("if", "then", "else", "elif", "do", "while", "until", "!", "{", "time")
+
+
 def _check_command_shell(doc: YamlDoc, command: str, keypath: tuple) -> None:
-    """Refuse places in the command where a shell-quoted value would not stay one word."""
+    """Refuse places in the command where a shell-quoted value would not stay one word, or would be evaluated."""
 
     def fail(msg: str) -> PlaybookError:
         return _err(doc, keypath, msg)
@@ -426,19 +435,35 @@ def _check_command_shell(doc: YamlDoc, command: str, keypath: tuple) -> None:
     escaped = False
     comment = False
     previous = "\n"
+    contexts: list[tuple[str, str]] = []  # (closer, name) of the arithmetic contexts open here, innermost last
+    word, at_command, builtin = "", True, None  # the simple command's words, for `let` and its kin
+
+    def end_word() -> None:
+        nonlocal word, at_command, builtin
+        if at_command and word and word not in _COMMAND_KEYWORDS:
+            at_command, builtin = False, word if word in _ARITHMETIC_BUILTINS else None
+        word = ""
+
     for part in _parse_template(command, fail):
         if isinstance(part, _Var):
+            where = contexts[-1][1] if contexts else f"the arguments of `{builtin}`" if builtin else None
+            if where and not comment:
+                raise fail(f"{{{part.name}}} is inside {where}, where bash evaluates a value as arithmetic (and "
+                           "`a[$(cmd)]` in one runs cmd): compare it with [ ] (test) instead, or use it outside")
             if comment:
                 raise fail(f"{{{part.name}}} is inside a shell comment; take it out of the comment (a value there "
                            "does nothing, and a newline in one would run)")
             previous = "x"
+            word += "\0"
             if escaped:
                 raise fail(f"{{{part.name}}} follows a backslash; remove it, ddops quotes every value itself")
             if quote is not None:
                 raise fail(f"{{{part.name}}} is inside {'single' if quote == chr(39) else 'double'} quotes; "
                            "remove them, ddops quotes every value itself")
             continue
-        for ch in part:
+        i = 0
+        while i < len(part):
+            ch, width = part[i], 1
             if comment:
                 comment = ch != "\n"
             elif escaped:
@@ -448,6 +473,13 @@ def _check_command_shell(doc: YamlDoc, command: str, keypath: tuple) -> None:
             elif quote == "'":
                 if ch == "'":
                     quote = None
+            elif opened := _arithmetic_opener(part, i, quote, previous):
+                contexts.append(opened[1:])
+                width = len(opened[0])
+            elif contexts and part.startswith(contexts[-1][0], i):
+                width = len(contexts.pop()[0])
+            elif contexts and ch == "(" and contexts[-1][0] in ("))", ")"):
+                contexts.append((")", contexts[-1][1]))
             elif ch == "\\":
                 escaped = True
             elif quote == '"':
@@ -455,9 +487,26 @@ def _check_command_shell(doc: YamlDoc, command: str, keypath: tuple) -> None:
                     quote = None
             elif ch in "'\"":
                 quote = ch
-            previous = ch
+            if quote is None and not contexts and not comment and ch in " \t\n;&|()":
+                end_word()
+                if ch not in " \t":
+                    at_command, builtin = True, None
+            elif not comment:
+                word += part[i:i + width]
+            previous = part[i + width - 1]
+            i += width
     if quote is not None:
         raise fail(f"unbalanced {quote} quote")
+
+
+def _arithmetic_opener(text: str, i: int, quote: str | None, previous: str) -> tuple[str, str, str] | None:
+    """(opener, closer, name) of the arithmetic context opening at text[i], if one does."""
+    for opener, closer, name in _ARITHMETIC_OPENERS + (_ARITHMETIC_OPENERS_UNQUOTED if quote is None else ()):
+        if text.startswith(opener, i) and (opener != "[[" or previous in " \t\n;&|(!"):
+            return opener, closer, name
+    if quote is None and text[i] == "[" and (previous.isalnum() or previous == "_"):
+        return "[", "]", "an array subscript"
+    return None
 
 
 def _err(doc: YamlDoc, keypath: tuple, message: str) -> PlaybookError:

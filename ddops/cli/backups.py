@@ -11,6 +11,7 @@ from ddops import settings
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import YesOpt, command, one_host
 from ddops.cli.render import console, escape, recap
+from ddops.safe_text import printable
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -42,7 +43,7 @@ def _saved_table(results: Sequence[Any]) -> None:
         table.add_column(column, overflow="fold")
     for r in results:
         for s in r.report.saved if r.report else ():
-            table.add_row(escape(r.host), escape(s.file), escape(s.time), escape(s.actor), s.sha256[:12],
+            table.add_row(escape(r.host), escape(s.file), escape(s.time), escape(s.actor), escape(s.sha256[:12]),
                           escape(s.backup))
     console.print(table)
     failed = [r for r in results if r.failed]
@@ -69,8 +70,8 @@ def show(ctx: typer.Context, host: HostArg, which: WhichArg,
     if diff:
         from ddops.patching.plan import unified_diff
 
-        sys.stdout.write(unified_diff(shown.saved.file, content, base64.b64decode(shown.current_b64 or "")) or
-                         f"{shown.saved.file} holds the saved edit\n")
+        sys.stdout.write(printable(unified_diff(shown.saved.file, content, base64.b64decode(shown.current_b64 or ""))
+                                   or f"{shown.saved.file} holds the saved edit\n"))
     else:
         sys.stdout.buffer.write(content)
     sys.stdout.flush()

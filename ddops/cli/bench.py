@@ -14,8 +14,9 @@ from typer.core import TyperGroup
 from ddops.cli.follow import RUN_STYLE, follow_run, hints, print_logs, render_runs, when
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, YesOpt, command
-from ddops.cli.render import console, err_console, escape, recap, write_document
+from ddops.cli.render import console, err_console, escape, recap, styled, write_document
 from ddops.cli.state import current_state, state
+from ddops.safe_text import csv_safe, printable
 
 if TYPE_CHECKING:
     from ddops.fleet import HostResult
@@ -195,7 +196,7 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
     print_logs(logs, prefix=len(results) > 1)
     for r in results:
         if r.host not in logs:
-            err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
+            err_console.print(f"{escape(r.host)}: {escape(r.status)}: {escape(r.message)}")
     if not logs:
         raise typer.Exit(1)
 
@@ -241,12 +242,12 @@ def _runs_table(results: Sequence["HostResult"]) -> None:
     for run, h in rows:
         style = RUN_STYLE.get(run.status, "")
         table.add_row(escape(run.run_id or ""), escape(h), escape(run.plan or ""),
-                      f"[{style}]{escape(str(run.status))}[/]", f"{run.done}/{run.total}",
+                      styled(str(run.status), style), escape(f"{run.done}/{run.total}"),
                       escape(when(run.started)), escape(when(run.ended)))
     console.print(table)
     for r in results:
         if r.failed:
-            err_console.print(f"{escape(r.host)}: {r.status}: {escape(r.message)}")
+            err_console.print(f"{escape(r.host)}: {escape(r.status)}: {escape(r.message)}")
 
 
 # --- collect and report -----------------------------------------------------------------------------------------------
@@ -341,11 +342,11 @@ def report(ctx: typer.Context,
                               "views": views, "comparisons": [t.to_json() for t in tables], "problems": problems,
                               "gaps": [g.to_json() for g in collected.gaps], **({"note": note} if note else {})})
     elif fmt == "csv":  # --by: the aggregated rows of that table; without it, every result row
-        sys.stdout.write(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by))
+        sys.stdout.write(csv_safe(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by)))
     elif fmt == "md":
-        sys.stdout.write(f"**{title}**\n\n" + "\n".join(
+        sys.stdout.write(printable(f"**{title}**\n\n" + "\n".join(
             engines_markdown(tables) if view == ENGINE_VIEW else groups_markdown(aggregate(rep, view))
-            for view in views))
+            for view in views)))
     elif rep.rows:
         for view in views:
             if view == ENGINE_VIEW:

@@ -11,6 +11,7 @@ import typer
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import command
 from ddops.cli.render import console, count_line, escape
+from ddops.safe_text import one_line
 
 if TYPE_CHECKING:
     from ddops.inventory import Selection
@@ -40,12 +41,14 @@ def exec_command(ctx: typer.Context, selection: Selection, command: CommandArg =
                  grouped: GroupedOpt = False) -> None:
     """Run one command on the selected hosts: output streamed per host, exit 1 when any host fails."""
     from ddops.tasks.adhoc import ExecSpec, exec_host
+    from ddops.transport.channel import HeldOutput
 
     spec = ExecSpec(argv=tuple(command or ()), shell=shell, in_repo=in_repo, sudo=sudo, timeout=timeout)
     run = OnHosts(ctx, selection)
     printer = _LinePrinter([h.name for h in run.hosts]) if not (run.json or grouped) else None
+    held = HeldOutput()  # what every host's kept output may take together
     results = run.run(lambda h, s: exec_host(h, s, spec, printer.line if printer else None,
-                                             cancel=run.interrupt.event), progress=False)
+                                             cancel=run.interrupt.event, held=held), progress=False)
 
     def render(results: Sequence[Any]) -> None:
         if grouped:
@@ -66,7 +69,7 @@ class _LinePrinter:
     def line(self, host: str, stream: str, text: str) -> None:
         out = sys.stdout if stream == "stdout" else sys.stderr
         with self.lock:  # whole lines, never two hosts' halves on one line
-            out.write(f"{host:<{self.width}} | {text}\n")
+            out.write(f"{host:<{self.width}} | {one_line(text)}\n")
             out.flush()
 
 
@@ -86,5 +89,5 @@ def _summary(results: Sequence[Any]) -> None:
     """What went wrong per host, and one count line, on stderr (stdout keeps the command's output)."""
     for r in results:
         if r.failed:
-            print(f"{r.host}: {r.status}: {r.message}", file=sys.stderr)
+            print(one_line(f"{r.host}: {r.status}: {r.message}"), file=sys.stderr)
     print(count_line(results), file=sys.stderr)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ddops.cli.render import console, err_console, escape
+from ddops.cli.render import console, err_console, escape, styled
+from ddops.safe_text import one_line, printable
 
 if TYPE_CHECKING:
     from ddops.bench.runs import HostRun
@@ -128,6 +129,7 @@ class FollowView:
     def _line(self, host: str, line: str) -> None:
         if "\r" in line:  # progress bars redraw with \r: keep what the line finally showed
             line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
+        line = one_line(line)
         if self.progress is not None:
             from rich.text import Text
 
@@ -147,7 +149,7 @@ class FollowView:
                 style = RUN_STYLE.get(run.status, "")
                 label = f" {run.current_label}" if run.current_label and not run.terminal else ""
                 fields.update(total=run.total, completed=run.done, run=run,
-                              status=f"[{style}]{escape(run.status)}[/]{escape(label)}")
+                              status=styled(run.status, style) + escape(label))
             if error:
                 fields["status"] = f"[bold magenta]{escape(error if final else 'reconnecting: ' + error)}[/]"
             self.progress.update(self.tasks[host], **fields)
@@ -157,7 +159,7 @@ class FollowView:
             return
         self._last_plain[host] = key
         text = run.summary() if run is not None else f"unreachable: {error}"
-        print(f"{host}: {text}", file=sys.stderr, flush=True)
+        print(one_line(f"{host}: {text}"), file=sys.stderr, flush=True)
 
     def exit_code(self, hosts: Sequence[str]) -> int:
         ok = all(h in self.runs and self.runs[h].status == "completed" and h not in self.errors for h in hosts)
@@ -198,7 +200,7 @@ def render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None)
     for run in runs:
         style = RUN_STYLE.get(run.status, "")
         ok = sum(1 for r in run.runs if r.status == "ok")
-        table.add_row(escape(run.host), escape(run.run_id), f"[{style}]{escape(run.status)}[/]", f"{ok}/{run.total}",
+        table.add_row(escape(run.host), escape(run.run_id), styled(run.status, style), escape(f"{ok}/{run.total}"),
                       escape(run.current_label or "") if not run.terminal else "", escape(when(run.started)),
                       duration(run.elapsed()), escape(run.message or ""))
     for host, error in (errors or {}).items():
@@ -214,7 +216,8 @@ def render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None)
             if rec.log_tail:
                 from rich.text import Text
 
-                console.print(Text("\n".join("    " + line for line in rec.log_tail.rstrip("\n").splitlines()[-60:])))
+                console.print(Text(printable("\n".join("    " + line
+                                                        for line in rec.log_tail.rstrip("\n").splitlines()[-60:]))))
 
 
 def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
@@ -235,7 +238,7 @@ def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
         style = RUN_STYLE.get(rec.status, "")
         gpus = slurm.get("slurm_job_gpus") or slurm.get("cuda_visible_devices") or ""
         table.add_row(escape(run.host), str(rec.index), escape(rec.label),
-                      f"[{style}]{escape(str(slurm.get('detail') or slurm.get('state')))}[/]",
+                      styled(str(slurm.get('detail') or slurm.get('state')), style),
                       escape(describe_task(slurm).split(",")[0]), escape(str(gpus)),
                       "" if rec.exit_code is None else str(rec.exit_code))
     console.print(table)

@@ -10,9 +10,10 @@ import typer
 from ddops import settings
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, ExitCodeOpt, YesOpt, command
-from ddops.cli.render import console, escape, recap
+from ddops.cli.render import console, escape, recap, styled
 from ddops.cli.state import AppState
 from ddops.errors import UsageError
+from ddops.safe_text import printable
 
 if TYPE_CHECKING:
     from ddops.fleet import HostResult
@@ -84,7 +85,8 @@ def show_diffs(results: Sequence[HostResult]) -> None:
         plain = sorted(set().union(*(shown[h].plain_text_files for h in group.hosts)))
         if plain:
             console.print(f"[yellow]plain-text transform (not AST-checked):[/] {escape(', '.join(plain))}")
-        console.print(Syntax(group.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
+        console.print(Syntax(printable(group.diff), "diff", theme="ansi_dark", background_color="default",
+                             word_wrap=True))
 
 
 def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
@@ -168,8 +170,8 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
         cells = []
         for pid in patch_ids:
             s = states.get(pid, "-")
-            cells.append(f"[{STATE_STYLE.get(s, '')}]{s}[/]" if s in STATE_STYLE else escape(s))
+            cells.append(styled(s, STATE_STYLE.get(s)))
         note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
-        table.add_row(escape(r.host), ((status and status.commit) or "")[:10], escape(r.report.pin.cell), *cells,
-                      escape(note))
+        commit = ((status and status.commit) or "")[:10]
+        table.add_row(escape(r.host), escape(commit), escape(r.report.pin.cell), *cells, escape(note))
     console.print(table)

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ddops.cli.state import current_state
+from ddops.safe_text import one_line, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -97,20 +98,26 @@ class FleetProgress:
         self.in_flight.discard(event.host)
         r = event.result
         self.done[r.status] = self.done.get(r.status, 0) + 1
-        line = f"{r.host}: {r.status} ({r.elapsed:.2f}s)" + (f" {r.message}" if r.failed and r.message else "")
+        line = one_line(f"{r.host}: {r.status} ({r.elapsed:.2f}s)"
+                        + (f" {r.message}" if r.failed and r.message else ""))
         if self._progress is not None:
             if r.failed:  # the others are counted in the bar, and shown in the recap
-                style = STATUS_STYLE.get(r.status, "")
-                self._progress.console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+                self._progress.console.print(styled(line, STATUS_STYLE.get(r.status)))
             self._progress.update(self._task, advance=1, counts=self._counts())
         else:
             print(line, file=sys.stderr, flush=True)
 
 
 def escape(text: str) -> str:
+    """Text as rich markup that shows it as it is: no markup of its own, no control character (ddops.safe_text)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(printable(text))
+
+
+def styled(text: str, style: str | None) -> str:
+    """`text` escaped, in `style` where there is one (a status this ddops has no style for stays plain)."""
+    return f"[{style}]{escape(text)}[/]" if style else escape(text)
 
 
 # The --json envelope's version (docs/json.md): raised when a key is removed or changes meaning, never for one added.
@@ -170,7 +177,7 @@ def recap(results: Sequence[HostResult], columns: Sequence[tuple[str, Callable[[
             r = row.results[0]
             cells += (["" if r.connect_time is None else f"{r.connect_time * 1000:.0f} ms", str(r.round_trips),
                        r.agent or ""] if len(row.results) == 1 else ["", "", ""])
-        table.add_row(escape(", ".join(row.hosts)), f"[{style}]{row.status}[/]", *cells[:len(columns)],
+        table.add_row(escape(", ".join(row.hosts)), styled(row.status, style), *cells[:len(columns)],
                       f"{row.elapsed:.2f}s", *cells[len(columns):], escape(row.message))
     console.print(table)
     if view.folded:

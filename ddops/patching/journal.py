@@ -100,6 +100,30 @@ def last_entry_id(journal: Sequence[Mapping[str, Any]]) -> str | None:
     return last.get("id") if isinstance(last, Mapping) and isinstance(last.get("id"), str) else None
 
 
+@dataclass(frozen=True, slots=True)
+class TornApplication:
+    """An apply whose journal line was cut before its patch id: which file, and its hashes, are still known."""
+
+    line: int
+    file: str
+    before: str
+    after: str
+
+
+def torn_applications(corrupt: Sequence[Mapping[str, Any]]) -> list[TornApplication]:
+    """The applies among the journal lines that did not parse and were not whole entries (the agent sends what
+    their pairs still say); others, and values that are not a file and two sha256, are left out."""
+    torn = []
+    for c in corrupt:
+        line, file, before, after = c.get("line"), c.get("file"), c.get("before"), c.get("after")
+        if c.get("salvaged") or c.get("event") != APPLY or not isinstance(line, int) or not isinstance(file, str):
+            continue
+        if file and all(isinstance(h, str) and len(h) == 64 and all(ch in "0123456789abcdef" for ch in h)
+                        for h in (before, after)):
+            torn.append(TornApplication(line, file, before, after))
+    return torn
+
+
 def describe_corrupt(corrupt: Sequence[Mapping[str, Any]]) -> str:
     """The journal lines that did not parse, in words ('' when none): a torn one was read as far as it goes."""
     if not corrupt:

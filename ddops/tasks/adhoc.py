@@ -22,13 +22,17 @@ from ddops.inventory import Host
 from ddops.jsonvalue import JsonValue
 from ddops.resources import remote_dir
 from ddops.tasks.base import shell_path
+from ddops.transport.channel import HeldOutput
 
 # Seconds between the guard's TERM and its KILL, for commands that ignore TERM (remote/exec_guard.py).
 KILL_AFTER = 5.0
 # The controller gives up on a host this long after the guard should have ended the command.
 CONTROLLER_GRACE = 10.0
-# Output kept per host and stream for --json and --group; streamed output is never cut.
+# Output kept per host and stream for --json and --group (and, all hosts together, at most the controller-wide
+# max_held_output()); streamed output is never cut.
 MAX_KEPT_BYTES = 1 << 20
+# Characters of a streamed line held before it is handed on in pieces: output without newlines stays bounded.
+MAX_LINE_CHARS = 1 << 16
 # The guard exits 124 when it sent TERM, and 128+9 when it had to KILL.
 TIMEOUT_EXITS = (124, 137)
 
@@ -184,7 +188,11 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[str]:
         text = self._partial + self._decoder.decode(data)
-        *lines, self._partial = text.split("\n")
+        *lines, partial = text.split("\n")
+        while len(partial) > MAX_LINE_CHARS:
+            lines.append(partial[:MAX_LINE_CHARS])
+            partial = partial[MAX_LINE_CHARS:]
+        self._partial = partial
         return lines
 
     def flush(self) -> list[str]:
@@ -195,16 +203,18 @@ class LineSplitter:
 
 @dataclass(slots=True)
 class _Kept:
-    """One stream's output, kept up to MAX_KEPT_BYTES."""
+    """One stream's output, kept up to MAX_KEPT_BYTES and as far as the run's `held` bound allows."""
 
+    held: HeldOutput
     data: bytearray = field(default_factory=bytearray)
     truncated: bool = False
 
     def add(self, chunk: bytes) -> None:
-        room = MAX_KEPT_BYTES - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-        self.data += chunk[:max(room, 0)]
+        keep = chunk[:max(MAX_KEPT_BYTES - len(self.data), 0)]
+        if keep and not self.held.take(len(keep)):
+            keep = b""
+        self.truncated = self.truncated or len(keep) < len(chunk)
+        self.data += keep
 
     def text(self) -> str:
         return self.data.decode("utf-8", "replace")
@@ -214,12 +224,14 @@ LineSink = Callable[[str, str, str], None]  # (host name, "stdout" | "stderr", l
 
 
 def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None = None,
-              cancel: threading.Event | None = None) -> TaskOutcome:
+              cancel: threading.Event | None = None, held: HeldOutput | None = None) -> TaskOutcome:
     """Run the command on one host; each output line goes to on_line as it arrives; the outcome's report is its
-    ExecOutput. Once `cancel` is set the command is ended on the host and Cancelled raised."""
+    ExecOutput. Once `cancel` is set the command is ended on the host and Cancelled raised. `held`: the bound on
+    what all hosts of a run keep (one HeldOutput for the whole run; by default this host's own)."""
     command = remote_command(spec, host)
     timeout = spec.timeout_for(host)
-    kept = {"stdout": _Kept(), "stderr": _Kept()}
+    held = held if held is not None else HeldOutput()
+    kept = {"stdout": _Kept(held), "stderr": _Kept(held)}
     splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
 
     def on_output(stream: str, chunk: bytes) -> None:

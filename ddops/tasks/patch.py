@@ -7,12 +7,13 @@ the plan means lives in ddops/patching/ (pure), so these functions only ask the 
 from __future__ import annotations
 
 import base64
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ddops import __version__
-from ddops.errors import AgentError, CommandTimeout, message_for
+from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout, message_for
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
@@ -93,10 +94,15 @@ def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlayb
         if exc.kind == "conflict":
             return TaskOutcome(FAILED, f"{message_for(host.name, exc)} (changed since it was read: nothing written; "
                                        "run again)", report, reason=exc.kind)
+        if isinstance(exc, AgentNoAnswer):  # killed (out of memory, say) part way: some files may be patched
+            why = f"the agent ended during the commit without answering ({_exit_detail(exc.message)})"
+            return after_lost_commit(host, session, changing, why, 0.0, report, reason=exc.kind,
+                                     checks_unknown=bool(post_checks))
         raise
     except CommandTimeout:
         # The answer did not come, but the commit may well go on (or have finished) on the host: say what it holds.
-        return after_commit_timeout(host, session, changing, seconds, lock_timeout, report)
+        return after_lost_commit(host, session, changing, f"the commit's answer did not come within {seconds:g}s",
+                                 lock_timeout, report, reason=CommandTimeout.kind)
     ran = reply.get("checks", [])
     commands = tuple(CheckResult(c["name"], c["ok"], message=(c.get("output") or "").strip()[-400:], kind="command")
                      for c in ran)
@@ -115,10 +121,18 @@ def commit_timeout(host: Host, lock_timeout: float, post_checks: Sequence[dict[s
     return host.command_timeout + lock_timeout + sum(float(c.get("timeout") or 60) for c in post_checks)
 
 
-def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[Any], seconds: float,
-                         lock_timeout: float, report: PatchReport) -> TaskOutcome:
-    """The outcome of a commit whose answer did not come within `seconds`: read the files, the lock and the journal
-    (waiting up to lock_timeout for a commit still running there to end) and report what the host holds."""
+def _exit_detail(message: str) -> str:
+    """`exit -9: no output` from an agent's `... (exit -9): no output`."""
+    found = re.search(r"\((exit -?\d+)\): (.*)$", message)
+    return f"{found[1]}: {found[2]}" if found else message
+
+
+def after_lost_commit(host: Host, session: AgentSession, changing: Sequence[Any], late: str, lock_timeout: float,
+                      report: PatchReport, *, reason: str, checks_unknown: bool = False) -> TaskOutcome:
+    """The outcome of a commit whose answer never came (`late` says why, `reason` is its kind): read the files, the
+    lock and the journal (pending notes included, as `status` does; waiting up to lock_timeout for a commit still
+    running there to end) and report what the host holds. `checks_unknown`: whether its post checks ran is unknown
+    (the agent died)."""
     settle_until = time.monotonic() + lock_timeout
     paths = [f.path for f in changing]
     while True:
@@ -141,16 +155,17 @@ def after_commit_timeout(host: Host, session: AgentSession, changing: Sequence[A
         else:
             states.append(f"{f.path} changed by someone else (sha256 {found})" if found else f"{f.path} missing")
     report = replace(report, written=tuple(patched))
-    late = f"the commit's answer did not come within {seconds:g}s"
     if running:
         who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
         return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
-                                   f"{', '.join(states)}; `ddops status` shows how it ends", report,
-                           reason=CommandTimeout.kind)
+                                   f"{', '.join(states)}; `ddops status` shows how it ends", report, reason=reason)
+    if checks_unknown and len(patched) == len(changing):
+        return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}; its post checks may not have "
+                                   "run: `ddops verify` runs them", report, reason=reason)
     if len(patched) == len(changing):
         return TaskOutcome(CHANGED, f"patched {', '.join(patched)} ({late}, but the host's files and journal show "
                                     f"that it finished)", report)
-    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", report, reason=CommandTimeout.kind)
+    return TaskOutcome(FAILED, f"{late}; the host now holds: {', '.join(states)}", report, reason=reason)
 
 
 def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *,
@@ -203,7 +218,9 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
     if attention:
         status = DRIFTED if all(s in (PLAN_DRIFTED, journal_mod.MODIFIED) for s in attention.values()) else FAILED
-        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items()) + said, report)
+        unreadable = "; ".join(f"{path}: {message}" for path, message in snap.errors.items())  # a symlink, a FIFO ...
+        return TaskOutcome(status, ", ".join(f"{pid} {s}" for pid, s in attention.items())
+                           + (f" ({unreadable})" if unreadable else "") + said, report)
     pending = [pid for pid, s in states.items() if s != APPLIED]
     return TaskOutcome(OK, (f"{len(pending)} pending" if pending else "all applied") + said, report)
 
@@ -243,14 +260,28 @@ def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
 ROLLBACK_ATTEMPTS = 3
 
 
+def still_written(host: Host, session: AgentSession, torn: Sequence[journal_mod.TornApplication],
+                  covered: set[str]) -> list[journal_mod.TornApplication]:
+    """The torn applies whose file still holds the bytes they record, beside no application of its own (one more
+    round trip, only where the journal has such a line)."""
+    torn = [t for t in torn if t.file not in covered]
+    if not torn:
+        return []
+    files = session.call_agent("snapshot", {"repo": host.repo, "files": sorted({t.file for t in torn})})["files"]
+    return [t for t in torn if (files.get(t.file) or {}).get("sha256") == t.after]
+
+
 def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool,
                   actor: str | None, lock_timeout: float) -> TaskOutcome:
     """One plan-and-commit of rollback_host; the agent refuses it (`journal_moved`) if the journal moved meanwhile."""
-    raw = session.call_agent("journal", {"repo": host.repo}).get("entries", [])
+    journal = session.call_agent("journal", {"repo": host.repo})
+    raw = journal.get("entries", [])
     # Parsed once: a host patched for months has a long journal, and each step below reads all of it.
     entries = journal_mod.parse_journal(raw)
     actives = journal_mod.active_applications(entries)
-    if not actives:
+    torn = still_written(host, session, journal_mod.torn_applications(journal.get("corrupt") or []),
+                         {a.file for a in actives})
+    if not actives and not torn:
         return TaskOutcome(OK, "nothing to roll back", RollbackReport())
     # The agent compares each file with what ddops last wrote (compare-and-swap); plan as if it still is.
     written = journal_mod.last_written_by_file(entries)
@@ -258,22 +289,32 @@ def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | 
     plan = journal_mod.plan_rollback(entries, expected, patch_ids, force=force)
     report = RollbackReport(refused=tuple(Refusal(r.file, r.reason, r.patch) for r in plan.refused),
                             not_applied=tuple(plan.not_applied), patches=tuple(plan.patches))
-    if not plan.restores:
-        if plan.refused:
+    restores = [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
+                 "restore_sha256": r.restore, "force": force} for r in plan.restores]
+    if patch_ids is None:  # every patch: the one a torn line lost is among them, whichever it was
+        restores += [{"path": t.file, "patch_ids": [], "expected_sha256": t.after, "restore_sha256": t.before,
+                      "force": force} for t in torn]
+    else:
+        report = replace(report, refused=report.refused + tuple(Refusal(t.file, (
+            f"{t.file}: journal line {t.line} was cut before its patch id: which patch wrote it is unknown; "
+            "`ddops rollback` without naming patches restores it")) for t in torn))
+    if not restores:
+        if report.refused:
             return TaskOutcome(FAILED, report.summary(host.name), report)
         return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
                                                          if plan.not_applied else ""), report)
     reply = session.call_agent("rollback", {
         "repo": host.repo, "actor": actor or default_actor(), "ddops_version": __version__,
-        "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw),
-        "restores": [{"path": r.file, "patch_ids": list(r.patches), "expected_sha256": r.expected,
-                      "restore_sha256": r.restore, "force": force} for r in plan.restores]})
+        "lock_timeout": lock_timeout, "journal_last": journal_mod.last_entry_id(raw), "restores": restores})
     refused = [Refusal(r["path"], f"{r['path']} " + ("changed since ddops wrote it: left untouched (--force saves "
                                                      "that edit, then restores)" if r.get("reason") == "modified"
                                                      else r.get("reason", "refused")))
                for r in reply.get("refused", [])]
     refused += [Refusal(f["path"], f"{f['path']}: {f.get('message')}") for f in reply.get("failed", [])]
-    report = replace(report, restored=tuple(reply.get("restored", []) + reply.get("unchanged", [])),
+    lines = {t.file: t.line for t in torn if patch_ids is None}
+    restored = [f"{path} (its journal line {lines[path]} cut before the patch id: restored from the backup it names)"
+                if path in lines else path for path in reply.get("restored", []) + reply.get("unchanged", [])]
+    report = replace(report, restored=tuple(restored),
                      refused=report.refused + tuple(refused),
                      saved=tuple(SavedCopy(s["path"], s["sha256"], backup_path(host.repo, s["sha256"]))
                                  for s in reply.get("saved", [])))

@@ -16,8 +16,9 @@ from typing import Any
 
 import paramiko
 
-from ddops.errors import AgentError, CommandTimeout
+from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout
 from ddops.inventory import Host
+from ddops.transport.answers import check_answer
 from ddops.transport.channel import (READ_CHUNK, ChannelReader, CommandResult, max_agent_answer, output_too_large,
                                     send_all)
 from ddops.transport.resident import Resident, ResidentBook, resident_key
@@ -57,7 +58,7 @@ class AgentChannel:
             self._expected_greeting = resident_proof(resident.secret, "resident", nonce)
         self.answered = False
         limit = max_agent_answer()
-        self.reader = ChannelReader(channel, max_err=MAX_AGENT_STDERR, max_out=limit,
+        self.reader = ChannelReader(channel, host_name, max_err=MAX_AGENT_STDERR, max_out=limit,
                                     too_much=lambda: output_too_large(host_name, "agent", limit))
 
     def _proves_greeting(self, line: str) -> bool:
@@ -112,6 +113,7 @@ class AgentChannel:
             self.channel.status_event.wait(AGENT_EXIT_WAIT)
 
     def close(self) -> None:
+        self.reader.release()
         try:
             self.channel.close()
         except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
@@ -156,7 +158,7 @@ def note_resident(residents: ResidentBook, key: str, reply: dict[str, Any]) -> N
 
 def parse_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
     """The agent's `result`, or an AgentError saying what went wrong on which host."""
-    return agent_result(host, decode_agent_reply(host, verb, result))
+    return agent_result(host, verb, decode_agent_reply(host, verb, result))
 
 
 def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str, Any]:
@@ -167,15 +169,21 @@ def decode_agent_reply(host: str, verb: str, result: CommandResult) -> dict[str,
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         if result.exit_code == 127 or "not found" in tail[0]:
             raise AgentError(f"agent could not start (is the host's python installed?): {tail[0]}", host=host) from None
-        raise AgentError(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}", host=host) from None
+        # No answer at all: the agent died under the request (killed, out of memory), which may have done part of it.
+        error = AgentNoAnswer if not result.stdout.strip() else AgentError
+        raise error(f"agent {verb} failed (exit {result.exit_code}): {tail[0]}", host=host) from None
     if not isinstance(reply, dict) or "ok" not in reply:
         raise AgentError(f"agent {verb} answered something that is not its protocol", host=host)
     return reply
 
 
-def agent_result(host: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """The `result` of a decoded reply, or the AgentError it reports."""
+def agent_result(host: str, verb: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The `result` of a decoded reply, checked to hold what is read of `verb` (answers.check_answer), or the
+    AgentError it reports."""
     if not reply["ok"]:
-        error = reply.get("error") or {}
-        raise AgentError(error.get('message', 'agent error'), kind=error.get("kind", "error"), host=host)
-    return reply.get("result") or {}
+        error = reply.get("error")
+        message, kind = (error.get("message"), error.get("kind")) if isinstance(error, dict) else (None, None)
+        raise AgentError(message if isinstance(message, str) and message else f"agent {verb} failed: {error!r:.200}",
+                         kind=kind if isinstance(kind, str) and kind else "error", host=host)
+    result = reply.get("result")
+    return check_answer(host, verb, {} if result is None else result)

@@ -59,6 +59,12 @@ def is_encrypted(text: bytes) -> bool:
     return b"ENCRYPTED" in text.split(b"-----END", 1)[0]
 
 
+def too_open(path: str) -> int | None:
+    """The mode of a key file of ours that others may access (OpenSSH refuses it: UNPROTECTED PRIVATE KEY FILE)."""
+    st = os.stat(path)
+    return st.st_mode & 0o777 if st.st_uid == os.getuid() and st.st_mode & 0o077 else None
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(1 << 20)
@@ -155,11 +161,16 @@ class KeyRing:
         expanded = os.path.expanduser(path)
         try:
             text = _read(expanded)
+            mode = too_open(expanded)
         except OSError as exc:
             if optional:
                 return None
             raise UsageError(f"identity_file {path} cannot be read: {exc.strerror or exc}") from None
         blob = public_blob_of(expanded)
+        if mode is not None:  # not read, as OpenSSH does not (the agent's copy may still sign)
+            return KeyFile(path, blob, None, problem=f"UNPROTECTED PRIVATE KEY FILE: permissions {mode:04o} are too "
+                                                    f"open: others may read it, and ddops, as OpenSSH, ignores such "
+                                                    f"a key: chmod 600 {path}")
         if not is_encrypted(text):
             try:
                 return KeyFile(path, blob, paramiko.PKey.from_path(expanded))

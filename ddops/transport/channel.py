@@ -18,6 +18,8 @@ READ_CHUNK = 1 << 16
 # command's kept output. More is refused, never gathered: a host cannot make the controller run out of memory.
 DEFAULT_MAX_AGENT_ANSWER = 256 << 20
 DEFAULT_MAX_COMMAND_OUTPUT = 64 << 20
+# And of everything every host sent that is held at once: the caps above are per call, and calls run in parallel.
+DEFAULT_MAX_HELD_OUTPUT = 512 << 20
 
 
 def _byte_limit(setting: settings.Setting, default: int) -> int:
@@ -43,9 +45,63 @@ def max_command_output() -> int:
     return _byte_limit(settings.MAX_COMMAND_OUTPUT, DEFAULT_MAX_COMMAND_OUTPUT)
 
 
+def max_held_output() -> int:
+    """Bytes of all hosts' output the controller holds at once (DDOPS_MAX_HELD_OUTPUT)."""
+    return _byte_limit(settings.MAX_HELD_OUTPUT, DEFAULT_MAX_HELD_OUTPUT)
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+
+
 def output_too_large(host_name: str, what: str, limit: int) -> TransportError:
-    size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
-    return TransportError(f"the {what} sent more than {size} of output: refused (cut off)", host=host_name)
+    return TransportError(f"the {what} sent more than {_size(limit)} of output: refused (cut off)", host=host_name)
+
+
+class HeldOutput:
+    """What the controller holds of the hosts' output, all hosts together, against max_held_output()."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Count `size` more bytes as held; False (nothing counted) when that would pass the bound."""
+        limit = max_held_output()
+        with self._lock:
+            if self.held + size > limit:
+                return False
+            self.held += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
+
+
+HELD = HeldOutput()
+
+
+class Share:
+    """One call's part of HELD: what it keeps is counted as it arrives, and given back as it is used or dropped."""
+
+    def __init__(self, host_name: str) -> None:
+        self.host_name = host_name
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        """Count `size` more bytes; TransportError for this host when all hosts together would hold too much."""
+        if not HELD.take(size):
+            raise TransportError(f"the controller already holds {_size(max_held_output())} of the hosts' output "
+                                 f"({settings.MAX_HELD_OUTPUT.name}): refused (cut off)", host=self.host_name)
+        self.size += size
+
+    def shrink(self, size: int) -> None:
+        HELD.give(size)
+        self.size -= size
+
+    def release(self) -> None:
+        self.shrink(self.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +159,11 @@ class ChannelReader:
     cannot drift apart in how they wait, time out or notice a dead channel.
     """
 
-    def __init__(self, channel: paramiko.Channel, *, max_err: int | None = None,
+    def __init__(self, channel: paramiko.Channel, host_name: str, *, max_err: int | None = None,
                  on_output: Callable[[str, bytes], None] | None = None,
                  max_out: int | None = None, too_much: Callable[[], Exception] | None = None) -> None:
         self.channel = channel
+        self.share = Share(host_name)  # what out and err hold (release() gives it back)
         self._arrivals = _Arrivals()
         channel.in_buffer.set_event(self._arrivals)
         channel.in_stderr_buffer.set_event(self._arrivals)
@@ -128,7 +185,7 @@ class ChannelReader:
                 self._on_output("stdout", chunk)
             else:
                 self.out += chunk
-                self._check_size()
+                self._check_size(len(chunk))
             progressed = True
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(READ_CHUNK)
@@ -140,12 +197,17 @@ class ChannelReader:
             if self._max_err is not None:
                 del self.err[:-self._max_err]
             else:
-                self._check_size()
+                self._check_size(len(chunk))
         return progressed
 
-    def _check_size(self) -> None:
+    def _check_size(self, added: int) -> None:
         if self._max_out is not None and len(self.out) + len(self.err) > self._max_out:
             raise self._too_much() if self._too_much else TransportError(f"more than {self._max_out} bytes")
+        self.share.grow(added)
+
+    def release(self) -> None:
+        """Give back what this reader's buffers were counted for (call once it is done with them)."""
+        self.share.release()
 
     def read_until(self, done: Callable[[], bool], deadline: float, timed_out: Callable[[], Exception],
                    cancel: threading.Event | None = None) -> bool:
@@ -193,4 +255,5 @@ class ChannelReader:
         with memoryview(self.out) as view:
             line = str(view[:end + 1], "utf-8", "replace")
         del self.out[:end + 1]
+        self.share.shrink(min(end + 1, self.share.size))
         return line

@@ -19,10 +19,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddops.errors import AgentError, Cancelled, CommandTimeout, TransportError
+from ddops.errors import AgentError, AgentNoAnswer, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
-from ddops.transport.channel import CommandResult, max_agent_answer, max_command_output, output_too_large
+from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
+from ddops.transport.agent_client import agent_result
 from ddops.transport.session import copy_limited
 
 
@@ -52,6 +53,7 @@ class LocalSession:
         self._agent: subprocess.Popen[bytes] | None = None
         self._stderr: Any = None  # a file, not a pipe: an agent that writes much there never blocks on it
         self._out = bytearray()
+        self._out_share = Share(host.name)  # what _out holds, counted against the controller-wide bound
 
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
@@ -59,13 +61,18 @@ class LocalSession:
         started = time.monotonic()
         kept = {"stdout": bytearray(), "stderr": bytearray()}
         limit = max_command_output()
+        share = Share(self.host.name)
 
         def keep(stream: str, chunk: bytes) -> None:
             kept[stream] += chunk
             if len(kept["stdout"]) + len(kept["stderr"]) > limit:
                 raise output_too_large(self.host.name, "command", limit)
+            share.grow(len(chunk))
 
-        code = self._exec(command, keep, stdin=stdin, timeout=timeout)
+        try:
+            code = self._exec(command, keep, stdin=stdin, timeout=timeout)
+        finally:
+            share.release()
         return CommandResult(code, kept["stdout"].decode("utf-8", "replace"),
                              kept["stderr"].decode("utf-8", "replace"), time.monotonic() - started)
 
@@ -179,19 +186,15 @@ class LocalSession:
             self._stderr.seek(0)
             err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
             self.close()
-            raise AgentError(f"agent {verb} ended without answering (exit {code}): "
-                             f"{(err or ['no output'])[-1]}", host=self.host.name)
+            raise AgentNoAnswer(f"agent {verb} ended without answering (exit {code}): "
+                                f"{(err or ['no output'])[-1]}", host=self.host.name)
         try:
             reply = json.loads(line)
         except ValueError:
             raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name) from None
         if not isinstance(reply, dict) or "ok" not in reply:
             raise AgentError(f"agent {verb} answered something that is not its protocol", host=self.host.name)
-        if not reply["ok"]:
-            error = reply.get("error") or {}
-            raise AgentError(error.get('message', 'agent error'),
-                             kind=error.get("kind", "error"), host=self.host.name)
-        return reply.get("result") or {}
+        return agent_result(self.host.name, verb, reply)
 
     def _read_line(self, agent: subprocess.Popen[bytes], deadline: float, timeout: float) -> bytes | None:
         assert agent.stdout is not None
@@ -213,14 +216,21 @@ class LocalSession:
                 if len(self._out) > limit:
                     self.close()
                     raise output_too_large(self.host.name, "agent", limit)
+                try:
+                    self._out_share.grow(len(chunk))
+                except TransportError:
+                    self.close()
+                    raise
         end = self._out.index(b"\n")
         line = bytes(self._out[:end])
         del self._out[:end + 1]
+        self._out_share.shrink(min(end + 1, self._out_share.size))
         return line
 
     def close(self) -> None:
         agent, self._agent = self._agent, None
         self._out.clear()
+        self._out_share.release()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

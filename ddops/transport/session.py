@@ -67,7 +67,7 @@ class Session:
         timeout = self.host.command_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.round_trips += 1
-        channel = None
+        channel = reader = None
         try:
             channel = self.transport.open_session(timeout=timeout)
             channel.exec_command(command)
@@ -76,7 +76,7 @@ class Session:
             if cancel is None:
                 channel.shutdown_write()
             limit = None if on_output else max_command_output()  # streamed output is handed on, not kept
-            reader = ChannelReader(channel, on_output=on_output, max_out=limit,
+            reader = ChannelReader(channel, self.host.name, on_output=on_output, max_out=limit,
                                    too_much=lambda: output_too_large(self.host.name, "command", limit or 0))
             reader.drain(deadline, lambda: CommandTimeout(
                 f"command timed out after {timeout:g}s and was cut off", host=self.host.name), cancel)
@@ -97,6 +97,8 @@ class Session:
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise connection_lost(self.host, exc) from None
         finally:
+            if reader is not None:
+                reader.release()  # the caller reads its buffers at once; they no longer count as in flight
             if channel is not None:
                 channel.close()
         return code, reader
@@ -196,7 +198,7 @@ class Session:
         if agent.resident_key is not None:
             note_resident(self._residents, agent.resident_key, reply)
             agent.resident_key = None
-        return agent_result(self.host.name, reply)
+        return agent_result(self.host.name, verb, reply)
 
     def _without_resident(self, agent: AgentChannel, verb: str, payload: dict[str, Any],
                           deadline: float) -> dict[str, Any]:

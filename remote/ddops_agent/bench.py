@@ -37,8 +37,8 @@ import time
 
 from ddops_agent.protocol import (AgentFault, b64_text, bad_request, describe_error, optional_number, optional_str,
                                   check_deadline, require_list, require_object, require_str, verb)
-from ddops_agent.files import (atomic_write, check_relpath, current_sha, is_inside, make_private_dir, open_repo,
-                               read_regular, resolve_target, write_all)
+from ddops_agent.files import (atomic_write, check_relpath, current_sha, file_kind, is_inside, make_private_dir,
+                               open_repo, read_regular, resolve_target, write_all)
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import collect_facts
 from ddops_agent.journal import ends_without_newline, ensure_state_dir, now_iso, read_journal, state_dir
@@ -587,15 +587,6 @@ def bench_stop(payload):
 
 
 # -- files and provenance ---------------------------------------------------------------------------------------
-
-
-def file_kind(mode):
-    """What a non-regular file is, in words (a FIFO, a socket ...)."""
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def hash_file(path):

@@ -10,6 +10,8 @@ from ddops_agent.protocol import (optional_number, optional_str, require_list, r
 
 CHECK_OUTPUT_BYTES = 4096
 DEFAULT_CHECK_TIMEOUT = 60.0
+# How long the agent waits for a check's process group to be gone once KILLed (orphans are reaped by init).
+GROUP_GONE_SECONDS = 5.0
 
 
 # -- processes ------------------------------------------------------------------------------------------------
@@ -37,6 +39,20 @@ def kill_group(process):
         pass
 
 
+def end_group(process):
+    """KILL what the check left in its process group and wait (up to GROUP_GONE_SECONDS) until it is gone: a
+    background writer must neither race the revert nor outlive the commit. (A process that left the group, by
+    setsid or a daemon's double fork, is beyond this.)"""
+    kill_group(process)
+    deadline = time.monotonic() + GROUP_GONE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except OSError:  # ESRCH: no process is left in the group
+            return
+        time.sleep(0.01)
+
+
 def output_tail(data):
     """The last CHECK_OUTPUT_BYTES of `data`, decoded leniently."""
     return data[-CHECK_OUTPUT_BYTES:].decode("utf-8", "replace")
@@ -58,6 +74,7 @@ def run_check(repo, check):
         timed_out = True
         kill_group(process)
         output = collect_after_kill(process)
+    end_group(process)
     exit_code = None if timed_out else process.returncode
     text = output_tail(output)
     if timed_out:

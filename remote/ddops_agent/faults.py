@@ -39,7 +39,7 @@ def arm_faults(state, verb_name):
 
 def fault_point(stage, target=None):
     """Do what an armed fault asks at this stage ("kill": cut the SSH connection and die; "drop": cut it only;
-    "stall": carry on after STALL_SECONDS)."""
+    "oom": die alone, as the OOM killer does, the connection kept; "stall": carry on after STALL_SECONDS)."""
     if not FAULTS or (target is not None and target not in WRITE_TARGETS):
         return
     action = FAULTS.pop("%s:%s" % (stage, WRITE_TARGETS.get(target)), None) or FAULTS.pop(stage, None)
@@ -47,7 +47,7 @@ def fault_point(stage, target=None):
         session = ssh_session_pid()
         if session is not None:
             os.kill(session, signal.SIGKILL)
-    if action == "kill":
+    if action in ("kill", "oom"):
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "stall":
         time.sleep(STALL_SECONDS)

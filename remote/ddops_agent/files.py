@@ -86,6 +86,15 @@ def sha256_hex(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def file_kind(mode):
+    """What a non-regular file is, in words (a FIFO, a socket ...)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def read_regular(path, rel):
     """The file's bytes and stat as an Original, or None when it does not exist; faults for other kinds."""
     try:
@@ -95,7 +104,7 @@ def read_regular(path, rel):
     if stat.S_ISLNK(st.st_mode):
         raise AgentFault("symlink", "refusing %s: it is a symlink (ddops never writes through symlinks)" % rel)
     if not stat.S_ISREG(st.st_mode):
-        raise AgentFault("not_file", "%s is not a regular file" % rel)
+        raise AgentFault("not_file", "%s is %s, not a regular file" % (rel, file_kind(st.st_mode)))
     if st.st_size > MAX_FILE_BYTES:
         raise AgentFault("too_large", "%s is %d bytes, over the %d byte limit" % (rel, st.st_size, MAX_FILE_BYTES))
     # O_NOFOLLOW: the file could have been swapped for a symlink since the lstat above.

@@ -201,6 +201,9 @@ def read_journal(state):
     return [entry for entry in entries if entry.get("event") in KNOWN_EVENTS], corrupt
 
 
+PARTIAL_KEYS = ("event", "file", "before", "after")  # of a torn line that is not a whole entry, as far as it goes
+
+
 def salvage_torn_line(text):
     """The complete `"key": value` pairs at the start of a cut-off JSON object line, as a dict ({} if none).
 
@@ -250,6 +253,9 @@ def read_journal_lines(state):
                 salvaged = salvage_torn_line(text.decode("utf-8", "replace"))
                 whole = bool(salvaged) and entry_problem(salvaged) is None
                 corrupt.append({"line": number, "error": str(error), "salvaged": whole})
+                if not whole:  # what the pairs still say (a line cut before its patch id names file and hashes)
+                    corrupt[-1].update((key, value) for key, value in salvaged.items()
+                                       if key in PARTIAL_KEYS and isinstance(value, str))
                 if whole:
                     salvaged["torn"] = True
                     entries.append(salvaged)

@@ -133,6 +133,16 @@ def test_a_command_that_ignores_term_is_killed_at_its_timeout_and_reported_as_ti
     assert commands_left(bed, "host2", marker) == []
 
 
+def test_a_background_process_holding_the_output_is_ended_at_the_timeout_and_the_host_reported_timed_out(bed):
+    # The audit's case: the shell exits at once and its `sleep` holds the session open; exec used to wait for the
+    # controller's own deadline (timeout + 15 s), say "cut off", and leave the sleep running on the host.
+    code, doc = exec_json(bed, "--host", "host1", "--timeout", "3", "--shell", "sleep 321.75 & echo hi")
+    [entry] = doc["hosts"]
+    assert code == 1 and entry["status"] == "failed" and entry["data"]["timed_out"] is True, entry
+    assert entry["message"] == "timed out after 3s (ended on the host)" and entry["data"]["stdout"] == "hi\n"
+    assert commands_left(bed, "host1", "sleep 321.75") == []
+
+
 def test_grouped_shows_identical_output_once(bed):
     proc = ddops_exec(bed, "--all", "--grouped", "--shell", 'echo same; [ "$(hostname)" != host3 ] || echo odd')
     assert proc.returncode == 0, proc.stderr

@@ -85,6 +85,22 @@ def test_connection_killed_at_each_stage_of_a_commit_then_patch_converges_and_ro
     fleet.assert_clean("host1")  # the rollback tidied up what the killed agent left
 
 
+@pytest.mark.parametrize("stage", ["renamed", "journalled"])
+def test_an_agent_killed_alone_mid_commit_says_which_files_the_host_now_holds_patched(fleet, stage):
+    # As the OOM killer does: the agent dies, the connection stays. It used to read "agent commit failed (exit -1):
+    # no output", with no word that dflash.py was already patched.
+    fleet.reset("host1")
+    fleet.arm("host1", {"commit": {stage: "oom"}})
+    result = fleet.patch("host1")["host1"]
+    assert result.status == "failed", result.message
+    assert result.message.startswith("the agent ended during the commit without answering"), result.message
+    assert "the host now holds: dflash.py patched, ddtree.py original" in result.message
+    assert fleet.assert_nothing_lost("host1")["host1"] == {"dflash.py": "new", "ddtree.py": "old"}
+    assert fleet.patch("host1")["host1"].status == "changed"
+    assert fleet.rollback("host1")["host1"].status == "changed"
+    fleet.assert_original("host1")
+
+
 @pytest.mark.parametrize("stage", ["locked", "temp-written", "renamed", "before-journal"])
 def test_connection_killed_at_each_stage_of_a_rollback_then_rollback_converges(fleet, stage):
     fleet.reset("host1")

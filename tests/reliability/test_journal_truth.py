@@ -75,6 +75,47 @@ def test_a_torn_last_journal_line_is_shown_by_status_and_rollback_uses_the_backu
     fleet.assert_original("host1")
 
 
+def cut_last_append_before_its_patch_id(fleet, name: str) -> tuple[str, int]:
+    """The last append's first line cut short before its patch id, the rest lost: (its file, its line number)."""
+    path = fleet.repo(name) / ".ddops" / "journal.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    last_file = lines[-1].split('"file": "', 1)[1].split('"', 1)[0]
+    first = next(i for i, line in enumerate(lines) if f'"file": "{last_file}"' in line)
+    path.write_text("".join(lines[:first]) + lines[first][:lines[first].index(', "patch"')])
+    return last_file, first + 1
+
+
+def test_a_journal_line_cut_before_its_patch_id_is_still_rolled_back_from_the_backup_it_names(clean):
+    # The line holds the file and both hashes, not which patch wrote it: rollback used to leave that file patched
+    # and exit 0 ("restored" the others).
+    fleet = clean
+    assert fleet.patch("host1")["host1"].status == "changed"
+    last_file, line = cut_last_append_before_its_patch_id(fleet, "host1")
+    assert f"line {line} unreadable (skipped)" in fleet.status("host1")["host1"].message
+
+    rolled = fleet.rollback("host1")["host1"]
+    assert rolled.status == "changed", rolled.message
+    assert f"{last_file} (its journal line {line} cut before the patch id: restored from the backup it names)" \
+        in rolled.message
+    fleet.assert_original("host1")
+    again = fleet.rollback("host1")["host1"]
+    assert (again.status, again.message) == ("ok", "nothing to roll back"), again.message
+
+
+def test_a_rollback_of_named_patches_fails_on_a_file_whose_journal_line_lost_its_patch_id(clean):
+    from ddops.tasks.patch import rollback_host
+
+    fleet = clean
+    assert fleet.patch("host1")["host1"].status == "changed"
+    last_file, line = cut_last_append_before_its_patch_id(fleet, "host1")
+    named = [p.id for b in fleet.books for p in b.patches]
+    rolled = fleet.run(lambda h, s: rollback_host(h, s, named, lock_timeout=5))["host1"]
+    assert rolled.status == "failed", rolled.message
+    assert (f"{last_file}: journal line {line} was cut before its patch id: which patch wrote it is unknown; "
+            "`ddops rollback` without naming patches restores it") in rolled.message
+    assert (fleet.repo("host1") / last_file).read_bytes() == fleet.patched[last_file]
+
+
 def seed_long_history(fleet, name: str, pairs: int = 1200) -> bytes:
     """A journal of a host patched and rolled back for months (history.py, a file no playbook touches): over the
     size at which the next commit or rollback compacts it. Returns its bytes."""

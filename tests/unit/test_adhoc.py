@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddops.tasks.adhoc import (STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs, guard_source,
+from ddops.tasks.adhoc import (MAX_LINE_CHARS, STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs, guard_source,
                                outcome_of, remote_command, sudo_refusal, timed_out, with_watchdog)
 from ddops.errors import UsageError
 from ddops.inventory import Host
@@ -142,6 +142,14 @@ def test_line_splitter_keeps_partial_lines_and_split_characters_until_complete()
     assert split.flush() == []
 
 
+def test_a_line_that_never_ends_is_handed_on_in_pieces_and_never_held_whole():
+    # Output without newlines used to be held until its end: 100 MB from each of 3 hosts took 4 GB and minutes.
+    split = LineSplitter()
+    pieces = split.feed(b"x" * (3 * MAX_LINE_CHARS + 5))
+    assert [len(p) for p in pieces] == [MAX_LINE_CHARS] * 3
+    assert split.feed(b"y\nz") == ["xxxxxy"] and split.flush() == ["z"]
+
+
 def test_exec_output_json_names_exit_code_both_streams_and_the_command_line():
     assert ExecOutput(4, "o", "e", timed_out=False, truncated=True, command="exec true").to_json() == {
         "exit_code": 4, "stdout": "o", "stderr": "e", "timed_out": False, "truncated": True, "command": "exec true"}
@@ -183,25 +191,47 @@ def test_stdin_closing_without_the_stop_line_leaves_the_command_running():
     assert proc.wait(timeout=30) == 0 and proc.stdout.read() == b"finished\n"
 
 
+def sleeping(seconds: str) -> list[str]:
+    """Pids of live `sleep SECONDS` processes (SECONDS made unique by the test: no other process's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode() and \
+                    (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
 def test_the_stop_line_ends_a_command_that_ignores_term_through_the_guard():
     # The command runs in a session of its own under the guard: the watchdog's TERM reaches the guard, which ends
     # the command's group, TERM then KILL, and exits 128+15 itself (a KILL from the watchdog could not reach it).
     seconds = f"300.{os.getpid()}"  # no other process's, not even an earlier run's
-
-    def running() -> list[str]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode() and \
-                        (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
-                    found.append(entry.name)
-            except OSError:
-                continue
-        return found
-
     proc = _watched(remote_command(ExecSpec(shell=f"trap '' TERM; sleep {seconds}", timeout=60), ROOT))
-    wait_until(running, timeout=30)  # Ctrl-C once the command runs
+    wait_until(lambda: sleeping(seconds), timeout=30)  # Ctrl-C once the command runs
     proc.stdin.write(STOP_LINE)
     proc.stdin.close()
     assert proc.wait(timeout=60) == 143
-    assert running() == []
+    assert sleeping(seconds) == []
+
+
+def test_a_background_process_holding_the_output_is_ended_at_the_timeout_and_the_output_closes():
+    # `sleep & echo hi`: the shell exits at once, the sleep keeps the session's output open. The guard used to
+    # return with the shell and leave the sleep holding the channel until the controller gave up, 18 s later.
+    seconds = f"321.{os.getpid()}"
+    proc = _watched(remote_command(ExecSpec(shell=f"sleep {seconds} & echo hi", timeout=1), ROOT))
+    out, _ = proc.communicate(timeout=60)  # until the output closes
+    assert (proc.returncode, out) == (124, b"hi\n")
+    assert sleeping(seconds) == []
+
+
+def test_a_background_process_that_let_go_of_the_output_is_left_running_as_ssh_leaves_it():
+    seconds = f"322.{os.getpid()}"
+    proc = _watched(remote_command(ExecSpec(shell=f"sleep {seconds} >/dev/null 2>&1 & echo hi", timeout=60), ROOT))
+    try:
+        out, _ = proc.communicate(timeout=30)
+        assert (proc.returncode, out) == (0, b"hi\n") and sleeping(seconds)
+    finally:
+        for pid in sleeping(seconds):
+            os.kill(int(pid), 9)

@@ -199,6 +199,29 @@ def test_post_check_past_its_timeout_fails_and_reverts(repo):
     assert result["reverted"] is True and (repo / "ddtree.py").read_bytes() == ORIGINAL
 
 
+def test_a_post_checks_background_writer_is_ended_before_the_revert_and_outlives_nothing(repo):
+    # The check fails, leaving a writer in the background (its output let go, so the check itself returns) that
+    # waits for the revert to put the original back and then writes the file again: it used to race the revert
+    # ("putting the originals back failed ... still patched") and outlive the commit.
+    writer = f"sleep 0.01 # ddops-check-writer-{os.getpid()}"
+    command = (f"(while ! grep -q 'DynamicCache()$' ddtree.py; do {writer}\n done; echo late >> ddtree.py) "
+               ">/dev/null 2>&1 & exit 1")
+    checks = [{"name": "leaves a writer", "command": command, "timeout": 30}]
+    result = ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED), checks=checks))
+    assert result["reverted"] is True
+    assert (repo / "ddtree.py").read_bytes() == ORIGINAL
+    left = [p for p in glob.glob("/proc/[0-9]*/cmdline") if _reads(p).find(b"ddops-check-writer") >= 0]
+    assert left == [], "a process of the check outlived the commit"
+
+
+def _reads(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
 def test_commit_lists_state_dir_in_git_exclude_exactly_once(repo):
     ok("commit", commit_payload(repo, change("ddtree.py", ORIGINAL, PATCHED)))
     ok("commit", commit_payload(repo, change("ddtree.py", PATCHED, PATCHED_AGAIN)))

@@ -15,7 +15,8 @@ PACKAGE = Path(ddops.__file__).resolve().parent
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("values", frozenset({"ddops", "ddops.settings", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
                           "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
-                          "ddops.resources", "ddops.pins", "ddops.jsonvalue", "ddops.ownership"})),
+                          "ddops.resources", "ddops.pins", "ddops.jsonvalue", "ddops.ownership",
+                          "ddops.safe_text"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
     ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
     ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),

@@ -72,3 +72,22 @@ def test_an_encrypted_key_whose_public_half_is_unknown_is_left_to_the_agents_key
         str(keygen(tmp_path / "other", ""))),))
     (found,) = ring.identity_files(Host("h", "10.0.0.1", identity_file=str(key)))
     assert found.encrypted and found.key is None
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_private_key_others_may_read_is_refused_as_openssh_refuses_it(tmp_path, monkeypatch, mode):
+    from ddops.errors import TransportError
+    from ddops.transport import Connector
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = keygen(tmp_path / "k", "")
+    key.chmod(mode)
+    host = Host("h", "127.0.0.1", identity_file=str(key))
+    [read] = KeyRing().identity_files(host)
+    assert read.key is None and f"UNPROTECTED PRIVATE KEY FILE: permissions {mode:04o}" in (read.problem or "")
+    with pytest.raises(TransportError) as caught:  # refused before anything connects
+        Connector(str(tmp_path / "known_hosts")).connect(host)
+    assert f"identity_file {key} is not a usable private key: UNPROTECTED PRIVATE KEY FILE" in str(caught.value)
+    assert f"chmod 600 {key}" in str(caught.value)
+    key.chmod(0o600)
+    assert KeyRing().identity_files(host)[0].key is not None

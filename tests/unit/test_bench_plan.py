@@ -293,6 +293,38 @@ def test_placeholders_where_quoting_would_not_hold_are_refused(tmp_path, command
     assert msg.startswith(f"{tmp_path / 'plan.yaml'}:4: command: ") and what in msg
 
 
+@pytest.mark.parametrize("command, context", [
+    ("[[ {x} -gt 0 ]] && run {x}", "`[[ ]]`"),
+    ("run $(( {x} + 1 ))", "`$(( ))`"),
+    ("run \"$(( {x} + 1 ))\"", "`$(( ))`"),
+    ("(( {x} > 1 )) && run", "`(( ))`"),
+    ("for (( i = 0; i < {x}; i++ )); do run; done", "`(( ))`"),
+    ("run $(( (2 + {x}) * 3 ))", "`$(( ))`"),
+    ("run $[ {x} + 1 ]", "`$[ ]`"),
+    ("run ${{arr[{x}]}}", "an array subscript"),
+    ("run ${{v:{x}:2}}", "`${ }`"),
+    ("arr[{x}]=1; run", "an array subscript"),
+    ("let n={x}+1; run $n", "the arguments of `let`"),
+    ("run; declare -i n={x}; run $n", "the arguments of `declare`"),
+    ("f() {{ local -i n={x}; }}; f", "the arguments of `local`"),
+])
+def test_a_placeholder_where_bash_evaluates_arithmetic_is_refused(tmp_path, command, context):
+    # With /bin/sh as bash, a value there is an expression: `--var 'x=a[$(touch /tmp/p)]'` ran the touch.
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    msg = error_of(tmp_path, text)
+    assert msg.startswith(f"{tmp_path / 'plan.yaml'}:4: command: ") and f"{{x}} is inside {context}" in msg
+
+
+@pytest.mark.parametrize("command", [
+    "run $(( 1 + 2 )) {x}", "[ {x} -gt 0 ] && run {x}", "run {x} a[0]", "(( 1 )) && run {x}", "let n=1; run {x}",
+    "run {x}; n=$(( 2 * 3 ))", "run ${{HOME}} {x}", "[[ -n $HOME ]] && run {x}", "run --opt=[{x}]",
+    "declare -i n=2\nrun {x}", "run '$(( 1 ))' {x}", "run $( (echo) ) {x}",
+])
+def test_placeholders_outside_arithmetic_contexts_are_allowed(tmp_path, command):
+    text = MINIMAL.replace("command: run {x}", "command: " + json.dumps(command))
+    assert load(tmp_path, text).command == command.strip()
+
+
 # --- validation: file:line: key.path: message -------------------------------------------------------------------------
 
 

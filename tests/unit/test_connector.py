@@ -66,6 +66,6 @@ def test_an_agent_error_keeps_the_agent_s_kind_and_its_host_apart_from_the_messa
     from ddops.transport.agent_client import agent_result
 
     with pytest.raises(AgentError) as caught:
-        agent_result("gpu7", {"ok": False, "error": {"kind": "conflict", "message": "ddtree.py changed"}})
+        agent_result("gpu7", "commit", {"ok": False, "error": {"kind": "conflict", "message": "ddtree.py changed"}})
     assert (caught.value.host, caught.value.kind, caught.value.message) == ("gpu7", "conflict", "ddtree.py changed")
     assert str(caught.value) == "gpu7: ddtree.py changed"

@@ -70,3 +70,43 @@ def test_the_caps_default_to_256_and_64_mib_and_a_bad_value_names_the_variable(m
         monkeypatch.setenv("DDOPS_MAX_COMMAND_OUTPUT", bad)
         with pytest.raises(UsageError, match=rf"^DDOPS_MAX_COMMAND_OUTPUT='{bad}': not a whole number"):
             max_command_output()
+
+
+@pytest.fixture
+def three_hosts(tmp_path):
+    repos = {name: git_seed(MINI_DDTREE, tmp_path / name) for name in ("a", "b", "c")}
+    path = tmp_path / "three.yaml"
+    path.write_text(f"ssh_config: /dev/null\nknown_hosts: {tmp_path / 'known_hosts'}\nhosts:\n" + "".join(
+        f"  {name}: {{connection: local, repo: {json.dumps(str(repo))}}}\n" for name, repo in repos.items()))
+    return path
+
+
+def test_exec_keeps_at_most_the_controller_wide_bound_of_output_over_all_hosts(three_hosts):
+    # Each host's kept output has its own cap (1 MiB a stream); together they stay under DDOPS_MAX_HELD_OUTPUT,
+    # past which output is still streamed but no longer kept.
+    code, doc = run_ddops_json("exec", "--all", "--shell", "head -c 1048576 /dev/zero | tr '\\0' x",
+                               inventory=three_hosts, env={"DDOPS_MAX_HELD_OUTPUT": "1500000"})
+    assert code == 0, doc
+    kept = [len(h["data"]["stdout"]) for h in doc["hosts"]]
+    assert sum(kept) <= 1500000 and any(h["data"]["truncated"] for h in doc["hosts"]), kept
+
+
+def test_agent_answers_past_the_controller_wide_bound_end_that_hosts_call_with_one_line(three_hosts):
+    code, doc = run_ddops_json("status", "--all", inventory=three_hosts,
+                               env={"SSH_AUTH_SOCK": "", "DDOPS_MAX_HELD_OUTPUT": "16"})
+    assert code == 1, doc
+    assert {(h["status"], h["message"]) for h in doc["hosts"]} == {
+        ("failed", "the controller already holds 16 bytes of the hosts' output (DDOPS_MAX_HELD_OUTPUT): "
+                   "refused (cut off)")}
+
+
+def test_what_a_finished_call_held_is_given_back(local_inventory, monkeypatch):
+    from ddops.transport.channel import HELD
+
+    monkeypatch.setenv("DDOPS_MAX_HELD_OUTPUT", "200000")
+    inv = load_inventory(local_inventory)
+    with Connector(inv.known_hosts).connect(inv.hosts[0]) as session:
+        for _ in range(5):  # 5 x 150 kB in turn: each call's share is given back when it ends
+            assert len(session.run("head -c 150000 /dev/zero").stdout) == 150000
+            assert session.call_agent("journal", {"repo": inv.hosts[0].repo})["entries"] == []
+    assert HELD.held == 0

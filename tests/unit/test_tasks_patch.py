@@ -6,6 +6,7 @@ The same tasks over SSH, on many hosts and through the CLI, are tests/integratio
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,33 @@ def test_verify_host_runs_the_checks_against_the_files_as_they_are(host, session
     verified = verify_host(host, session, books)
     assert verified.status == OK, verified.message
     assert verified.report.checks and all(c.ok for c in verified.report.checks)
+
+
+def test_an_agent_killed_mid_commit_says_which_files_the_host_now_holds_patched(host, books, repo, monkeypatch):
+    from ddops.transport import agent
+
+    program = agent.build_program(test_bundle=True)
+    monkeypatch.setattr(agent, "agent_program", lambda: program)
+    (repo / ".ddops").mkdir(mode=0o700)
+    (repo / ".ddops" / "faults.json").write_text('{"commit": {"journalled": "oom"}}')  # after the first file
+    with LocalSession(host) as session:
+        outcome = patch_host(host, session, books, planner=planner())
+    assert outcome.status == FAILED
+    assert outcome.message.startswith("the agent ended during the commit without answering (exit -9: no output); "
+                                      "the host now holds: dflash.py patched, ddtree.py original"), outcome.message
+    assert outcome.report.written == ("dflash.py",)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: (p.unlink(), p.symlink_to("ddtree.py")), "dflash.py: refusing dflash.py: it is a symlink"),
+    (lambda p: (p.unlink(), os.mkfifo(p)), "dflash.py: dflash.py is a FIFO, not a regular file"),
+    (lambda p: p.write_bytes(b"#" * (16 * 1024 * 1024 + 1)), "dflash.py: dflash.py is 16777217 bytes, over the "),
+])
+def test_status_says_why_a_target_it_cannot_read_is_an_error(host, session, books, repo, make, reason):
+    make(repo / "dflash.py")
+    status = status_host(host, session, books, planner=planner())
+    assert status.status == FAILED and "error" in status.message
+    assert reason in status.message, status.message
 
 
 def test_local_session_raises_the_agents_error_with_its_kind_and_keeps_serving(host, session, tmp_path):
