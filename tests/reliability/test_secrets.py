@@ -33,7 +33,7 @@ def private_material(key_file: Path) -> list[str]:
     body = "".join(lines[1:-1])
     pieces = [body[i:i + 24] for i in range(0, len(body) - 24, 12)]
     pieces.append(base64.b64decode(body).hex()[64:128])
-    pieces.append("PRIVATE KEY")
+    pieces.append("PRIVATE KEY-----")  # the armour (OpenSSH's own "UNPROTECTED PRIVATE KEY FILE" may be quoted)
     return pieces
 
 
@@ -51,6 +51,7 @@ def mixed(fleet, tmp_path_factory):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     garbage = root / "garbage_key"
     garbage.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nbm90IGEga2V5\n-----END OPENSSH PRIVATE KEY-----\n")
+    garbage.chmod(0o600)  # refused for what it holds, not for its mode
     known = fleet.bed.known_hosts.read_text().splitlines()
     h4, h5, h6 = fleet.bed.hosts[3], fleet.bed.hosts[4], fleet.bed.hosts[5]
     h1_key = known[0].split(" ", 1)[1]
