@@ -35,6 +35,15 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         shutil.rmtree(RUN_CACHE_DIR, ignore_errors=True)
 
 
+def agent_program_with_faults():
+    """The host agent with fault injection added (tests/reliability/agent_faults.py, as `ddops_agent.faults`): what
+    the specs that kill it at an exact stage ship. The production bundle has none."""
+    from ddops.transport import agent
+
+    source = (REPO_ROOT / "tests" / "reliability" / "agent_faults.py").read_text(encoding="utf-8")
+    return agent.build_program({"ddops_agent.faults": source})
+
+
 def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
     """The files of seed that these built-in playbooks patch, in playbook order: the playbooks are their one home."""
     from ddops.patching.playbook import load_playbooks

@@ -20,8 +20,6 @@ from ddops.errors import AgentError
 from ddops.resources import remote_dir
 
 AGENT_PACKAGE = "ddops_agent"
-# Modules only test bundles ship: fault injection can SIGKILL the sshd session serving the agent (remote/README.md).
-TEST_ONLY_MODULES = frozenset({f"{AGENT_PACKAGE}.faults"})
 
 __all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "agent_source", "build_program",
            "remote_dir"]
@@ -58,30 +56,25 @@ class AgentProgram:
         return words
 
 
-def _module_files(folder: Path, test_bundle: bool = False) -> list[tuple[str, Path]]:
-    """(module name, file) of every shipped module: the package first, then its modules in sorted order (the
-    test-only ones in a test bundle only)."""
+def _module_files(folder: Path) -> list[tuple[str, Path]]:
+    """(module name, file) of every shipped module: the package first, then its modules in sorted order."""
     package = folder / AGENT_PACKAGE
     init = package / "__init__.py"
     if not init.is_file():
         raise AgentError(f"agent package not found at {package} (ddops is installed without its remote/ files)",
                          kind="no_agent_source")
-    modules = [(AGENT_PACKAGE, init)]
-    for path in sorted(package.glob("*.py")):
-        name = f"{AGENT_PACKAGE}.{path.stem}"
-        # __main__ runs the agent without the bootstrap: not shipped
-        if not path.name.startswith("__") and (test_bundle or name not in TEST_ONLY_MODULES):
-            modules.append((name, path))
-    return modules
+    # __main__ runs the agent without the bootstrap: not shipped
+    return [(AGENT_PACKAGE, init)] + [(f"{AGENT_PACKAGE}.{path.stem}", path)
+                                      for path in sorted(package.glob("*.py")) if not path.name.startswith("__")]
 
 
-def build_program(extra_modules: Mapping[str, str] | None = None, *, test_bundle: bool = False) -> AgentProgram:
-    """The agent program from remote/, plus `extra_modules` ({"ddops_agent.name": source}; tests add verbs so);
-    `test_bundle` ships the test-only modules too (TEST_ONLY_MODULES)."""
+def build_program(extra_modules: Mapping[str, str] | None = None) -> AgentProgram:
+    """The agent program from remote/, plus `extra_modules` ({"ddops_agent.name": source}; tests add verbs and
+    fault injection so)."""
     folder = remote_dir()
     # [module name, file name (what tracebacks say), is a package, source]
     modules = [[name, f"{AGENT_PACKAGE}/{path.name}", name == AGENT_PACKAGE, path.read_text(encoding="utf-8")]
-               for name, path in _module_files(folder, test_bundle)]
+               for name, path in _module_files(folder)]
     for name, source in (extra_modules or {}).items():
         modules.append([name, f"{name.replace('.', '/')}.py", False, source])
     bootstrap = (folder / "bootstrap.py").read_text(encoding="utf-8")

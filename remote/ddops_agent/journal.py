@@ -8,7 +8,7 @@ import stat
 import time
 import uuid
 
-from ddops_agent.protocol import AgentFault, fault_point, note_write_target, optional_number, within_deadline
+from ddops_agent.protocol import AgentFault, fault_hook, fault_point, optional_number, within_deadline
 from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
                                remove_file, resolve_target, sha256_hex, verify_written, write_all, write_like)
 from ddops_agent.checks import run_quiet
@@ -427,7 +427,7 @@ def journalled_write(state, target, rel, data, original, entries):
     note = os.path.join(folder, entries[0]["id"] + ".json")
     after = sha256_hex(data) if data is not None else None
     atomic_write(note, json.dumps({"file": rel, "after": after, "entries": entries}).encode("utf-8"), 0o600)
-    note_write_target(target, rel)
+    fault_hook("note_write_target", target, rel)
     fault_point("pending", target)
     if data is None:
         remove_file(target)

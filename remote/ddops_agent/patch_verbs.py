@@ -4,7 +4,7 @@ import collections
 import os
 import stat
 
-from ddops_agent.protocol import (AgentFault, arm_faults, b64_text, bad_request, decode_b64, describe_error,
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, fault_hook,
                                   fault_point, identity, optional_sha, require_list, require_object, require_patch_ids,
                                   require_sha, require_str, verb)
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
@@ -239,7 +239,7 @@ def commit_verb(payload):
     checks = parse_post_checks(payload)
     timeout = lock_timeout(payload)
     state = ensure_state_dir(repo)
-    arm_faults(state, "commit")
+    fault_hook("arm_faults", state, "commit")
     with RepoLock(state, timeout, who, "commit"):
         fault_point("locked")
         settle_pending(state)
@@ -315,7 +315,7 @@ def rollback_verb(payload):
     timeout = lock_timeout(payload)
     state = ensure_state_dir(repo)
     result = {"restored": [], "refused": [], "saved": [], "unchanged": [], "failed": []}
-    arm_faults(state, "rollback")
+    fault_hook("arm_faults", state, "rollback")
     with RepoLock(state, timeout, who, "rollback"):
         fault_point("locked")
         settle_pending(state)

@@ -145,7 +145,7 @@ def call_before_deadline(function, payload, seconds, interrupt):
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         DEADLINE[0] = None
-        disarm_faults()  # the agent stays loaded for the next request: nothing armed carries over to it
+        fault_hook("disarm_faults")  # the agent stays loaded for the next request: nothing armed carries over to it
 
 
 # -- payload fields -------------------------------------------------------------------------------------------
@@ -324,47 +324,19 @@ def shipped_bundle():
     return bundle, json.loads(zlib.decompress(bundle).decode("utf-8"))["bootstrap"]
 
 
-# -- fault injection: only test bundles ship ddops_agent.faults (remote/README.md, "Fault injection") -------------
+# -- fault injection: only the reliability tests' bundles add ddops_agent.faults (remote/README.md) -------------
 
 
-def test_faults():
-    """The fault injection module where a test bundle shipped it, else None."""
-    return sys.modules.get("ddops_agent.faults")
-
-
-def arm_faults(state, verb_name):
-    """Arm this verb's test faults from <repo>/.ddops/faults.json; nothing in a production bundle."""
-    faults = test_faults()
+def fault_hook(name, *args):
+    """Call `name(*args)` of the fault injection module a test bundle ships; nothing in a production bundle."""
+    faults = sys.modules.get("ddops_agent.faults")
     if faults is not None:
-        faults.arm_faults(state, verb_name)
-
-
-def note_write_target(target, rel):
-    """Tell the fault points that `target` is the repo's file `rel` (a `stage:rel` fault names it so)."""
-    faults = test_faults()
-    if faults is not None:
-        faults.WRITE_TARGETS[target] = rel
-
-
-def disarm_faults():
-    """Forget the test faults a request armed and did not reach; nothing in a production bundle."""
-    faults = test_faults()
-    if faults is not None:
-        faults.FAULTS.clear()
+        getattr(faults, name)(*args)
 
 
 def fault_point(stage, target=None):
-    """Where an armed test fault strikes; nothing in a production bundle."""
-    faults = test_faults()
-    if faults is not None:
-        faults.fault_point(stage, target)
-
-
-def note_ssh_session(pid):
-    """The sshd process at the other end of a resident's session, for the faults that cut the connection."""
-    faults = test_faults()
-    if faults is not None:
-        faults.SSH_SESSION_PID = pid
+    """Where an armed test fault strikes."""
+    fault_hook("fault_point", stage, target)
 
 
 def main():

@@ -467,7 +467,7 @@ def serve_connection(connection, agent, secret):
     # The greeting proves the secret; a session that ends without it was never served, so the controller may send
     # its request to an agent of its own instead (a resident killed as it connected, or one not its own).
     connection.sendall((json.dumps({"resident": greeting}) + "\n").encode("ascii"))
-    agent.protocol.note_ssh_session(pid)
+    agent.protocol.fault_hook("note_ssh_session", pid)
     while True:
         line = reader.readline()
         if not line:

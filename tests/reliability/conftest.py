@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import (MINI_DDTREE, files_patched_by, git_seed, host_processes, one_json, resident_agents,
-                            run_ddops, testbeds)
+from tests.conftest import (MINI_DDTREE, agent_program_with_faults, files_patched_by, git_seed, host_processes,
+                            one_json, resident_agents, run_ddops, testbeds)
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 # The files these specs watch; the playbooks also patch model/dflash.py (PATCHED_FILES).
@@ -30,11 +30,11 @@ def sha(data: bytes) -> str:
 
 @pytest.fixture(scope="package", autouse=True)
 def fault_injection() -> Iterator[None]:
-    """In-process ddops ships the agent as test bundles do, with fault injection (the production bundle has none).
+    """In-process ddops ships the agent with fault injection (agent_faults.py; the production bundle has none).
     Package scope: undone once these specs end, so that the tests after them see the production agent."""
     from ddops.transport import agent
 
-    program = agent.build_program(test_bundle=True)
+    program = agent_program_with_faults()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(agent, "agent_program", lambda: program)
         yield

@@ -297,26 +297,20 @@ def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
     assert formats == []
 
 
-def test_the_production_agent_bundle_ships_no_test_only_module():
-    # Fault injection can SIGKILL the host's sshd session: only test bundles carry it, and no shipped module imports
-    # it (the agent reaches it through protocol's hooks, which do nothing without it).
+def test_the_production_agent_bundle_ships_no_fault_injection():
+    # Fault injection can SIGKILL the host's sshd session: it lives in tests/ (only the reliability tests' bundles
+    # add it), and no shipped module imports it (the agent reaches it through protocol.fault_hook, a no-op without it).
     import json
     import zlib
 
     from ddops.resources import remote_dir
-    from ddops.transport.agent import TEST_ONLY_MODULES, build_program
+    from ddops.transport.agent import build_program
 
-    def shipped(bundle: bytes) -> set[str]:
-        return {entry[0] for entry in json.loads(zlib.decompress(bundle))["modules"]}
-
-    assert TEST_ONLY_MODULES <= shipped(build_program(test_bundle=True).bundle)
     # build_program() is what agent_program() caches (the reliability tests swap agent_program for their run).
-    assert not shipped(build_program().bundle) & TEST_ONLY_MODULES
-    folder = remote_dir() / "ddops_agent"
-    for path in sorted(folder.glob("*.py")):
-        name = f"ddops_agent.{path.stem}"
-        if name not in TEST_ONLY_MODULES:
-            assert not imports_in(path.read_text(), name) & TEST_ONLY_MODULES, f"{path.name} imports a test-only module"
+    shipped = {entry[0] for entry in json.loads(zlib.decompress(build_program().bundle))["modules"]}
+    assert "ddops_agent.protocol" in shipped and "ddops_agent.faults" not in shipped
+    for path in sorted((remote_dir() / "ddops_agent").glob("*.py")):
+        assert "ddops_agent.faults" not in imports_in(path.read_text(), f"ddops_agent.{path.stem}"), path.name
 
 
 def agent_error_kinds() -> dict[str, str]:

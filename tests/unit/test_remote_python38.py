@@ -68,7 +68,8 @@ def annotation_nodes(node: ast.AST) -> list[ast.AST]:
 
 
 def remote_files() -> list[Path]:
-    files = sorted(REMOTE.rglob("*.py"))
+    # The fault injection the reliability tests ship with the agent runs on the hosts too.
+    files = sorted(REMOTE.rglob("*.py")) + [REMOTE.parent / "tests" / "reliability" / "agent_faults.py"]
     assert len(files) > 5 and REMOTE / "ddops_agent" / "journal.py" in files
     return files
 

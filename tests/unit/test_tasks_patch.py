@@ -20,6 +20,8 @@ from ddops.patching.playbook import load_playbooks
 from ddops.tasks.patch import patch_host, rollback_host, status_host, verify_host
 from ddops.transport.local import LocalSession
 
+from tests.conftest import agent_program_with_faults
+
 PATCHES = ["cpu-timing", "hybrid-cache", "crop-relative"]
 TARGET_NEW = 'past_key_values_target = DynamicCache(config=target.config if hasattr(target, "config") else None)'
 
@@ -120,7 +122,7 @@ def test_verify_host_runs_the_checks_against_the_files_as_they_are(host, session
 def test_an_agent_killed_mid_commit_says_which_files_the_host_now_holds_patched(host, books, repo, monkeypatch):
     from ddops.transport import agent
 
-    program = agent.build_program(test_bundle=True)
+    program = agent_program_with_faults()
     monkeypatch.setattr(agent, "agent_program", lambda: program)
     (repo / ".ddops").mkdir(mode=0o700)
     (repo / ".ddops" / "faults.json").write_text('{"commit": {"journalled": "oom"}}')  # after the first file

@@ -1,7 +1,8 @@
 """Fault injection, for tests: kill the connection or the agent at an exact point of a write (remote/README.md).
 
-Shipped only in test bundles (ddops.transport.agent.build_program(test_bundle=True)); the production agent reaches
-it only through protocol's hooks, which do nothing without it.
+Agent code (stdlib only, Python >= 3.8) that only the reliability tests' bundles ship, as `ddops_agent.faults`
+(tests/reliability/conftest.py); the production agent reaches it only through protocol.fault_hook, which does
+nothing without it.
 """
 
 import json
@@ -35,6 +36,22 @@ def arm_faults(state, verb_name):
         return
     if isinstance(table, dict) and isinstance(table.get(verb_name), dict):
         FAULTS.update(table[verb_name])
+
+
+def disarm_faults():
+    """Forget the faults a request armed and did not reach (the agent stays loaded for the next request)."""
+    FAULTS.clear()
+
+
+def note_write_target(target, rel):
+    """`target` is the repo's file `rel` (a `stage:rel` fault names it so)."""
+    WRITE_TARGETS[target] = rel
+
+
+def note_ssh_session(pid):
+    """The sshd process at the other end of a resident's session, for the faults that cut the connection."""
+    global SSH_SESSION_PID
+    SSH_SESSION_PID = pid
 
 
 def fault_point(stage, target=None):
