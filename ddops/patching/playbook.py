@@ -274,6 +274,11 @@ def check_unique_ids(books: list[PatchPlaybook]) -> list[PatchPlaybook]:
     return books
 
 
+def is_bench_plan(data: object) -> bool:
+    """A document with a bench plan's keys and no patches."""
+    return isinstance(data, dict) and "patches" not in data and any(k in data for k in _BENCH_KEYS)
+
+
 def parse_playbook(doc: YamlDoc) -> PatchPlaybook:
     """Validate a parsed YAML document as a patch playbook."""
     data = doc.data
@@ -281,7 +286,7 @@ def parse_playbook(doc: YamlDoc) -> PatchPlaybook:
         raise _err(doc, (), "the playbook is empty (expected `name:`, `description:` and `patches:`)")
     if isinstance(data, dict) and data.get("kind", "patch") != "patch":
         raise _err(doc, ("kind",), f"is '{data['kind']}': this file is not a patch playbook (kind: patch)")
-    if isinstance(data, dict) and "patches" not in data and any(k in data for k in _BENCH_KEYS):
+    if is_bench_plan(data):
         raise _err(doc, (), "this is a bench plan (run it with `ddops bench`), not a patch playbook")
     _expect_keys(doc, (), data, TOP_KEYS, required=("name", "patches"))
     name = data["name"]

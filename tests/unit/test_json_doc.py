@@ -16,7 +16,7 @@ from ddops import errors, pins
 from ddops.bench import runs
 from ddops.fleet import HostResult
 from ddops.jsonvalue import JsonValue
-from ddops.patching import backups, checks, kinds, reports
+from ddops.patching import backups, checks, kinds, lint, reports
 from ddops.tasks import adhoc, journal_status, patch, ping, sync
 from tests.conftest import REPO_ROOT
 
@@ -42,6 +42,7 @@ TABLES = {
     "`backups list`": [reports.SavedEdits],
     "`backups show`": [reports.ShownEdit],
     "`backups restore`": [reports.RestoreReport],
+    "`playbook lint`": [lint.LintReport],
     "`files` entries (patch, status)": [reports.FileReport],
     "`checks` entries (patch, verify)": [checks.CheckResult, reports.VerifyCheck],
 }
@@ -54,6 +55,7 @@ MENTIONED = {
     "`bench status`": [runs.HostRun, runs.RunRecord],
     "`bench list`": [runs.RunEntry],
     "`backups list`": [backups.SavedEdit],
+    "`playbook lint`": [lint.SampleReport, lint.PatchFinding],
     "`files` entries (patch, status)": [reports.PatchInFile],
 }
 
