@@ -8,5 +8,8 @@ from enum import Enum
 class StrEnum(str, Enum):
     """A member is its value wherever text is expected: equal to it, printed, formatted and JSON-encoded as it."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)

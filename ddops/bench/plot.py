@@ -53,7 +53,8 @@ def plot_report(report: Report, out_png: str | Path, *, title: str = "", caption
             name: {m: _bar(getattr(g, attr), g) for m, g in by_method.items()} for name, by_method in series.items()}
         width = 0.8 / max(1, len(bars_of))
         for k, (name, by_method) in enumerate(bars_of.items()):
-            shown = [(j, by_method[m]) for j, m in enumerate(methods) if by_method.get(m) is not None]
+            present = {m: b for m, b in by_method.items() if b is not None}
+            shown = [(j, present[m]) for j, m in enumerate(methods) if m in present]
             bars = ax.bar([j - 0.4 + width * (k + 0.5) for j, _ in shown], [b[0] for _, b in shown], width=width,
                           yerr=[b[1] for _, b in shown], capsize=3, label=name)
             for bar, (_, (_, _, hatch, star)) in zip(bars, shown):

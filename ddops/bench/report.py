@@ -173,13 +173,13 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
     for key, members in groups.items():
         baselines = [m for m in members if m.summary.method == BASELINE and m.summary.mean_tpot_s]
         # The fastest baseline: never flatter a method by choosing a slow reference (as the DDTree paper's table).
-        reference = min(baselines, key=lambda m: m.summary.mean_tpot_s) if baselines else None
+        reference_tpot = min((m.summary.mean_tpot_s for m in baselines if m.summary.mean_tpot_s), default=None)
         group_rows: list[ReportRow] = []
         for m in members:
             s = m.summary
             speedup = None
-            if reference is not None and s.mean_tpot_s:
-                speedup = reference.summary.mean_tpot_s / s.mean_tpot_s
+            if reference_tpot is not None and s.mean_tpot_s:
+                speedup = reference_tpot / s.mean_tpot_s
             fidelity = s.fidelity
             if fidelity is None and s.output_digests:
                 fidelity = _digest_fidelity(s, [b.summary for b in baselines])
@@ -208,8 +208,8 @@ def _group_key(item: Labeled) -> tuple:
 
 def _best_budget(rows: Sequence[ReportRow]) -> ReportRow | None:
     """The fastest tree budget whose output is the baseline's: a NOT LOSSLESS row is never the best."""
-    trees = [r for r in rows if r.tree_budget is not None and r.tokens_per_s and not r.lossy]
-    return max(trees, key=lambda r: r.tokens_per_s) if trees else None
+    trees = [(r.tokens_per_s, r) for r in rows if r.tree_budget is not None and r.tokens_per_s and not r.lossy]
+    return max(trees, key=lambda t: t[0])[1] if trees else None
 
 
 def code_ids(rows: Iterable[Any]) -> tuple[CodeId | None, ...]:

@@ -56,11 +56,10 @@ def load_result_pt(path: str | Path, *, max_bytes: int = MAX_RESULT_BYTES) -> di
     check_archive(data, path, max_bytes)
     # The DDTree layout: dicts, lists, tensors, floats, and SimpleNamespace per method (argparse.Namespace for
     # forks that save `args` unconverted). Nothing else is allowed to be rebuilt.
-    allowed = list(_NAMESPACES)
     try:
         with _LOAD_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.serialization.safe_globals(allowed):
+            with torch.serialization.safe_globals(list(_NAMESPACES)):
                 obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - anything the unpickler raises means "not a safe result file"
         raise ResultFileError(f"{path}: refused: {_load_reason(exc)}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from statistics import fmean
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, overload
 
 from ddops.bench.summary import Divergence, MethodSummary, ResultFileError, add_verify_paths, finite_number, \
     output_digest
@@ -39,7 +39,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
         raise ResultFileError(f"{source}: not a DDTree result: no `responses` list")
     args = _args(data.get("args"))
     dataset = args.get("dataset")
-    temperature = args.get("temperature")
+    temperature: Any = args.get("temperature")
     model = args.get("model_name_or_path")
     attn = data.get("target_attn_implementation")
 
@@ -151,6 +151,10 @@ def _field(source: str, i: int, method: str, value: Any, name: str) -> Any:
 _MISSING = object()
 
 
+@overload
+def _number(source: str, i: int, method: str, value: Any, name: str, optional: Literal[False] = False) -> float: ...
+@overload
+def _number(source: str, i: int, method: str, value: Any, name: str, optional: bool) -> float | None: ...
 def _number(source: str, i: int, method: str, value: Any, name: str, optional: bool = False) -> float | None:
     raw = _field(source, i, method, value, name)
     if raw is _MISSING or raw is None:

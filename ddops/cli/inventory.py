@@ -62,19 +62,19 @@ def import_inventory(
             raise UsageError(f"--ssh-config-file {ssh_config_file}: no such file")
         default = config_path.resolve() == Path("~/.ssh/config").expanduser().resolve()
         imported = imp.from_ssh_config(load_ssh_config(config_path), host_aliases(config_path),
-                                       [p.strip() for pattern in ssh_config for p in pattern.split(",")],
+                                       [p.strip() for pattern in ssh_config or () for p in pattern.split(",")],
                                        str(ssh_config_file), None if default else str(config_path.resolve()))
     if not imported.hosts:
         raise InventoryError(f"{imported.source}: no host to import")
     what = "--ansible" if ansible is not None else "--ssh-config " + " ".join(ssh_config or ())
     header = f"Written by `ddops inventory import {what}` from {imported.source}."
     path = _write_checked(ctx, output, force, imp.render_inventory(imported, header))
-    groups = {g for h in imported.hosts for g in h.groups}
+    group_names = {g for h in imported.hosts for g in h.groups}
     if state(ctx).json:
         write_document(0, {"written": str(path), "hosts": [h.name for h in imported.hosts],
-                                               "groups": sorted(groups), "not_imported": list(imported.not_imported)})
+                           "groups": sorted(group_names), "not_imported": list(imported.not_imported)})
         return
-    console.print(f"wrote {escape(str(path))}: {len(imported.hosts)} hosts, {len(groups)} groups "
+    console.print(f"wrote {escape(str(path))}: {len(imported.hosts)} hosts, {len(group_names)} groups "
                   f"(`ddops -i {escape(str(path))} inventory check` accepts it)")
     for note in imported.not_imported:
         console.print(f"[yellow]not imported:[/] {escape(note)}")

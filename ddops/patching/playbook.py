@@ -468,7 +468,7 @@ def _check_param(doc: YamlDoc, kp: tuple, param: Param, value: Any) -> None:
     if not isinstance(value, expected) or bad_bool:
         raise _err(doc, kp, f"must be {type_name(expected)}, not {describe(value)}")
     if param.choices and value not in param.choices:
-        raise _err(doc, kp, f"'{value}' is not one of {', '.join(param.choices)}{suggest(value, param.choices)}")
+        raise _err(doc, kp, f"'{value}' is not one of {', '.join(param.choices)}{suggest(str(value), param.choices)}")
     if param.syntax and isinstance(value, str):
         problem = syntax_problem(value, param.syntax)
         if problem:

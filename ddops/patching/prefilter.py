@@ -99,7 +99,7 @@ def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | Non
     scope = {params["in_function"]} if params.get("in_function") else set()
     try:
         own = _site_spellings(kind, params)
-        if kind == "set_call_kwarg":
+        if kind == "set_call_kwarg" and own is not None:  # own: [{the callee's last name}]
             needed = own[0] | scope
             if params.get("assigned_to"):
                 needed.add(params["assigned_to"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -30,12 +30,15 @@ _LAYOUT_TYPES = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingW
                  cst.Dot)
 _COMPOUND_BODY_FIELDS = frozenset({"body", "orelse", "handlers", "finalbody"})
 
+# A statement as a module's body holds it: libcst's BaseStatement has no `leading_lines`, its two kinds have.
+Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
+
 
 def _is_layout(value: Any) -> bool:
     return isinstance(value, _LAYOUT_TYPES) or isinstance(value, cst.MaybeSentinel)
 
 
-def matches(pattern: Any, node: Any, bindings: dict[str, cst.CSTNode] | None = None,
+def matches(pattern: Any, node: Any, bindings: dict[str, cst.BaseExpression] | None = None,
             header_only: bool = False) -> bool:
     """True when node is pattern up to layout; `$name` placeholders in pattern bind (consistently) in bindings.
 
@@ -53,7 +56,7 @@ def matches(pattern: Any, node: Any, bindings: dict[str, cst.CSTNode] | None = N
     if isinstance(pattern, cst.CSTNode):
         if type(pattern) is not type(node):
             return _is_layout(pattern) and _is_layout(node)
-        if isinstance(pattern, cst.SimpleString):
+        if isinstance(pattern, cst.SimpleString) and isinstance(node, cst.SimpleString):
             return _string_value(pattern) == _string_value(node)
         for f in dataclasses.fields(pattern):
             name = f.name
@@ -95,12 +98,12 @@ def parse_expression(text: str) -> cst.BaseExpression:
     return cst.parse_expression(source)
 
 
-def parse_statements(text: str) -> list[cst.BaseStatement]:
+def parse_statements(text: str) -> list[Statement]:
     source, _ = substitute_placeholders(textwrap.dedent(text).strip("\n") + "\n")
     return list(cst.parse_module(source).body)
 
 
-def with_newline(statements: list[cst.BaseStatement], newline: str) -> list[cst.BaseStatement]:
+def with_newline(statements: list[Statement], newline: str) -> list[Statement]:
     """The statements as a file with `newline` line endings holds them: a multi-line string's own line breaks too
     (libcst writes the breaks between lines in the file's style, but a string token as it was parsed)."""
     if newline == "\n":
@@ -108,7 +111,7 @@ def with_newline(statements: list[cst.BaseStatement], newline: str) -> list[cst.
     return list(cst.parse_module(cst.Module(body=statements).code.replace("\n", newline)).body)
 
 
-def parse_anchor(text: str) -> tuple[cst.BaseStatement, bool]:
+def parse_anchor(text: str) -> tuple[Statement, bool]:
     """The anchor statement, and whether only its header (`def f(...):`) is to be compared."""
     source, _ = substitute_placeholders(textwrap.dedent(text).strip())
     if is_header(source):
@@ -161,7 +164,7 @@ class _ParentTracker(cst.CSTVisitor):
 
 
 class _Substitute(cst.CSTTransformer):
-    def __init__(self, bindings: dict[str, cst.CSTNode], parent_of: dict[int, cst.CSTNode | None]) -> None:
+    def __init__(self, bindings: dict[str, cst.BaseExpression], parent_of: dict[int, cst.CSTNode | None]) -> None:
         super().__init__()
         self.bindings = bindings
         self.parent_of = parent_of
@@ -173,19 +176,22 @@ class _Substitute(cst.CSTTransformer):
         if ph not in self.bindings:
             raise ValueError(f"replacement uses ${ph}, which the match pattern does not bind")
         bound = self.bindings[ph].deep_clone()
-        if isinstance(bound, cst.BaseExpression) and _needs_parens(bound, self.parent_of.get(id(original_node))):
+        if _needs_parens(bound, self.parent_of.get(id(original_node))):
             bound = _parenthesize(bound)
         return bound
 
 
-def fill_template(template: cst.BaseExpression, bindings: dict[str, cst.CSTNode]) -> cst.BaseExpression:
+def fill_template(template: cst.BaseExpression, bindings: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
     """The template with each `$name` replaced by what it matched (parenthesized where precedence needs it)."""
     tracker = _ParentTracker()
     template.visit(tracker)
     if not tracker.parent_of:
         return template.deep_clone()
     # A fresh copy: a node object must appear only once in a tree (metadata and our site maps key on identity).
-    return template.visit(_Substitute(bindings, tracker.parent_of)).deep_clone()  # type: ignore[return-value]
+    filled = template.visit(_Substitute(bindings, tracker.parent_of))
+    if not isinstance(filled, cst.BaseExpression):  # never: _Substitute replaces names by expressions only
+        raise TypeError(f"a template filled in is {type(filled).__name__}, not an expression")
+    return filled.deep_clone()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,7 +294,7 @@ class ReplaceExpression(SiteTransformer):
         self.pattern = parse_expression(match)
         self.replacement = parse_expression(replace)
         self._parents: list[cst.CSTNode] = []
-        self._sites: dict[int, tuple[dict[str, cst.CSTNode], cst.CSTNode | None]] = {}
+        self._sites: dict[int, tuple[dict[str, cst.BaseExpression], cst.CSTNode | None]] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         walk = super().on_visit(node)
@@ -298,7 +304,7 @@ class ReplaceExpression(SiteTransformer):
             if matches(self.replacement, node):  # guard first: the patched form is left as it is
                 self.applied.append(self.line(node))
                 return False
-            bindings: dict[str, cst.CSTNode] = {}
+            bindings: dict[str, cst.BaseExpression] = {}
             if matches(self.pattern, node, bindings):
                 self.pending.append(self.line(node))
                 self._sites[id(node)] = (bindings, parent)
@@ -328,7 +334,10 @@ class InsertStatement(SiteTransformer):
         super().__init__(in_function, not_in_function)
         self.statements = parse_statements(statement)
         self.position = position
-        self.anchor, self.header_only = parse_anchor(anchor) if anchor is not None else (None, False)
+        self.anchor: Statement | None = None
+        self.header_only = False
+        if anchor is not None:
+            self.anchor, self.header_only = parse_anchor(anchor)
 
     def visit_Module(self, node: cst.Module) -> bool:
         self.statements = with_newline(self.statements, node.default_newline)
@@ -341,7 +350,7 @@ class InsertStatement(SiteTransformer):
         k = len(self.statements)
         return start >= 0 and start + k <= len(body) and matches(self.statements, list(body[start:start + k]))
 
-    def _new_statements(self, module_level: bool) -> list[cst.BaseStatement]:
+    def _new_statements(self, module_level: bool) -> list[Statement]:
         out = [s.deep_clone() for s in self.statements]
         if module_level and _is_compound(out[0]) and not out[0].leading_lines:
             out[0] = out[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
@@ -367,7 +376,9 @@ class InsertStatement(SiteTransformer):
         pad_next = False
         for i, stmt in enumerate(body):
             if pad_next or (inserts.get(i) == "before" and compound_end):
-                stmt = _with_blank_lines(stmt, 2)  # PEP 8: two blank lines after a top-level def or class
+                # PEP 8: two blank lines after a top-level def or class. A cast: libcst types a block's statements
+                # as BaseStatement, whose only kinds are the two of Statement.
+                stmt = _with_blank_lines(cast(Statement, stmt), 2)
             pad_next = False
             if inserts.get(i) == "before":
                 out.extend(self._new_statements(module_level))
@@ -449,6 +460,8 @@ class WrapStatementInIf(SiteTransformer):
         body = list(updated_node.body)
         changed = False
         for i, stmt in enumerate(body):
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue
             small = _single_small(stmt)
             if small is None or not matches(self.statement, small):
                 continue
@@ -477,7 +490,8 @@ class AddImport(SiteTransformer):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = list(updated_node.body)
-        extend_at: int | None = None
+        # Where to extend an import of the module: the line's index, its import, the import's names, the new name.
+        extend: tuple[int, cst.ImportFrom, Sequence[cst.ImportAlias], str] | None = None
         for i, stmt in enumerate(body):
             if not isinstance(stmt, cst.SimpleStatementLine):
                 continue
@@ -492,20 +506,19 @@ class AddImport(SiteTransformer):
                     if any(self._binds(a, self.name) for a in small.names):
                         self.applied.append(self.line(original_node.body[i]))
                         return updated_node
-                    if extend_at is None and len(stmt.body) == 1:
-                        extend_at = i
+                    if extend is None and len(stmt.body) == 1:
+                        extend = (i, small, small.names, self.name)
         asname = cst.AsName(name=cst.Name(self.alias)) if self.alias else None
-        if extend_at is not None:
-            stmt = body[extend_at]
-            small = stmt.body[0]
-            names = list(small.names)
-            new_alias = cst.ImportAlias(name=cst.Name(self.name), asname=asname)
+        if extend is not None:
+            extend_at, import_from, aliases, name = extend
+            names = list(aliases)
+            new_alias = cst.ImportAlias(name=cst.Name(name), asname=asname)
             if isinstance(names[-1].comma, cst.Comma):
                 trailing = names[-1].comma
                 between = names[-2].comma if len(names) >= 2 and isinstance(names[-2].comma, cst.Comma) else trailing
                 names[-1] = names[-1].with_changes(comma=between)
                 new_alias = new_alias.with_changes(comma=trailing)
-            body[extend_at] = stmt.with_changes(body=[small.with_changes(names=[*names, new_alias])])
+            body[extend_at] = body[extend_at].with_changes(body=[import_from.with_changes(names=[*names, new_alias])])
             self.pending.append(self.line(original_node.body[extend_at]))
             return updated_node.with_changes(body=body)
         if self.name is None:
@@ -560,7 +573,7 @@ def _after_import_block(body: Sequence[cst.BaseStatement]) -> int:
     return at
 
 
-def _with_blank_lines(stmt: cst.BaseStatement, n: int) -> cst.BaseStatement:
+def _with_blank_lines(stmt: Statement, n: int) -> Statement:
     lines = list(stmt.leading_lines)
     blanks = 0
     for line in lines:

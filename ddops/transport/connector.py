@@ -113,6 +113,7 @@ class Connector:
             sock.close()
             raise TransportError(_handshake_failure(host, timeout, exc), host=host.name) from None
         transport = client.get_transport()
+        assert transport is not None  # connect() returned: the transport is up
         transport.set_keepalive(15)
         return Session(host, client, time.monotonic() - started, self.residents)
 
