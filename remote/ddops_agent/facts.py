@@ -157,7 +157,13 @@ def collect_facts(raw_repo, packages=(), health=False):
     return facts
 
 
+def requested_facts(payload):
+    """The facts a request asks for: `repo` (optional, need not exist), `packages` (more versions) and
+    `gpu_health` (true: the GPUs' processes, Xid events and CUDA too)."""
+    return collect_facts(optional_str(payload, "repo"), package_names(payload), payload.get("gpu_health") is True)
+
+
 @verb("facts")
 def facts_verb(payload):
-    """Host facts; `repo` is optional and need not exist; `packages` and `gpu_health` ask for more."""
-    return collect_facts(optional_str(payload, "repo"), package_names(payload), payload.get("gpu_health") is True)
+    """Host facts (requested_facts)."""
+    return requested_facts(payload)

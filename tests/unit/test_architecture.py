@@ -34,6 +34,7 @@ HOMES = {
     "torch": ("ddops.bench.results",),
     "matplotlib": ("ddops.bench.plot",),
     "yaml": ("ddops.yamlsrc",),
+    "packaging": ("ddops.bench.environment",),
 }
 
 

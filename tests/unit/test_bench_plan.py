@@ -57,7 +57,7 @@ def test_reference_plan_expands_to_every_dataset_temperature_and_target_attentio
     assert plan.summarizer == "ddtree" and plan.gpus >= 1
     assert len(runs) == 10 * 2 * 2
     first = runs[0].command
-    assert first.startswith("torchrun --nproc_per_node=8 ")
+    assert first.startswith("python3 -m torch.distributed.run --nproc_per_node=8 ")
     assert "--dataset gsm8k --max-samples 128" in first and "--temperature 0.0" in first
     assert "--flash-attn" not in first and "--save-path /r/gsm8k__t0.0__sdpa.pt" in first
     assert "--flash-attn --save-path /r/gsm8k__t0.0__flash_attn.pt" in runs[1].command
