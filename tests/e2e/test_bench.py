@@ -179,7 +179,8 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
                                                                        "mini__qwen3.5-hybrid__t0.0__sdpa.pt"]
         assert [sha256(p) for p in local] == [sha256(p) for p in remote]
         entry = manifest["hosts"][h.name]
-        assert entry["gpu"] == {"model": None, "count": 0, "driver": None}
+        assert entry["gpu"] == {"model": None, "count": 0, "driver": None,
+                                "state": {"gpus": [], "cuda_driver": None, "torch_cuda": None, "issues": []}}
         assert entry["python"] == ".".join(map(str, sys.version_info[:3]))
         assert entry["torch"] == torch.__version__.split("+")[0] or entry["torch"] == torch.__version__
         assert entry["transformers"] and entry["repo_commit"] == head
