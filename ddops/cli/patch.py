@@ -114,8 +114,9 @@ def _show_checks(results: Sequence[HostResult]) -> None:
 
 
 def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, force: ForceOpt = False,
-             yes: YesOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
-    """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
+             yes: YesOpt = False, check: CheckOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+    """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched (asked
+    first at a terminal; --yes elsewhere)."""
     from ddops.tasks.patch import rollback_host
 
     run = OnHosts(ctx, selection, everywhere_when_empty=True)
@@ -124,12 +125,17 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
         from ddops.patching.snapshot import all_patches
 
         patch_ids = [p.id for p in all_patches(_playbooks(run.state, playbook))]
-    if selection.empty and not yes and sys.stdin.isatty() and not run.json:
+    if selection.empty and not yes and not check:
         what = ", ".join(playbook) if playbook else "every ddops patch"
+        if not sys.stdin.isatty() or run.json:
+            raise UsageError(f"no host selected: this would roll back {what} on every host that has one "
+                             f"({len(run.hosts)} in the inventory); pass --yes to do that without a terminal, "
+                             "select hosts (--host, --group, --all, --limit), or see first with --check")
         if not typer.confirm(f"Roll back {what} on every host that has one ({len(run.hosts)} in the inventory)?"):
             raise typer.Exit(1)
-    results = run.run(lambda h, s: rollback_host(h, s, patch_ids, force=force, lock_timeout=lock_timeout))
-    run.finish(results, title="ddops rollback")
+    results = run.run(lambda h, s: rollback_host(h, s, patch_ids, force=force, lock_timeout=lock_timeout,
+                                                 check=check), title="rollback --check" if check else "rollback")
+    run.finish(results, title="ddops rollback --check (nothing written)" if check else "ddops rollback")
 
 
 def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:

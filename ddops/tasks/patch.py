@@ -29,7 +29,7 @@ from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_plan
                                      with_host_python)
 from ddops.pins import PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
-from ddops.tasks.journal_status import JournalReport
+from ddops.tasks.journal_status import JournalReport, journal_and_files
 
 def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
     """One agent round trip: every target file's bytes and hash, plus the journal."""
@@ -245,8 +245,11 @@ def with_pins(results: Sequence[HostResult], hosts: Sequence[Host]) -> list[Host
 
 
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
-                  actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
-    """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
+                  actor: str | None = None, lock_timeout: float = 10.0, check: bool = False) -> TaskOutcome:
+    """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first; with check,
+    only say what would be restored and refused (the files as they are now), writing nothing."""
+    if check:
+        return rollback_check(host, session, patch_ids, force=force)
     for attempt in range(ROLLBACK_ATTEMPTS):
         try:
             return rollback_once(host, session, patch_ids, force=force, actor=actor, lock_timeout=lock_timeout)
@@ -269,6 +272,36 @@ def still_written(host: Host, session: AgentSession, torn: Sequence[journal_mod.
         return []
     files = session.call_agent("snapshot", {"repo": host.repo, "files": sorted({t.file for t in torn})})["files"]
     return [t for t in torn if (files.get(t.file) or {}).get("sha256") == t.after]
+
+
+def rollback_check(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *,
+                   force: bool) -> TaskOutcome:
+    """What rollback_host would restore and refuse on this host now: planned against the files' hashes as they are
+    (a file edited since ddops wrote it is refused, as the agent's compare-and-swap would), nothing written."""
+    journal, shas, first = journal_and_files(host, session)
+    entries = journal_mod.parse_journal(journal)
+    actives = journal_mod.active_applications(entries)
+    torn = still_written(host, session, journal_mod.torn_applications(first.get("journal_corrupt") or []),
+                         {a.file for a in actives})
+    if not actives and not torn:
+        return TaskOutcome(OK, "nothing to roll back", RollbackReport(check_mode=True))
+    plan = journal_mod.plan_rollback(entries, shas, patch_ids, force=force)
+    rolled = tuple(dict.fromkeys(a.patch for r in plan.restores for a in r.applications))
+    report = RollbackReport(restored=tuple(r.file for r in plan.restores),
+                            refused=tuple(Refusal(r.file, r.reason, r.patch) for r in plan.refused),
+                            not_applied=tuple(plan.not_applied), patches=rolled, check_mode=True)
+    if patch_ids is None:  # as rollback_once: a torn line's file is restored only when no patch is named
+        report = replace(report, restored=report.restored + tuple(t.file for t in torn))
+    else:
+        report = replace(report, refused=report.refused + tuple(Refusal(t.file, (
+            f"{t.file}: journal line {t.line} was cut before its patch id: which patch wrote it is unknown; "
+            "`ddops rollback` without naming patches restores it")) for t in torn))
+    if report.refused:
+        return TaskOutcome(FAILED, report.summary(host.name), report)
+    if not report.restored:
+        return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
+                                                         if plan.not_applied else ""), report)
+    return TaskOutcome(CHANGED, report.summary(host.name), report)
 
 
 def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool,
