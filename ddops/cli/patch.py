@@ -99,17 +99,24 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
 
 def _show_checks(results: Sequence[HostResult]) -> None:
+    """Each distinct check line once, with the hosts that printed it (`all 24 hosts`, `host[1-3,7]`)."""
+    from ddops.grouping import group_identical, host_ranges
     from ddops.patching.reports import VerifyReport
 
+    lines: list[tuple[str, str, str]] = []  # (host, mark, text)
     for r in results:
         for c in r.report.checks if isinstance(r.report, VerifyReport) else ():
             mark = "[green]ok[/]  " if c.ok else "[bold red]FAIL[/]"
             if c.finds_lines:
-                for line in c.grep_lines():
-                    console.print(f"{mark} {escape(r.host)}  {escape(line)}")
+                lines += [(r.host, mark, line) for line in c.grep_lines()]
             else:
-                console.print(f"{mark} {escape(r.host)}  {escape(c.name)}"
-                              + (f": {escape(c.message.splitlines()[-1])}" if c.message and not c.ok else ""))
+                lines.append((r.host, mark, c.name + (f": {c.message.splitlines()[-1]}" if c.message and not c.ok
+                                                      else "")))
+    checked = {host for host, _, _ in lines}
+    for (mark, text), group in group_identical(lines, key=lambda line: line[1:]):
+        hosts = list(dict.fromkeys(host for host, _, _ in group))
+        who = f"all {len(hosts)} hosts" if len(checked) > 1 and set(hosts) == checked else host_ranges(hosts)
+        console.print(f"{mark} {escape(who)}  {escape(text)}")
     recap(results, title="ddops verify")
 
 

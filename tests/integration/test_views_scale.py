@@ -1,0 +1,38 @@
+"""Views that scale with the fleet, through the CLI on real sshd hosts: identical lines and rows shown once with
+their hosts, every distinct one shown, hosts in natural order, nothing cut short at 80 columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import requires_sshd, run_ddops, run_ddops_json
+
+pytestmark = [pytest.mark.sshd, requires_sshd]
+
+PATCHES = ("cpu-timing", "hybrid-cache", "crop-relative")
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory, seed):
+    from tests.conftest import testbeds
+
+    with testbeds(tmp_path_factory) as start:
+        yield start(3, seed=seed, patches=PATCHES)
+
+
+def test_verify_prints_each_line_once_with_the_hosts_that_share_it(bed):
+    assert run_ddops_json("patch", "--all", inventory=bed.inventory_path)[0] == 0
+    one = run_ddops("verify", "--host", "host1", inventory=bed.inventory_path).stdout
+    per_host = [line for line in one.splitlines() if line.startswith(("ok ", "FAIL "))]
+    grouped = run_ddops("verify", "--all", inventory=bed.inventory_path)
+    assert grouped.returncode == 0, grouped.stdout + grouped.stderr
+    lines = [line for line in grouped.stdout.splitlines() if line.startswith(("ok ", "FAIL "))]
+    # no more lines than one host prints, not three times as many: each names all three hosts
+    assert len(lines) == len(set(per_host)) and all(" all 3 hosts  " in line for line in lines)
+    assert any("ddtree.py:" in line and "DynamicCache(config=" in line for line in lines)
+    assert run_ddops_json("rollback", "--host", "host2", inventory=bed.inventory_path)[0] == 0
+    mixed = run_ddops("verify", "--all", inventory=bed.inventory_path).stdout.splitlines()
+    assert any(line.startswith("ok   host[1,3]  ddtree.py:") for line in mixed)
+    assert any(line.startswith("FAIL host2  ") for line in mixed)
+    assert not any(" all 3 hosts " in line for line in mixed if "ddtree.py:" in line)
+    assert run_ddops_json("patch", "--host", "host2", inventory=bed.inventory_path)[0] == 0
