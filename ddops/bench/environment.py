@@ -112,11 +112,34 @@ def hybrid_support() -> Support | None:
     return Support(tuple(sorted(releases, key=Version)), tuple(playbooks))
 
 
+def support_for(playbook_names: Iterable[str], support: Support | None = None) -> Support | None:
+    """The support matrix where one of these playbooks is a hybrid playbook it covers; None otherwise."""
+    support = support if support is not None else hybrid_support()
+    if support is None or not set(playbook_names) & set(support.playbooks):
+        return None
+    return support
+
+
 def transformers_verdict(playbook_names: Iterable[str], versions: Mapping[str, str | None],
                          support: Support | None = None) -> tuple[bool, str] | None:
     """(covered, words) about the host's transformers where hybrid playbooks are involved; None where none is, or
     no matrix is known. Not covered is a warning, never a refusal: untested is not known to fail."""
-    support = support if support is not None else hybrid_support()
-    if support is None or not set(playbook_names) & set(support.playbooks):
-        return None
-    return support.verdict(versions.get("transformers"))
+    support = support_for(playbook_names, support)
+    return None if support is None else support.verdict(versions.get("transformers"))
+
+
+def host_versions(facts: Mapping[str, Any] | None) -> dict[str, str | None]:
+    """What `ping` and `status -v` show of a host's Python environment: python, torch and its CUDA, transformers."""
+    facts = facts or {}
+    versions = facts.get("versions") or {}
+    return {"python": facts.get("python"), "torch": versions.get("torch"), "torch_cuda": facts.get("torch_cuda"),
+            "transformers": versions.get("transformers")}
+
+
+def torch_cell(versions: Mapping[str, str | None]) -> str:
+    """`2.5.1+cu124 (CUDA 12.4)`, `2.13.0+cpu (no CUDA)`, or `-` without torch."""
+    torch = versions.get("torch")
+    if not torch:
+        return "-"
+    cuda = versions.get("torch_cuda")
+    return f"{torch} (CUDA {cuda})" if cuda else f"{torch} (no CUDA)"

@@ -161,10 +161,13 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         planner = make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = with_pins(run.run(task), run.hosts)
-    run.finish(results, render=lambda results: _status_table(results, books))
+    run.finish(results, render=lambda results: _status_table(results, books, versions=run.state.verbose > 0))
 
 
-def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
+def _status_table(results: Sequence[HostResult], books: Sequence[Any], *, versions: bool = False) -> None:
+    """Host x patch states; with -v each host's python, torch (its CUDA) and transformers too."""
+    from ddops.bench.environment import torch_cell
+
     shown = {r.host: r.report.status for r in results if r.report.status is not None}
     patch_ids = [p.id for b in books for p in b.patches] or list(
         dict.fromkeys(pid for status in shown.values() for pid in status.patches))
@@ -174,6 +177,9 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
     table.add_column("host", no_wrap=True)
     table.add_column("commit")
     table.add_column("pin")
+    if versions:
+        for name in ("python", "torch", "transformers"):
+            table.add_column(name)
     for pid in patch_ids:
         table.add_column(pid)
     table.add_column("note", overflow="fold")
@@ -181,6 +187,10 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
         status = shown.get(r.host)
         states = status.patches if status else {}
         cells = []
+        if versions:
+            found = (status.versions if status else None) or {}
+            cells += [escape(found.get("python") or "-"), escape(torch_cell(found)),
+                      escape(found.get("transformers") or "-")]
         for pid in patch_ids:
             s = states.get(pid, "-")
             cells.append(styled(s, STATE_STYLE.get(s)))

@@ -57,6 +57,9 @@ class PatchReport(JsonValue):
     checks: tuple[CheckResult, ...] = ()
     reverted: bool = False  # a check failed after writing: the originals were put back
     check_mode: bool = False
+    # patch --check with hybrid playbooks: the host's transformers against their support matrix (its words)
+    transformers_support: str | None = omitted_when_none()
+    transformers_tested: bool | None = omitted_when_none()
 
     @property
     def plain_text_files(self) -> set[str]:
@@ -90,6 +93,7 @@ class StatusReport(JsonValue):
     commit: str | None
     files: tuple[FileReport, ...]
     journal_corrupt: tuple[Mapping[str, Any], ...]
+    versions: Mapping[str, str | None] | None = omitted_when_none()  # python, torch (and its CUDA), transformers
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ddops.bench.environment import host_versions
 from ddops.fleet import DRIFTED, OK, TaskOutcome
 from ddops.inventory import Host
-from ddops.jsonvalue import JsonValue
+from ddops.jsonvalue import JsonValue, omitted_when_none
 from ddops.patching import journal as journal_mod
 
 APPLIED, MODIFIED, MISSING = journal_mod.JOURNAL_APPLIED, journal_mod.MODIFIED, "missing"
@@ -45,6 +46,7 @@ class JournalReport(JsonValue):
     commit: str | None
     applied: tuple[AppliedPatch, ...]
     journal_corrupt: tuple[Mapping[str, Any], ...]
+    versions: Mapping[str, str | None] | None = omitted_when_none()  # python, torch (and its CUDA), transformers
 
     @property
     def patches(self) -> dict[str, str]:
@@ -94,7 +96,7 @@ def journal_status_host(host: Host, session: Any) -> TaskOutcome:
     journal, shas, first = journal_and_files(host, session, facts=True)
     applied = applied_patches(journal, shas)
     report = JournalReport((first.get("facts") or {}).get("git_commit"), tuple(applied),
-                           tuple(first.get("journal_corrupt") or ()))
+                           tuple(first.get("journal_corrupt") or ()), host_versions(first.get("facts")))
     corrupt = journal_mod.describe_corrupt(report.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     if not applied:

@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ddops import __version__
+from ddops.bench.environment import host_versions, support_for
 from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout, message_for
 from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
 from ddops.patching.backups import backup_path
 from ddops.patching.checks import CheckResult, host_checks, run_checks
-from ddops.patching.kinds import APPLIED, CHANGING_STATES, PARTIAL, PENDING
+from ddops.patching.kinds import ADD_MODULE, APPLIED, CHANGING_STATES, PARTIAL, PENDING
 from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
 from ddops.patching.plan import Planner
 from ddops.patching.playbook import CheckSpec, PatchPlaybook
@@ -31,19 +32,49 @@ from ddops.pins import PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
 from ddops.tasks.journal_status import JournalReport, journal_and_files
 
-def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
-    """One agent round trip: every target file's bytes and hash, plus the journal."""
-    reply = session.call_agent("snapshot", {"repo": host.repo, "files": list(files), "facts": facts})
-    return Snapshot.from_reply(files, reply)
+def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False,
+                  versions: Sequence[str] = ()) -> Snapshot:
+    """One agent round trip: every target file's bytes and hash, plus the journal (and the facts, or the versions
+    of these packages, when asked)."""
+    payload = {"repo": host.repo, "files": list(files), "facts": facts, **({"versions": list(versions)}
+                                                                           if versions else {})}
+    return Snapshot.from_reply(files, session.call_agent("snapshot", payload))
+
+
+def repo_without_files(host: Host, snap: Snapshot, patches: Sequence[Any]) -> str | None:
+    """Why a host's repo looks like the wrong folder: none of the files the patches edit is there (a file a patch
+    adds does not count). None when any is: a missing one among others is drift, said per file."""
+    edited = list(dict.fromkeys(f for p in patches if p.transform.kind != ADD_MODULE for f in p.files))
+    if not edited or any(snap.files.get(f) is not None or f in snap.errors for f in edited):
+        return None
+    return (f"none of {', '.join(edited)} is in {host.repo}: is `repo:` this host's checkout, or is the checkout "
+            "not there yet (`ddops sync`)?")
 
 
 def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
                check: bool = False, actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
-    """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked."""
+    """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked. With check, also
+    the host's transformers against the hybrid playbooks' support matrix, where one of them is involved (said
+    after the outcome's message; untested is a warning, never a refusal)."""
+    outcome = _patch_host(host, session, playbooks, planner=planner, check=check, actor=actor,
+                          lock_timeout=lock_timeout)
+    words = getattr(outcome.report, "transformers_support", None)
+    return replace(outcome, message=f"{outcome.message}; {words}") if words else outcome
+
+
+def _patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
+                check: bool, actor: str | None, lock_timeout: float) -> TaskOutcome:
     patches = all_patches(playbooks)
-    snap = take_snapshot(host, session, all_files(patches))
+    support = support_for([b.name for b in playbooks]) if check else None
+    snap = take_snapshot(host, session, all_files(patches), versions=("transformers",) if support else ())
     plan = planner.plan_host(patches, snap.files, snap.ours(patches))
     report = PatchReport(patch_states(plan, patches, snap), file_reports(plan, snap), plan.diff, check_mode=check)
+    if support is not None:
+        tested, words = support.verdict((snap.versions or {}).get("transformers"))
+        report = replace(report, transformers_support=words, transformers_tested=tested)
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, "nothing written: " + wrong_repo, report, reason="no_repo")
     hard, drift = plan_problems(plan, snap)
     if hard:
         return TaskOutcome(FAILED, "; ".join(hard), report)
@@ -173,6 +204,9 @@ def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     """Run every check of the playbooks against the files as they are now; grep-style matches in the report."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, wrong_repo, VerifyReport(()), reason="no_repo")
     results: list[VerifyCheck] = []
     commands: dict[str, tuple[str, CheckSpec]] = {}
     failures = [f"{path}: {message}" for path, message in snap.errors.items()]
@@ -212,7 +246,10 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     plan = (planner or make_planner()).plan_host(patches, snap.files, snap.ours(patches))
     states = patch_states(plan, patches, snap)
     report = StatusReport(states, (snap.facts or {}).get("git_commit"), file_reports(plan, snap),
-                          snap.journal_corrupt)
+                          snap.journal_corrupt, host_versions(snap.facts))
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, wrong_repo, report, reason="no_repo")
     corrupt = journal_mod.describe_corrupt(snap.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}

@@ -113,11 +113,11 @@ def torch_cuda_version():
     return value if isinstance(value, str) else None
 
 
-def package_names(payload):
-    """The distributions a facts request asks the versions of, beyond PACKAGES."""
-    names = require_list(payload, "packages")
+def package_names(payload, key="packages"):
+    """The distribution names payload[key] lists (absent: none)."""
+    names = require_list(payload, key)
     if not all(isinstance(n, str) and n and len(n) < 200 for n in names):
-        raise bad_request("payload.packages must hold distribution names")
+        raise bad_request("payload.%s must hold distribution names" % key)
     return names
 
 
@@ -155,6 +155,13 @@ def collect_facts(raw_repo, packages=(), health=False):
     if health and gpus:
         facts.update(gpu_health())
     return facts
+
+
+def requested_versions(payload):
+    """{name: version} of the distributions a snapshot's `versions` names (no facts beside), or None."""
+    if not payload.get("versions"):
+        return None
+    return dict((name, distribution_version(name)) for name in package_names(payload, "versions"))
 
 
 def requested_facts(payload):

@@ -128,3 +128,34 @@ def test_a_bad_package_requirement_is_an_error_naming_its_line(tmp_path, body, m
     with pytest.raises(PlaybookError) as error:
         load_bench_plan(plan_file(tmp_path, body))
     assert str(error.value).startswith(str(tmp_path / message.split(":")[0]) + ":" + message.split(":", 1)[1])
+
+
+# -- patch --check: the host's transformers against the matrix, through the real agent ------------------------------
+
+
+def test_patch_check_says_the_hosts_transformers_and_whether_the_matrix_covers_it(seed, tmp_path, monkeypatch):
+    import shutil
+
+    import transformers
+
+    from ddops.patching.playbook import load_playbooks
+    from ddops.patching.snapshot import make_planner
+    from ddops.tasks.patch import patch_host
+    from ddops.transport.local import LocalSession
+
+    repo = tmp_path / "repo"
+    shutil.copytree(seed, repo)
+    host = Host(name="here", address="localhost", repo=str(repo), command_timeout=60)
+    books = load_playbooks(["cpu-timing", "hybrid-cache"])
+    here = transformers.__version__
+    for support, tested, words in ((Support((here,)), True, f"transformers {here} (tested)"),
+                                   (Support(("5.0.0",)), False, f"transformers {here} (untested: the hybrid "
+                                                                  "playbooks are tested with 5.0.0-5.0.0)")):
+        monkeypatch.setattr("ddops.bench.environment.hybrid_support", lambda support=support: support)
+        with LocalSession(host) as session:
+            outcome = patch_host(host, session, books, planner=make_planner(), check=True)
+        assert outcome.status == "changed" and outcome.message.endswith(f"; {words}")
+        assert (outcome.report.transformers_tested, outcome.report.transformers_support) == (tested, words)
+    with LocalSession(host) as session:  # cpu-timing alone is no hybrid playbook: not a word about transformers
+        alone = patch_host(host, session, load_playbooks(["cpu-timing"]), planner=make_planner(), check=True)
+    assert "transformers" not in alone.message and alone.report.transformers_support is None
