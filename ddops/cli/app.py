@@ -69,6 +69,11 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddo
     module.register(app)
 
 
+def wants_json(argv: list[str]) -> bool:
+    """--json among the options (not after `--`, where an ad-hoc command's own words start)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
     try:
@@ -86,7 +91,14 @@ def main(argv: list[str] | None = None) -> None:
             show()
         else:
             err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+        code = exc.exit_code if exc.exit_code else EXIT_USAGE
+        if wants_json(sys.argv[1:] if argv is None else argv):
+            # The command line did not parse, so no command ran to say --json: still one document on stdout.
+            context = getattr(exc, "ctx", None)
+            command = context.command_path.partition(" ")[2] if context is not None else ""
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+            write_document(code, {"error": message}, command=command)
+        sys.exit(code)
     except typer.Abort:
         err_console.print("ddops: aborted")
         sys.exit(130)

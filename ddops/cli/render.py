@@ -124,11 +124,14 @@ def styled(text: str, style: str | None) -> str:
 SCHEMA_VERSION = 1
 
 
-def write_document(exit_code: int, body: dict[str, Any] | None = None, *, interrupted: bool = False) -> None:
+def write_document(exit_code: int, body: dict[str, Any] | None = None, *, interrupted: bool = False,
+                   command: str | None = None) -> None:
     """The one JSON document of a --json run: the envelope's keys (the running command's name from its state, the
-    one home of that name), then the command's own."""
+    one home of that name; `command` where none ran: a usage error), then the command's own."""
     current = current_state()
-    doc = {"schema_version": SCHEMA_VERSION, "command": current.command if current else "", "exit_code": exit_code,
+    if command is None:
+        command = current.command if current else ""
+    doc = {"schema_version": SCHEMA_VERSION, "command": command, "exit_code": exit_code,
            "interrupted": interrupted, **(body or {})}
     # Indented for a person at a terminal; compact otherwise, which the json module writes in C (indented output
     # goes through its pure-Python encoder: a quarter of a 32-host `patch --check --json` run's CPU).
