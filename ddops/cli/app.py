@@ -12,7 +12,7 @@ from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
 from ddops.cli.options import (AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
                                VerboseOpt)
-from ddops.cli.render import err_console, escape, write_document
+from ddops.cli.render import err_console, escape, hinted, write_document
 from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError
 
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> None:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
         # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
-        err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
+        err_console.print(f"[bold red]ddops: error:[/] {escape(hinted(str(exc)))}", soft_wrap=True)
         current = current_state()
         if current is not None and current.json:  # --json: still one document on stdout, saying what went wrong
-            write_document(exc.exit_code, {"error": str(exc)})
+            write_document(exc.exit_code, {"error": hinted(str(exc))})
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
         show = getattr(exc, "show", None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ddops.cli.render import console, err_console, escape, styled
+from ddops.cli.render import console, ddops_line, err_console, escape, styled
 from ddops.safe_text import one_line, printable
 
 if TYPE_CHECKING:
@@ -24,9 +24,10 @@ HOST_COLORS = ("cyan", "green", "magenta", "blue", "yellow", "bright_cyan", "bri
 def hints(run_id: str, detached: bool) -> None:
     lead = f"detached: run {run_id} keeps going on the hosts; nothing was stopped." if detached else \
         f"run {run_id} is going on the hosts."
-    err_console.print(f"{lead}\n  follow it:  ddops bench logs {run_id} --follow\n"
-                      f"  status:     ddops bench status {run_id}\n  stop it:    ddops bench stop {run_id}\n"
-                      f"  results:    ddops bench collect {run_id} && ddops bench report {run_id}",
+    err_console.print(f"{lead}\n  follow it:  {ddops_line(f'bench logs {run_id} --follow')}\n"
+                      f"  status:     {ddops_line(f'bench status {run_id}')}\n"
+                      f"  stop it:    {ddops_line(f'bench stop {run_id}')}\n"
+                      f"  results:    {ddops_line(f'bench collect {run_id}')} && {ddops_line(f'bench report {run_id}')}",
                       highlight=False, markup=False)
 
 

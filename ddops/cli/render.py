@@ -99,13 +99,30 @@ class FleetProgress:
         r = event.result
         self.done[r.status] = self.done.get(r.status, 0) + 1
         line = one_line(f"{r.host}: {r.status} ({r.elapsed:.2f}s)"
-                        + (f" {r.message}" if r.failed and r.message else ""))
+                        + (f" {hinted(r.message)}" if r.failed and r.message else ""))
         if self._progress is not None:
             if r.failed:  # the others are counted in the bar, and shown in the recap
                 self._progress.console.print(styled(line, STATUS_STYLE.get(r.status)))
             self._progress.update(self._task, advance=1, counts=self._counts())
         else:
             print(line, file=sys.stderr, flush=True)
+
+
+def ddops_line(words: str) -> str:
+    """`ddops WORDS` as the user types it next: with the -i this run was given (hints must work where they are
+    read, not only from the folder of a default inventory)."""
+    import shlex
+
+    current = current_state()
+    given = current.inventory if current is not None and current.adhoc_hosts is None else None
+    return f"ddops -i {shlex.quote(given)} {words}" if given else f"ddops {words}"
+
+
+def hinted(text: str) -> str:
+    """A message's next-step hints, written `ddops CMD` in backticks by the layers below (which do not know how
+    ddops was run), with the -i this run was given."""
+    prefix = ddops_line("")
+    return text.replace("`ddops ", f"`{prefix}") if prefix != "ddops " and "`ddops " in text else text
 
 
 def escape(text: str) -> str:

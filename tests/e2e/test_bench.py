@@ -251,7 +251,9 @@ def test_ctrl_c_detaches_and_bench_stop_ends_every_process_including_torchrun_wo
     out, err = controller.communicate(timeout=30)
     assert controller.returncode == 130, err
     assert f"detached: run {run_id} keeps going" in err
-    assert f"ddops bench logs {run_id} --follow" in err and f"ddops bench status {run_id}" in err
+    # the next steps keep the -i this run was given
+    hint = f"ddops -i {bed.inventory_path} bench"
+    assert f"{hint} logs {run_id} --follow" in err and f"{hint} status {run_id}" in err
     # torchrun starts its worker in a session of its own: wait for it, so stop has to find it.
     wait_until(lambda: any("benchmark.py" in cmdline(p) and "torch.distributed.run" not in cmdline(p)
                            for p in tagged(run_id)), timeout=60, interval=0.2)

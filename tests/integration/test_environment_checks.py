@@ -38,3 +38,12 @@ def test_a_repo_without_any_of_the_playbooks_files_is_named_a_wrong_repo_not_dri
             assert "none of ddtree.py, dflash.py, model/dflash.py is in /root/ddtree: is `repo:` this host's " \
                    "checkout" in host["message"], (command, host)
             assert "upstream" not in host["message"]
+
+
+def test_next_step_hints_keep_the_inventory_they_were_given(make_testbed):
+    bed = make_testbed(1)
+    proc = run_ddops("patch", "--all", "hybrid-cache", inventory=bed.inventory_path)
+    assert proc.returncode == 1
+    assert f"(`ddops -i {bed.inventory_path} sync`)" in proc.stdout + proc.stderr
+    code, doc = run_ddops_json("patch", "--all", "hybrid-cache", inventory=bed.inventory_path)
+    assert f"(`ddops -i {bed.inventory_path} sync`)" in doc["hosts"][0]["message"]
