@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional, Sequence
 
 import typer
 
@@ -161,16 +161,48 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         planner = make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = with_pins(run.run(task), run.hosts)
-    run.finish(results, render=lambda results: _status_table(results, books, versions=run.state.verbose > 0))
+    run.finish(results, render=lambda results: _status_table(results, books, run.inventory,
+                                                             versions=run.state.verbose > 0))
 
 
-def _status_table(results: Sequence[HostResult], books: Sequence[Any], *, versions: bool = False) -> None:
-    """Host x patch states; with -v each host's python, torch (its CUDA) and transformers too."""
+def _status_columns(books: Sequence[Any], patch_ids: Sequence[str], inventory: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """(title, the patch ids it stands for): a column per playbook, not per patch id. With no playbook named, the
+    playbooks that define the journal's patch ids, and a column of its own for an id none of them defines."""
+    if not books:
+        from ddops.errors import DdopsError
+        from ddops.patching.playbook import playbooks_defining
+
+        try:
+            books = playbooks_defining(patch_ids, inventory)
+        except DdopsError:  # a playbook on the search path that does not load: show the ids as they are
+            books = []
+    columns = [(b.name, tuple(p.id for p in b.patches)) for b in books]
+    covered = {pid for _, ids in columns for pid in ids}
+    return columns + [(pid, (pid,)) for pid in patch_ids if pid not in covered]
+
+
+def _combined(states: Mapping[str, str], ids: Sequence[str], absent: str) -> tuple[str, str]:
+    """A playbook's cell from its patches' states (`applied`, or `applied 2/3` when they differ) and the odd ones
+    out for the note (`crop-recording pending`)."""
+    from collections import Counter
+
+    got = [states.get(pid, absent) for pid in ids]
+    if len(set(got)) == 1:
+        return got[0], ""
+    most, n = Counter(got).most_common(1)[0]
+    return f"{most} {n}/{len(ids)}", ", ".join(f"{pid} {state}" for pid, state in zip(ids, got) if state != most)
+
+
+def _status_table(results: Sequence[HostResult], books: Sequence[Any], inventory: Any, *,
+                  versions: bool = False) -> None:
+    """Host x playbook states; with -v each host's python, torch (its CUDA) and transformers too."""
     from ddops.bench.environment import torch_cell
 
     shown = {r.host: r.report.status for r in results if r.report.status is not None}
-    patch_ids = [p.id for b in books for p in b.patches] or list(
-        dict.fromkeys(pid for status in shown.values() for pid in status.patches))
+    journal_ids = list(dict.fromkeys(pid for status in shown.values() for pid in status.patches))
+    columns = _status_columns(books, journal_ids, inventory)
+    # With playbooks every patch has a state; from a journal, a patch it does not hold is not applied there.
+    absent = "-" if books else "not-applied"
     from rich.table import Table
 
     table = Table(title="ddops status", header_style="bold")
@@ -180,8 +212,8 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any], *, versio
     if versions:
         for name in ("python", "torch", "transformers"):
             table.add_column(name)
-    for pid in patch_ids:
-        table.add_column(pid)
+    for title, _ in columns:
+        table.add_column(escape(title))  # a patch id from a host's journal is host text
     table.add_column("note", overflow="fold")
     for r in results:
         status = shown.get(r.host)
@@ -191,10 +223,13 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any], *, versio
             found = (status.versions if status else None) or {}
             cells += [escape(found.get("python") or "-"), escape(torch_cell(found)),
                       escape(found.get("transformers") or "-")]
-        for pid in patch_ids:
-            s = states.get(pid, "-")
-            cells.append(styled(s, STATE_STYLE.get(s)))
-        note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
+        odd = []
+        for title, ids in columns:
+            cell, others = _combined(states, ids, absent) if status else ("-", "")
+            cells.append(styled(cell, STATE_STYLE.get(cell.partition(" ")[0])))
+            odd += [f"{title}: {others}"] if others else []
+        said = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
+        note = "; ".join([said] * bool(said) + odd)
         commit = ((status and status.commit) or "")[:10]
         table.add_row(escape(r.host), escape(commit), escape(r.report.pin.cell), *cells, escape(note))
     console.print(table)

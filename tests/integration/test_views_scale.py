@@ -36,3 +36,27 @@ def test_verify_prints_each_line_once_with_the_hosts_that_share_it(bed):
     assert any(line.startswith("FAIL host2  ") for line in mixed)
     assert not any(" all 3 hosts " in line for line in mixed if "ddtree.py:" in line)
     assert run_ddops_json("patch", "--host", "host2", inventory=bed.inventory_path)[0] == 0
+
+
+def header_of(table: str) -> list[str]:
+    """The column titles of a rich table's header line."""
+    line = next(line for line in table.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in line.strip("┃").split("┃")]
+
+
+def test_status_has_a_column_per_playbook_not_per_patch_id(bed, tmp_path):
+    assert run_ddops_json("patch", "--all", inventory=bed.inventory_path)[0] == 0
+    proc = run_ddops("status", "--all", inventory=bed.inventory_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert header_of(proc.stdout) == ["host", "commit", "pin", "cpu-timing", "hybrid-cache", "crop-relative", "note"]
+    assert all("applied" in line for line in proc.stdout.splitlines() if line.startswith("│ host"))
+    # With no playbook named (an inventory without `patches:`), the journal's patch ids under their playbooks.
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("\n".join(line for line in bed.inventory_path.read_text().splitlines()
+                              if not line.startswith("patches:")) + "\n")
+    journal = run_ddops("status", "--all", inventory=bare)
+    assert journal.returncode == 0, journal.stdout + journal.stderr
+    assert sorted(header_of(journal.stdout)[3:-1]) == ["cpu-timing", "crop-relative", "hybrid-cache"]
+    # JSON keeps each patch id's state
+    code, doc = run_ddops_json("status", "--all", inventory=bed.inventory_path)
+    assert set(doc["hosts"][0]["data"]["patches"]) >= {"crop-helper", "crop-relative", "crop-recording"}

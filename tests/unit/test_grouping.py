@@ -30,3 +30,14 @@ def test_zero_padding_suffixes_and_single_names_are_kept_as_written():
     assert host_ranges(["node01", "node02", "node03", "node07"]) == "node[01-03,07]"
     assert host_ranges(["gpu1.lab", "gpu2.lab", "gpu4"]) == "gpu[1-2].lab, gpu4"
     assert host_ranges(["10.1.2.3"]) == "10.1.2.3" and host_ranges([]) == ""
+
+
+def test_a_playbooks_status_cell_is_its_patches_state_or_the_most_common_with_the_odd_ones_named():
+    from ddops.cli.patch import _combined
+
+    ids = ("crop-helper", "crop-relative", "crop-recording")
+    assert _combined(dict.fromkeys(ids, "applied"), ids, "-") == ("applied", "")
+    states = {"crop-helper": "applied", "crop-relative": "applied", "crop-recording": "pending"}
+    assert _combined(states, ids, "-") == ("applied 2/3", "crop-recording pending")
+    assert _combined({"crop-helper": "applied"}, ids, "not-applied") == (
+        "not-applied 2/3", "crop-helper applied")
