@@ -228,7 +228,7 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any], inventory
             cell, others = _combined(states, ids, absent) if status else ("-", "")
             cells.append(styled(cell, STATE_STYLE.get(cell.partition(" ")[0])))
             odd += [f"{title}: {others}"] if others else []
-        said = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
+        said = r.message if r.status in ("failed", "unreachable", "drifted", "skipped") or not books else ""
         note = "; ".join([said] * bool(said) + odd)
         commit = ((status and status.commit) or "")[:10]
         table.add_row(escape(r.host), escape(commit), escape(r.report.pin.cell), *cells, escape(note))

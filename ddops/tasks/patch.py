@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from ddops import __version__
 from ddops.bench.environment import host_versions, support_for
 from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout, message_for
-from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
+from ddops.fleet import CHANGED, DRIFTED, FAILED, NOT_STARTED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
 from ddops.patching.backups import backup_path
@@ -28,7 +28,7 @@ from ddops.patching.reports import (PatchReport, Refusal, RollbackReport, SavedC
                                     VerifyReport, file_reports)
 from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
                                      with_host_python)
-from ddops.pins import PinSummary, host_pins
+from ddops.pins import PIN_NOT_ASKED, PIN_UNKNOWN, PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
 from ddops.tasks.journal_status import JournalReport, journal_and_files
 
@@ -276,9 +276,17 @@ class PinnedStatus:
 
 
 def with_pins(results: Sequence[HostResult], hosts: Sequence[Host]) -> list[HostResult]:
-    """Each status result with its host's pin, every distinct pin resolved once on the controller."""
+    """Each status result with its host's pin, every distinct pin resolved once on the controller; a host that was
+    not asked (an interrupted run) or did not answer says so, never `no-repo`."""
     pins = host_pins(hosts, [r.report.commit if r.report else None for r in results])
-    return [replace(r, report=PinnedStatus(r.report, pins[r.host])) for r in results]
+    by_name = {h.name: h for h in hosts}
+
+    def pin_of(r: HostResult) -> PinSummary:
+        if r.report is not None:
+            return pins[r.host]
+        return PinSummary(PIN_NOT_ASKED if r.interrupted == NOT_STARTED else PIN_UNKNOWN, by_name[r.host].commit)
+
+    return [replace(r, report=PinnedStatus(r.report, pin_of(r))) for r in results]
 
 
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
