@@ -8,6 +8,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from ddops import settings
+from ddops.cli import completion
 from ddops.cli.state import state
 
 
@@ -39,12 +40,13 @@ GLOBAL_OPTIONS: dict[str, tuple[Any, Any]] = {  # parameter name -> (annotation,
 
 # The four host-selecting options, declared once; a command that takes a `selection` parameter gets them.
 HostOpt = Annotated[Optional[list[str]], typer.Option("--host", "-H", help="Host name or address (repeatable).",
-                                                       show_default=False)]
+                                                       show_default=False, autocompletion=completion.hosts)]
 GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Every host of a group (repeatable).",
-                                                        show_default=False)]
+                                                        show_default=False, autocompletion=completion.groups)]
 AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Every host in the inventory.")]
 LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
-                                                 "comma-separated; !glob excludes.", show_default=False)]
+                                                 "comma-separated; !glob excludes.", show_default=False,
+                                                 autocompletion=completion.limit)]
 SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
     "host": (HostOpt, None), "group": (GroupOpt, None), "all_": (AllOpt, False), "limit": (LimitOpt, None),
 }

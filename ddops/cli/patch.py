@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional, Sequence
 import typer
 
 from ddops import settings
+from ddops.cli import completion
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, ExitCodeOpt, YesOpt, command
 from ddops.cli.render import console, escape, recap, styled
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from ddops.inventory import Selection
 
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
-    help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False)]
+    help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False,
+    autocompletion=completion.playbooks)]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="Also show the diff of what is written.")]
 LockTimeoutOpt = Annotated[float, typer.Option("--lock-timeout", envvar=settings.LOCK_TIMEOUT.name, min=0,
                                                help="Seconds to wait for another ddops run's lock on a repo.")]
