@@ -67,3 +67,13 @@ def host_ranges(names: Sequence[str]) -> str:
                 start = previous = n
         out.append((first, f"{prefix}[{','.join(spans)}]{suffix}"))
     return ", ".join(shown for _, shown in natural_sorted(out, key=lambda pair: pair[0]))
+
+
+def columns_fit(rows: Sequence[Sequence[str]], width: int, *, per_column: int = 3, frame: int = 1) -> bool:
+    """Whether a table of these rows (the header first) fits `width` without cutting a word: each column as wide as
+    its longest word, plus its padding and rule (`per_column`) and the table's outer rule (`frame`)."""
+    if not rows:
+        return True
+    needed = [max((len(word) for row in rows for word in (row[i] if i < len(row) else "").split()), default=0)
+              for i in range(max(len(row) for row in rows))]
+    return sum(needed) + per_column * len(needed) + frame <= width

@@ -41,3 +41,11 @@ def test_a_playbooks_status_cell_is_its_patches_state_or_the_most_common_with_th
     assert _combined(states, ids, "-") == ("applied 2/3", "crop-recording pending")
     assert _combined({"crop-helper": "applied"}, ids, "not-applied") == (
         "not-applied 2/3", "crop-helper applied")
+
+
+def test_a_table_fits_when_every_columns_longest_word_does():
+    from ddops.grouping import columns_fit
+
+    rows = [["host", "python", "transformers"], ["host1", "3.11.2", "5.24.0"]]
+    assert columns_fit(rows, 80) and columns_fit(rows, 5 + 6 + 12 + 9 + 1)
+    assert not columns_fit(rows, 5 + 6 + 12 + 9)  # one column short: `transformers` would be cut to `transfor…`
