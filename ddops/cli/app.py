@@ -10,8 +10,8 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.options import (AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
-                               VerboseOpt)
+from ddops.cli.options import (JSON_FLAG, AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt,
+                               JsonOpt, VerboseOpt)
 from ddops.cli.render import err_console, escape, hinted, write_document
 from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError
@@ -71,7 +71,7 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddo
 
 def wants_json(argv: list[str]) -> bool:
     """--json among the options (not after `--`, where an ad-hoc command's own words start)."""
-    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+    return JSON_FLAG in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 def main(argv: list[str] | None = None) -> None:

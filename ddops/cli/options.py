@@ -20,7 +20,8 @@ InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar
 # After the command's name without the envvar: DDOPS_INVENTORY must not outvote an `-i` given before it.
 _InventoryHereOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", help="Inventory file (default: "
                                                           "./inventory.yaml).", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there "
+JSON_FLAG = "--json"  # also read from the raw argv when the command line did not parse (app.main)
+JsonOpt = Annotated[bool, typer.Option(JSON_FLAG, help="Print one JSON document on stdout and nothing else there "
                                                       "(docs/json.md).")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
 ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
