@@ -49,7 +49,15 @@ def inventory_check(ctx: typer.Context) -> None:
     when not."""
     from ddops.patching.playbook import load_inventory_playbooks
 
+    from ddops.errors import InventoryError
+    from ddops.inventory import missing_identity_file
+
     inventory = state(ctx).load_inventory()
+    # A key file that is not there: refused here as every connecting command refuses it (local hosts use none).
+    for host in (*inventory.hosts, *inventory.jump_hosts):
+        missing = None if host.local else missing_identity_file(host)
+        if missing:
+            raise InventoryError(missing)
     books = load_inventory_playbooks(inventory) if inventory.patches else []
     patches = f"; patches: {', '.join(b.name for b in books)}" if books else ""
     if state(ctx).json:
