@@ -131,8 +131,9 @@ def gpu_issues(facts: Mapping[str, Any]) -> list[GpuIssue]:
         if busy:
             issues.append(GpuIssue(gpu.index, Issue.BUSY, busy))
         if gpu.ecc_uncorrected:
-            issues.append(GpuIssue(gpu.index, Issue.ECC, f"{gpu.ecc_uncorrected} uncorrected ECC error"
-                                                         f"{'s' if gpu.ecc_uncorrected != 1 else ''} since the driver loaded"))
+            plural = "s" if gpu.ecc_uncorrected != 1 else ""
+            issues.append(GpuIssue(gpu.index, Issue.ECC,
+                                   f"{gpu.ecc_uncorrected} uncorrected ECC error{plural} since the driver loaded"))
         mine = [x for x in xids if _bus(x.get("bus_id")) and _bus(x.get("bus_id")) == _bus(gpu.bus_id)]
         if mine:
             last = mine[-1]

@@ -27,7 +27,8 @@ def hints(run_id: str, detached: bool) -> None:
     err_console.print(f"{lead}\n  follow it:  {ddops_line(f'bench logs {run_id} --follow')}\n"
                       f"  status:     {ddops_line(f'bench status {run_id}')}\n"
                       f"  stop it:    {ddops_line(f'bench stop {run_id}')}\n"
-                      f"  results:    {ddops_line(f'bench collect {run_id}')} && {ddops_line(f'bench report {run_id}')}",
+                      f"  results:    {ddops_line(f'bench collect {run_id}')} && "
+                      f"{ddops_line(f'bench report {run_id}')}",
                       highlight=False, markup=False)
 
 

@@ -167,7 +167,8 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
                                                              versions=run.state.verbose > 0))
 
 
-def _status_columns(books: Sequence[Any], patch_ids: Sequence[str], inventory: Any) -> list[tuple[str, tuple[str, ...]]]:
+def _status_columns(books: Sequence[Any], patch_ids: Sequence[str],
+                    inventory: Any) -> list[tuple[str, tuple[str, ...]]]:
     """(title, the patch ids it stands for): a column per playbook, not per patch id. With no playbook named, the
     playbooks that define the journal's patch ids, and a column of its own for an id none of them defines."""
     if not books:
