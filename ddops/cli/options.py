@@ -26,6 +26,9 @@ JsonOpt = Annotated[bool, typer.Option(JSON_FLAG, help="Print one JSON document 
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
 ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
                                                  show_default=False)]
+# Where a command's own `-f` is a follow (bench logs, bench run), --forks keeps only its long name there.
+_ForksLongOpt = Annotated[Optional[int], typer.Option("--forks", min=1, help="Hosts worked on at once (default 32).",
+                                                      show_default=False)]
 AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are always "
                                                                  "refused).")]
 AllRowsOpt = Annotated[bool, typer.Option("--all-rows", help="A recap row for every host (past a screenful, only "
@@ -86,6 +89,8 @@ def with_global_options(fn: Callable) -> Callable:
         params.insert(0, inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context))
     added = {**(SELECTION_OPTIONS if selects else {}), **GLOBAL_OPTIONS,
              **({"adhoc_hosts": (_AdhocHostsHereOpt, None)} if selects else {})}
+    if any("-f" in _flags(p.annotation) for p in params):
+        added["forks"] = (_ForksLongOpt, None)
     params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
                for n, (a, d) in added.items()]
 
@@ -108,6 +113,15 @@ def with_global_options(fn: Callable) -> Callable:
     run.__annotations__ = {p.name: p.annotation for p in params}
     del run.__wrapped__  # typer must read the signature above, not fn's
     return run
+
+
+def _flags(annotation: Any) -> set[str]:
+    """The option names an `Annotated[..., typer.Option(...)]` parameter declares (`--follow/--no-follow` split)."""
+    names: set[str] = set()
+    for info in getattr(annotation, "__metadata__", ()):
+        for decl in getattr(info, "param_decls", None) or ():
+            names.update(d.strip() for d in decl.split("/"))
+    return names
 
 
 def one_host(name: str) -> Any:
