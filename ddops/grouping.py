@@ -69,11 +69,24 @@ def host_ranges(names: Sequence[str]) -> str:
     return ", ".join(shown for _, shown in natural_sorted(out, key=lambda pair: pair[0]))
 
 
+def hosts_cell(names: Sequence[str], among: int | None = None) -> str:
+    """A group's hosts as one cell: `host[1-3,7]` with its count bound to it by a no-break space (`host[1-3,7] (4)`,
+    which a wrapped table cell keeps on one line), or `all 24 hosts` when the group is every one of `among`."""
+    if among is not None and among > 1 and len(names) == among:
+        return f"all {among} hosts"
+    return host_ranges(names) + (f"\u00a0({len(names)})" if len(names) > 1 else "")
+
+
+def words(text: str) -> list[str]:
+    """The words a table cell may wrap between: split at spaces and newlines, never at a no-break space."""
+    return [w for w in text.replace("\n", " ").split(" ") if w]
+
+
 def columns_fit(rows: Sequence[Sequence[str]], width: int, *, per_column: int = 3, frame: int = 1) -> bool:
     """Whether a table of these rows (the header first) fits `width` without cutting a word: each column as wide as
     its longest word, plus its padding and rule (`per_column`) and the table's outer rule (`frame`)."""
     if not rows:
         return True
-    needed = [max((len(word) for row in rows for word in (row[i] if i < len(row) else "").split()), default=0)
+    needed = [max((len(word) for row in rows for word in words(row[i] if i < len(row) else "")), default=0)
               for i in range(max(len(row) for row in rows))]
     return sum(needed) + per_column * len(needed) + frame <= width

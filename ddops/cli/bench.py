@@ -115,13 +115,12 @@ def run(ctx: typer.Context, selection: Selection,
 def _show_check(results: Sequence[HostResult]) -> None:
     """The recap, then each distinct list of commands once, with the hosts that would run it."""
     from ddops.bench.runs import PreflightReport
-    from ddops.grouping import group_identical, host_ranges
+    from ddops.grouping import group_identical, hosts_cell
 
     recap(results, title="ddops bench --check (nothing launched)")
     ready = [r for r in results if isinstance(r.report, PreflightReport) and r.report.commands]
     for commands, group in group_identical(ready, key=lambda r: r.report.commands):
-        hosts = [r.host for r in group]
-        who = f"all {len(hosts)} hosts" if len(hosts) == len(results) and len(hosts) > 1 else host_ranges(hosts)
+        who = hosts_cell([r.host for r in group], among=len(results))
         console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}",
                      align="left")
         for command in commands:
@@ -257,28 +256,31 @@ def list_runs(ctx: typer.Context, selection: Selection) -> None:
     on.finish(on.run(list_task, title="bench list"), render=_runs_table)
 
 
-def _runs_table(results: Sequence["HostResult"]) -> None:
-    """One row per run and state: the hosts whose run is alike (plan, status, progress) share it, with the earliest
-    start and the latest end among them."""
-    from rich.table import Table
+def _alike_runs(results: Sequence["HostResult"]) -> list[tuple[tuple, list]]:
+    """((run id, plan, status, done, total), [(run, host)...]): the hosts whose run is alike, newest run first."""
+    from ddops.grouping import group_identical, natural_key
 
-    from ddops.grouping import group_identical, host_ranges, natural_key
-
-    table = Table(header_style="bold")
-    for col in ("run", "hosts", "plan", "status", "done", "started", "ended"):
-        table.add_column(col, overflow="fold")
     rows = [(run, r.host) for r in results if r.report for run in r.report.runs]
     rows.sort(key=lambda x: natural_key(x[1]))
     rows.sort(key=lambda x: x[0].run_id or "", reverse=True)
-    alike = group_identical(rows, key=lambda x: (x[0].run_id, x[0].plan, str(x[0].status), x[0].done, x[0].total))
-    for (run_id, plan, status, done, total), group in alike:
+    return group_identical(rows, key=lambda x: (x[0].run_id, x[0].plan, str(x[0].status), x[0].done, x[0].total))
+
+
+def _runs_table(results: Sequence["HostResult"]) -> None:
+    """One row per run and state: the hosts whose run is alike (plan, status, progress) share it, with the earliest
+    start and the latest end among them."""
+    from ddops.cli.render import show_table
+    from ddops.grouping import hosts_cell
+
+    rows, styles = [], []
+    for (run_id, plan, status, done, total), group in _alike_runs(results):
         hosts = [h for _, h in group]
         started = min((run.started for run, _ in group if run.started), default=None)
         ended = None if any(not run.ended for run, _ in group) else max(run.ended for run, _ in group)
-        table.add_row(escape(run_id or ""), escape(host_ranges(hosts) + (f" ({len(hosts)})" if len(hosts) > 1 else "")),
-                      escape(plan or ""), styled(status, RUN_STYLE.get(status, "")), escape(f"{done}/{total}"),
-                      escape(when(started)), escape(when(ended)))
-    console.print(table)
+        rows.append([hosts_cell(hosts), status, run_id or "", plan or "", f"{done}/{total}", when(started),
+                     when(ended)])
+        styles.append({1: RUN_STYLE.get(status, "")})
+    show_table(["hosts", "status", "run", "plan", "done", "started", "ended"], rows, styles=styles)
     for r in results:
         if r.failed:
             err_console.print(f"{escape(r.host)}: {escape(r.status)}: {escape(r.message)}")

@@ -102,7 +102,7 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
 def _show_checks(results: Sequence[HostResult]) -> None:
     """Each distinct check line once, with the hosts that printed it (`all 24 hosts`, `host[1-3,7]`)."""
-    from ddops.grouping import group_identical, host_ranges
+    from ddops.grouping import group_identical, hosts_cell
     from ddops.patching.reports import VerifyReport
 
     lines: list[tuple[str, str, str]] = []  # (host, mark, text)
@@ -116,8 +116,7 @@ def _show_checks(results: Sequence[HostResult]) -> None:
                                                       else "")))
     checked = {host for host, _, _ in lines}
     for (mark, text), group in group_identical(lines, key=lambda line: line[1:]):
-        hosts = list(dict.fromkeys(host for host, _, _ in group))
-        who = f"all {len(hosts)} hosts" if len(checked) > 1 and set(hosts) == checked else host_ranges(hosts)
+        who = hosts_cell(list(dict.fromkeys(host for host, _, _ in group)), among=len(checked))
         console.print(f"{mark} {escape(who)}  {escape(text)}")
     recap(results, title="ddops verify")
 
@@ -200,39 +199,37 @@ def _status_table(results: Sequence[HostResult], books: Sequence[Any], inventory
                   versions: bool = False) -> None:
     """Host x playbook states; with -v each host's python, torch (its CUDA) and transformers too."""
     from ddops.bench.environment import torch_cell
+    from ddops.cli.render import show_table
+    from ddops.cli.state import current_state
+    from ddops.fleet import FOLD_OVER
+    from ddops.grouping import group_identical, hosts_cell, natural_key
 
     shown = {r.host: r.report.status for r in results if r.report.status is not None}
     journal_ids = list(dict.fromkeys(pid for status in shown.values() for pid in status.patches))
     columns = _status_columns(books, journal_ids, inventory)
     # With playbooks every patch has a state; from a journal, a patch it does not hold is not applied there.
     absent = "-" if books else "not-applied"
-    from rich.table import Table
-
-    table = Table(title="ddops status", header_style="bold")
-    table.add_column("host", no_wrap=True)
-    table.add_column("commit")
-    table.add_column("pin")
-    if versions:
-        for name in ("python", "torch", "transformers"):
-            table.add_column(name)
-    for title, _ in columns:
-        table.add_column(escape(title))  # a patch id from a host's journal is host text
-    table.add_column("note", overflow="fold")
-    for r in results:
+    headers = ["host", "commit", "pin", *(["python", "torch", "transformers"] if versions else []),
+               *(title for title, _ in columns), "note"]
+    lines: list[tuple[str, list[str], dict[int, str]]] = []
+    for r in sorted(results, key=lambda r: natural_key(r.host)):
         status = shown.get(r.host)
         states = status.patches if status else {}
-        cells = []
+        cells = [((status and status.commit) or "")[:10], r.report.pin.cell]
         if versions:
             found = (status.versions if status else None) or {}
-            cells += [escape(found.get("python") or "-"), escape(torch_cell(found)),
-                      escape(found.get("transformers") or "-")]
-        odd = []
+            cells += [found.get("python") or "-", torch_cell(found), found.get("transformers") or "-"]
+        odd, style = [], {}
         for title, ids in columns:
             cell, others = _combined(states, ids, absent) if status else ("-", "")
-            cells.append(styled(cell, STATE_STYLE.get(cell.partition(" ")[0])))
+            style[len(cells) + 1] = STATE_STYLE.get(cell.partition(" ")[0], "")
+            cells.append(cell)
             odd += [f"{title}: {others}"] if others else []
         said = r.message if r.status in ("failed", "unreachable", "drifted", "skipped") or not books else ""
-        note = "; ".join([said] * bool(said) + odd)
-        commit = ((status and status.commit) or "")[:10]
-        table.add_row(escape(r.host), escape(commit), escape(r.report.pin.cell), *cells, escape(note))
-    console.print(table)
+        lines.append((r.host, [*cells, "; ".join([said] * bool(said) + odd)], style))
+    # Past a screenful (and without --all-rows), hosts whose rows read the same share one.
+    current = current_state()
+    each = len(lines) <= FOLD_OVER or bool(current and current.all_rows)
+    alike = group_identical(lines, key=(lambda line: line[0]) if each else (lambda line: tuple(line[1])))
+    show_table(headers, [[hosts_cell([host for host, _, _ in group]), *group[0][1]] for _, group in alike],
+               title="ddops status", styles=[group[0][2] for _, group in alike], folding=len(headers) - 1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ddops.bench.gpus import gpu_issues
+from ddops.bench.environment import host_versions, torch_cell
+from ddops.bench.gpus import gpu_issues, gpu_summary
 from ddops.fleet import TaskOutcome
 from ddops.inventory import Host
 
@@ -30,6 +31,22 @@ class PingReport:
         return {"rtt_s": self.rtt_s, "shell_rc_overhead_s": self.shell_rc_overhead_s, **self.facts,
                 "gpu_issues": list(self.gpu_issues)}
 
+    @property
+    def hostname(self) -> str:
+        return str(self.facts.get("hostname") or "")
+
+    @property
+    def disk_free_gib(self) -> float | None:
+        disk = self.facts.get("disk_free_bytes")
+        return disk / 2**30 if isinstance(disk, (int, float)) else None
+
+    @property
+    def environment(self) -> tuple[str, str, str, str, str]:
+        """What ping shows of the host's software and hardware: OS, python, torch (its CUDA), transformers, GPUs."""
+        versions = host_versions(self.facts)
+        return (str(self.facts.get("os") or ""), str(self.facts.get("python") or ""), torch_cell(versions),
+                versions.get("transformers") or "-", gpu_summary(self.facts))
+
 
 def ping_task(host: Host, session: Any) -> TaskOutcome:
     """Task: the host's facts, the round-trip time of a command and what its login shell's rc files cost; each GPU's
@@ -46,9 +63,6 @@ def ping_task(host: Host, session: Any) -> TaskOutcome:
         pass
     issues = tuple(str(i) for i in gpu_issues(facts))
     report = PingReport(round(rtt, 4), None if overhead is None else round(overhead, 4), facts, issues)
-    notes = list(issues)
-    if facts.get("gpu_error"):
-        notes.append(str(facts["gpu_error"]))
-    if overhead is not None and overhead > 0.05:
-        notes.append(f"the login shell's rc files add {overhead * 1000:.0f} ms to every command")
+    # Facts only in the message, never a measure (the rc files' cost has its column): hosts alike must read alike.
+    notes = [*issues, *([str(facts["gpu_error"])] if facts.get("gpu_error") else [])]
     return TaskOutcome("ok", "; ".join(notes), report)

@@ -138,4 +138,4 @@ def test_check_shows_each_distinct_command_list_once_and_logs_and_list_follow_th
     listed = run_ddops("bench", "list", inventory=bed.inventory_path, env=env)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     rows = [line for line in listed.stdout.splitlines() if "tiny" in line]
-    assert len(rows) == 1 and "host[1-3] (3)" in rows[0] and "completed" in rows[0]
+    assert len(rows) == 1 and "host[1-3]\u00a0(3)" in rows[0] and "completed" in rows[0]

@@ -49,3 +49,11 @@ def test_a_table_fits_when_every_columns_longest_word_does():
     rows = [["host", "python", "transformers"], ["host1", "3.11.2", "5.24.0"]]
     assert columns_fit(rows, 80) and columns_fit(rows, 5 + 6 + 12 + 9 + 1)
     assert not columns_fit(rows, 5 + 6 + 12 + 9)  # one column short: `transformers` would be cut to `transfor…`
+
+
+def test_a_groups_hosts_cell_keeps_its_count_on_one_line_and_says_all_when_it_is_all():
+    from ddops.grouping import hosts_cell
+
+    assert hosts_cell(["host1", "host2", "host7"]) == "host[1-2,7]\u00a0(3)"
+    assert hosts_cell(["gpu-a"]) == "gpu-a"
+    assert hosts_cell(["h1", "h2"], among=2) == "all 2 hosts" and hosts_cell(["h1"], among=1) == "h1"
