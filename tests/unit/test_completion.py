@@ -49,3 +49,18 @@ def test_playbooks_and_plans_complete_from_the_search_path(inventory, tmp_path):
 
 def test_a_missing_inventory_completes_nothing_and_fails_nothing(tmp_path):
     assert complete(f"ddops -i {tmp_path / 'nope.yaml'} ping --host ", tmp_path) == []
+
+
+def test_bench_plans_and_run_ids_complete_from_the_search_path_and_the_results_folder(inventory, tmp_path):
+    assert complete(f"ddops -i {inventory} bench run mini", tmp_path) == ["mini-ddtree-bench"]
+    assert "hybrid-cache" not in complete(f"ddops -i {inventory} bench run ", tmp_path)
+    results = tmp_path / "results"
+    for run_id, record in (("20261201-0900-aaaa", "launch.json"), ("20261202-0900-bbbb", "manifest.json"),
+                           ("not-a-run", None)):
+        (results / run_id).mkdir(parents=True)
+        if record:
+            (results / run_id / record).write_text("{}")
+    for command in ("bench logs ", "bench status ", "bench stop ", "bench collect ", "bench report "):
+        assert complete(f"ddops -i {inventory} {command}", tmp_path) == ["20261202-0900-bbbb", "20261201-0900-aaaa"]
+    assert complete(f"ddops bench report --results-dir {results} 20261201", tmp_path / "results") == \
+        ["20261201-0900-aaaa"]
