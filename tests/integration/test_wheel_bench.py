@@ -5,16 +5,14 @@ python, instead of launching runs that die on an ImportError."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, _fresh_prefix, requires_sshd
-from tests.integration.test_wheel_install import SOURCES, run_installed
+from tests.conftest import _fresh_prefix, requires_sshd
+from tests.integration.test_wheel_install import run_installed, wheel_venv
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -26,22 +24,7 @@ LEFT_OUT = ("torch", "transformers", "functorch", "torchgen", "nvidia", "triton"
 def pipx_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv holding the wheel, seeing ddops' dependencies but not torch or transformers; its bin/ folder."""
     root = tmp_path_factory.mktemp("pipx")
-    tree = root / "tree"
-    tree.mkdir()
-    for name in SOURCES:
-        source = REPO_ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, tree / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(source, tree / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(tree)],
-                   check=True, cwd=root, capture_output=True, timeout=300)
-    [wheel] = (root / "dist").glob("ddops-*.whl")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, cwd=root, capture_output=True, timeout=300)
+    venv, site = wheel_venv(root)
     # The project venv's packages, but those the hosts' plan needs, as links in a folder of their own.
     deps = root / "deps"
     deps.mkdir()
@@ -51,7 +34,6 @@ def pipx_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 lowered.split("-")[0].split(".")[0] in LEFT_OUT:
             continue
         (deps / entry.name).symlink_to(entry)
-    site = next((venv / "lib").glob("python*/site-packages"))
     (site / "dependencies.pth").write_text(f"{deps}\n")
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; "
                             "print(u.find_spec('torch'), u.find_spec('paramiko') is not None)"],
