@@ -70,19 +70,25 @@ def _within(version: str, wanted: SpecifierSet) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Support:
-    """The transformers releases the hybrid playbooks' matrix ran (playbooks/hybrid-support.yaml)."""
+    """The transformers releases the hybrid playbooks' matrix ran (playbooks/hybrid-support.yaml): those it proved
+    supported, oldest first, and those it proved not to be, with why."""
 
     releases: tuple[str, ...]
     playbooks: tuple[str, ...] = HYBRID_PLAYBOOKS
+    unsupported: tuple[tuple[str, str], ...] = ()  # (version, why)
 
     def verdict(self, version: str | None) -> tuple[bool, str]:
-        """(covered, words): `transformers 5.24.0 (tested)`, `5.17.2 (5.17 tested: 5.17.0)`, `5.26.0 (untested:
-        the hybrid playbooks are tested with 5.2.0-5.25.0)`."""
+        """(covered, words): `transformers 5.24.0 (tested)`, `5.17.2 (its release line is tested: 5.17.0)`,
+        `5.3.0 (not supported by the hybrid playbooks: why)`, `5.26.0 (untested: the hybrid playbooks are tested
+        with 5.5.4-5.25.0)`."""
         if version is None:
             return False, "transformers is not installed"
+        line = _line(version)
+        for known, why in self.unsupported:
+            if known == version or (line is not None and _line(known) == line):
+                return False, f"transformers {version} (not supported by the hybrid playbooks: {why})"
         if version in self.releases:
             return True, f"transformers {version} (tested)"
-        line = _line(version)
         same = [r for r in self.releases if line is not None and _line(r) == line]
         if same:
             return True, f"transformers {version} (its release line is tested: {', '.join(same)})"
@@ -99,17 +105,20 @@ def _line(version: str) -> tuple[int, ...] | None:
 
 @functools.lru_cache(maxsize=1)
 def hybrid_support() -> Support | None:
-    """The hybrid playbooks' support matrix, from the one file that lists it; None where no such file ships yet."""
+    """The hybrid playbooks' support matrix, from the one file that lists it (`transformers:` entries with
+    `version`, `supported` and, where not, `why`); None where no such file ships."""
     path = playbooks_dir() / SUPPORT_FILE
     if not path.is_file():
         return None
     data = load_yaml_file(path, PlaybookError).data or {}
-    entries = data.get("transformers") if isinstance(data, dict) else None
-    releases = [str(e.get("version") if isinstance(e, dict) else e) for e in entries or []]
-    if not releases:
+    entries = [e for e in (data.get("transformers") if isinstance(data, dict) else None) or []
+               if isinstance(e, dict) and e.get("version")]
+    if not entries:
         raise PlaybookError(f"{path}: lists no transformers release under `transformers:`")
-    playbooks = data.get("playbooks") or HYBRID_PLAYBOOKS
-    return Support(tuple(sorted(releases, key=Version)), tuple(playbooks))
+    supported = sorted((str(e["version"]) for e in entries if e.get("supported", True)), key=Version)
+    refused = tuple((str(e["version"]), " ".join(str(e.get("why") or "the matrix says so").split()))
+                    for e in entries if not e.get("supported", True))
+    return Support(tuple(supported), tuple(data.get("playbooks") or HYBRID_PLAYBOOKS), refused)
 
 
 def support_for(playbook_names: Iterable[str], support: Support | None = None) -> Support | None:

@@ -56,6 +56,20 @@ def test_the_support_matrix_tells_tested_its_release_line_and_untested_apart():
     assert SUPPORT.verdict(None) == (False, "transformers is not installed")
 
 
+def test_a_release_the_matrix_proved_unsupported_says_why():
+    support = Support(("5.5.4", "5.25.0"), unsupported=(("5.3.0", "its Qwen3.5 brings its own cache class"),))
+    assert support.verdict("5.3.1") == (
+        False, "transformers 5.3.1 (not supported by the hybrid playbooks: its Qwen3.5 brings its own cache class)")
+
+
+def test_the_shipped_matrix_is_read_without_torch_and_covers_the_mini_extras_range():
+    from ddops.bench.environment import hybrid_support
+
+    support = hybrid_support()
+    assert support is not None and support.verdict(support.releases[-1])[0] is True
+    assert all(not support.verdict(version)[0] for version, _ in support.unsupported)
+
+
 def test_the_matrix_speaks_only_where_a_hybrid_playbook_is_involved():
     versions = {"transformers": "5.26.0"}
     assert transformers_verdict(["cpu-timing"], versions, SUPPORT) is None
