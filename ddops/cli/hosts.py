@@ -76,7 +76,7 @@ def ping(ctx: typer.Context, selection: Selection) -> None:
 
 
 # What ping shows of a host: its facts (alike hosts share a row) and its own measures (shown as a range there).
-PING_FACTS = ("os", "python", "torch", "transformers", "gpus")
+PING_FACTS = ("os", "python", "torch", "transformers", "gpus", "driver")
 PING_MEASURES = ("free disk", "rtt", "shell rc")
 
 

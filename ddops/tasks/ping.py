@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ddops.bench.environment import host_versions, torch_cell
-from ddops.bench.gpus import gpu_issues, gpu_summary
+from ddops.bench.gpus import gpu_issues, gpu_summary, gpus_of
 from ddops.fleet import TaskOutcome
 from ddops.inventory import Host
 
@@ -41,11 +41,16 @@ class PingReport:
         return disk / 2**30 if isinstance(disk, (int, float)) else None
 
     @property
-    def environment(self) -> tuple[str, str, str, str, str]:
-        """What ping shows of the host's software and hardware: OS, python, torch (its CUDA), transformers, GPUs."""
+    def environment(self) -> tuple[str, str, str, str, str, str]:
+        """What ping shows of the host's software and hardware: OS, python, torch (its CUDA), transformers, GPUs,
+        and the GPU driver with the CUDA it supports."""
         versions = host_versions(self.facts)
+        gpus = gpus_of(self.facts)
+        driver = gpus[0].driver_version if gpus else None
+        cuda = self.facts.get("cuda_driver")
         return (str(self.facts.get("os") or ""), str(self.facts.get("python") or ""), torch_cell(versions),
-                versions.get("transformers") or "-", gpu_summary(self.facts))
+                versions.get("transformers") or "-", gpu_summary(self.facts),
+                (f"{driver}" + (f" (CUDA {cuda})" if cuda else "")) if driver else "-")
 
 
 def ping_task(host: Host, session: Any) -> TaskOutcome:

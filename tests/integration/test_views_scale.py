@@ -87,8 +87,10 @@ def test_ping_past_a_screenful_shows_every_distinct_row_with_alike_hosts_on_one(
     hosts = [row[0] for row in rows if row[0]]
     assert hosts == ["host[1-4,6-16,18-22]\u00a0(20)", "host5", "host17"], proc.stdout
     assert "22 hosts: 22 ok" in proc.stdout and "more host" not in proc.stdout
-    assert [row[6] for row in rows if row[0]] == ["no GPU", "4x NVIDIA H100 80GB HBM3", "8x NVIDIA H100 80GB HBM3"]
-    assert [row[-1] for row in rows if row[0] == "host5"] == ["GPU 1 busy: pid 48213"]
+    first_lines = [row for row in rows if row[0]]  # a wrapped cell goes on below: its first line is enough here
+    assert [row[6].split(" NVIDIA")[0] for row in first_lines] == ["no GPU", "4x", "8x"]
+    assert [row[7].split(" ")[0] for row in first_lines] == ["-", "550.54.15", "550.54.15"]
+    assert [row[-1].startswith("GPU 1 busy") for row in rows if row[0] == "host5"] == [True]
     every = run_ddops("ping", "--all", "--all-rows", inventory=big_bed.inventory_path)
     assert [row[0] for row in table_rows(every.stdout) if row[0]] == [f"host{i}" for i in range(1, 23)]
 
