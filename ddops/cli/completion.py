@@ -7,13 +7,11 @@ nothing rather than failing the shell.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
 import typer
 
-from ddops import settings
 from ddops.grouping import natural_sorted
 
 
@@ -76,15 +74,20 @@ def limit(ctx: typer.Context, incomplete: str) -> list[str]:
     return [head + negate + name for name in _matching(_host_names(data) + _group_names(data), last[len(negate):])]
 
 
-def _search_dirs(ctx: typer.Context | None) -> list[Path]:
-    """Where bare playbook and plan names are looked up, as ddops.patching.playbook.search_path reads them."""
-    from ddops.resources import playbooks_dir
+def _search_dirs(ctx: typer.Context | None) -> tuple[Path, ...]:
+    """Where bare playbook and plan names are looked up (search_path), from the inventory's `playbook_dirs:` as
+    written (read against its folder; the inventory is not loaded)."""
+    from types import SimpleNamespace
+
+    from ddops.errors import DdopsError
+    from ddops.patching.playbook import search_path
 
     data, path = _inventory_data(ctx)
     listed = data.get("playbook_dirs") if isinstance(data.get("playbook_dirs"), list) else []
-    first = [path.parent / Path(str(d)).expanduser() for d in listed]
-    env = [Path(d).expanduser() for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
-    return [*first, *env, playbooks_dir()]
+    try:
+        return search_path(SimpleNamespace(playbook_dirs=[str(path.parent / str(d)) for d in listed]))
+    except DdopsError:  # a folder search_path refuses: nothing to offer from it
+        return ()
 
 
 def _yaml_files(ctx: typer.Context | None) -> list[Path]:
