@@ -15,7 +15,7 @@ from ddops.cli import completion
 from ddops.cli.follow import RUN_STYLE, follow_run, hints, print_logs, render_runs, when
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, YesOpt, command
-from ddops.cli.render import console, err_console, escape, recap, styled, write_document
+from ddops.cli.render import console, err_console, escape, recap, write_document
 from ddops.cli.state import current_state, state
 from ddops.safe_text import csv_safe, printable
 
@@ -123,8 +123,8 @@ def _show_check(results: Sequence[HostResult]) -> None:
         who = hosts_cell([r.host for r in group], among=len(results))
         console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}",
                      align="left")
-        for command in commands:
-            console.print(escape(command), soft_wrap=True, highlight=False)
+        for line in commands:
+            console.print(escape(line), soft_wrap=True, highlight=False)
 
 
 def _show_launch(run_id: str, launched: int, following: bool, results: Sequence[HostResult]) -> None:

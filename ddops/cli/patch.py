@@ -11,7 +11,7 @@ from ddops import settings
 from ddops.cli import completion
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, ExitCodeOpt, YesOpt, command
-from ddops.cli.render import console, escape, recap, styled
+from ddops.cli.render import console, escape, recap
 from ddops.cli.state import AppState
 from ddops.errors import UsageError
 from ddops.safe_text import printable
