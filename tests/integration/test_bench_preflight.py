@@ -63,7 +63,9 @@ def test_a_host_whose_python_lacks_the_plans_packages_is_refused_saying_what_to_
     plan = plan_file(tmp_path, packages='requires_packages:\n  transformers: ">=5.16,<5.25"\n  not-a-real-dist:\n')
     newer = python_with(tmp_path, "newer", transformers="5.25.0", not_a_real_dist="1.0")
     fine = python_with(tmp_path, "fine", transformers="5.24.0", not_a_real_dist="1.0")
-    inventory = with_python(bed, tmp_path, {"host1": fine, "host2": newer})
+    # host3's transformers in range whatever this python holds: its one problem is the missing distribution
+    lacking = python_with(tmp_path, "lacking", transformers="5.24.0")
+    inventory = with_python(bed, tmp_path, {"host1": fine, "host2": newer, "host3": lacking})
     code, doc = run_ddops_json("bench", str(plan), "--all", "--check", inventory=inventory)
     assert code == 1, doc
     hosts = {h["host"]: h for h in doc["hosts"]}
@@ -71,7 +73,7 @@ def test_a_host_whose_python_lacks_the_plans_packages_is_refused_saying_what_to_
     assert hosts["host2"]["message"] == (
         f"refused: transformers 5.25.0, plan needs >=5.16,<5.25 (install it for {sys.executable}: "
         f"{sys.executable} -m pip install 'transformers>=5.16,<5.25')")
-    # host3 runs this python, without the fake distribution
+    # host3 lacks the fake distribution
     assert hosts["host3"]["data"]["problems"] == [
         f"not-a-real-dist is not installed, plan needs it (install it for {sys.executable}: {sys.executable} "
         "-m pip install not-a-real-dist)"]
