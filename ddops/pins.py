@@ -36,9 +36,11 @@ class PinState(StrEnum):
     NONE = "no-pin"          # the inventory pins no commit for this host
     NO_REPO = "no-repo"      # no git checkout (or no commit) at the host's repo path
     UNRESOLVED = "unresolved"  # the pin is a branch or tag that could not be resolved
+    NOT_ASKED = "not-asked"  # the run was interrupted before this host was asked
+    UNKNOWN = "unknown"      # the host did not say (unreachable, or failed before answering)
 
 
-PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED = PinState
+PIN_AT, PIN_OFF, PIN_NONE, PIN_NO_REPO, PIN_UNRESOLVED, PIN_NOT_ASKED, PIN_UNKNOWN = PinState
 
 
 class SyncError(DdopsError):

@@ -15,6 +15,7 @@ import zlib
 
 PACKAGE = "ddops_agent"
 CACHE_KEEP = 8  # compiled bundles kept per host: every ddops upgrade leaves one behind
+MINIMUM_PYTHON = (3, 8)
 
 
 def fail(message):
@@ -135,6 +136,9 @@ def option(name, default=None):
 
 
 def main():
+    # Checked first, in code that Python 2.7 still runs: an older host gets one line, not a traceback.
+    if sys.version_info < MINIMUM_PYTHON:
+        return fail("needs Python >= %d.%d (found %s)" % (MINIMUM_PYTHON + (sys.version.split()[0],)))
     size = int(sys.argv[1])
     serve = "--serve" in sys.argv[2:]
     digest = option("sha256")

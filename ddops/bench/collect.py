@@ -92,7 +92,8 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
         **({"metrics": spec["metrics"]} if spec.get("metrics") else {}),
         "results": spec.get("results"), "status": state.get("status"),
-        "gpu": {"model": prov.get("gpu_model"), "count": prov.get("gpu_count"), "driver": prov.get("gpu_driver")},
+        "gpu": {"model": prov.get("gpu_model"), "count": prov.get("gpu_count"), "driver": prov.get("gpu_driver"),
+                "state": prov.get("gpu_state")},  # clocks, temperature, power limit, CUDA at launch: gpus.gpu_state
         "os": prov.get("os"), "kernel": prov.get("kernel"), "python": prov.get("python"),
         "python_executable": spec.get("python_executable") or prov.get("python_executable"),
         "torch": prov.get("torch"), "transformers": prov.get("transformers"),

@@ -36,6 +36,9 @@ TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "timeout_minutes": (int, float),
     "metrics": dict,
     "server": dict,
+    # the host's environment and GPUs before a launch (ddops/bench/environment.py, ddops/bench/gpus.py)
+    "requires_packages": dict,
+    "allow_busy_gpus": bool,
 }
 # `metrics:` of a plan whose summarizer is `metrics` (ddops/bench/summarize_metrics.py): where each number and the
 # output text sit in the team's own JSON or CSV metrics file, as key paths (`a.b.0.c`; a CSV column name).
@@ -70,6 +73,8 @@ class BenchPlan:
     metrics: dict[str, str] = field(default_factory=dict, hash=False)
     server: ServerPlan | None = None
     overrides: dict[str, Value] = field(default_factory=dict, hash=False)  # --var: beat plan and host vars
+    requires_packages: tuple[tuple[str, str], ...] = ()  # (distribution, PEP 440 range or "")
+    allow_busy_gpus: bool = False
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -278,7 +283,20 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
         description=str(data.get("description", "")).strip(), workdir=workdir, env=env, matrix=matrix,
         vars=plan_vars, requires_patches=patches, gpus=gpus, min_free_disk_gb=float(disk),
         timeout_minutes=float(timeout), metrics=metrics, server=server,
+        requires_packages=_parse_requirements(doc, data.get("requires_packages") or {}),
+        allow_busy_gpus=bool(data.get("allow_busy_gpus", False)),
     )
+
+
+def _parse_requirements(doc: YamlDoc, raw: dict) -> tuple[tuple[str, str], ...]:
+    """`requires_packages: {transformers: ">=5.16,<5.25", torch: null}`: checked with the host's python first."""
+    from ddops.bench.environment import requirement_error
+
+    for name, spec in raw.items():
+        error = requirement_error(name, spec)
+        if error:
+            raise _err(doc, ("requires_packages", name), error)
+    return tuple((name, (spec or "").replace(" ", "")) for name, spec in raw.items())
 
 
 def _parse_metrics(doc: YamlDoc, raw: Any, summarizer: str) -> dict[str, str]:

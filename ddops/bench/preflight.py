@@ -4,10 +4,13 @@ and the spec.json its runner works from. Pure: ddops/tasks/bench.py asks the hos
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import ddops
+from ddops.bench.environment import transformers_verdict, unmet
+from ddops.bench.gpus import gpu_issues, gpu_state
 from ddops.bench.plan import BenchPlan, RunSpec, check_host, load_bench_plan
 from ddops.errors import DdopsError, PlaybookError
 from ddops.inventory import Host, Inventory
@@ -145,6 +148,47 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
     return problems
 
 
+# --- the host's environment and GPUs ----------------------------------------------------------------------------
+
+
+def facts_request(plan: BenchPlan, host: Host) -> dict[str, Any]:
+    """What the preflight asks the agent beyond the plain facts: the versions of the plan's packages (read with the
+    host's python, the one `{python}` runs) and the GPUs' health where the plan uses GPUs on this host."""
+    return {"packages": [name for name, _ in plan.requires_packages],
+            "gpu_health": plan.gpus > 0 and host.executor != "slurm"}
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentCheck:
+    """What the host's Python packages and GPUs say against a launch: refusals, warnings, and what was seen."""
+
+    refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    seen: tuple[str, ...] = ()
+
+
+def environment_check(plan: BenchPlan, host: Host, facts: Mapping[str, Any], playbooks: Iterable[str] = (), *,
+                      allow_busy_gpus: bool = False) -> EnvironmentCheck:
+    """The plan's packages against the host's versions (refused when unmet), the transformers the hybrid playbooks
+    were tested with (`playbooks`: the names of those the plan's patches come from; untested is a warning), and
+    each GPU's health where the plan uses GPUs (busy or unhealthy: refused, unless --allow-busy-gpus or the plan's
+    `allow_busy_gpus`; a Slurm login node's GPUs are not the ones a job gets)."""
+    versions = facts.get("versions") or {}
+    refusals = unmet(plan.requires_packages, versions, facts.get("python_executable") or host.python)
+    warnings: list[str] = []
+    seen: list[str] = []
+    verdict = transformers_verdict(playbooks, versions)
+    if verdict is not None:
+        (seen if verdict[0] else warnings).append(verdict[1])
+    if plan.gpus > 0 and host.executor != "slurm":
+        issues = [str(i) for i in gpu_issues(facts)]
+        if allow_busy_gpus or plan.allow_busy_gpus:
+            warnings += issues
+        elif issues:
+            refusals.append("; ".join(issues) + " (--allow-busy-gpus runs anyway)")
+    return EnvironmentCheck(tuple(refusals), tuple(warnings), tuple(seen))
+
+
 # --- the run spec -----------------------------------------------------------------------------------------------------
 
 
@@ -181,6 +225,7 @@ def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin
         "repo": facts.get("repo_real"), "repo_commit": facts.get("git_commit"),
         "pin": pin.described if pin is not None and pin.commit else None,
         "patches": journal_applications(facts), "required_patches": dict(patch_states),
+        "gpu_state": gpu_state(facts),
     }
 
 

@@ -193,6 +193,8 @@ class PreflightReport(JsonValue):
     pin: str | None = omitted_when_none()
     problems: tuple[str, ...] | None = omitted_when_none()
     commands: tuple[str, ...] | None = omitted_when_none()
+    environment: tuple[str, ...] | None = omitted_when_none()  # what the environment check saw fit (`... (tested)`)
+    warnings: tuple[str, ...] | None = omitted_when_none()  # untested transformers; GPU trouble --allow-busy-gpus let by
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,7 @@ class LaunchReport(JsonValue):
     pid: int | None = omitted_when_none()
     job_id: str | None = omitted_when_none()
     executor: str | None = omitted_when_none()
+    warnings: tuple[str, ...] | None = omitted_when_none()  # as the preflight's
 
 
 @dataclass(frozen=True, slots=True)

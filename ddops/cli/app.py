@@ -10,9 +10,9 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.options import (AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt, JsonOpt,
-                               VerboseOpt)
-from ddops.cli.render import err_console, escape, write_document
+from ddops.cli.options import (JSON_FLAG, AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt,
+                               JsonOpt, VerboseOpt)
+from ddops.cli.render import err_console, escape, hinted, write_document
 from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError
 
@@ -69,16 +69,21 @@ for module_name in ("ddops.cli.patch", "ddops.cli.sync", "ddops.cli.bench", "ddo
     module.register(app)
 
 
+def wants_json(argv: list[str]) -> bool:
+    """--json among the options (not after `--`, where an ad-hoc command's own words start)."""
+    return JSON_FLAG in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turn DdopsErrors into one line and an exit code."""
     try:
         rv = app(args=argv, prog_name="ddops", standalone_mode=False)
     except DdopsError as exc:
         # One line whatever its length (soft_wrap): scripts and CI logs grep for it.
-        err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
+        err_console.print(f"[bold red]ddops: error:[/] {escape(hinted(str(exc)))}", soft_wrap=True)
         current = current_state()
         if current is not None and current.json:  # --json: still one document on stdout, saying what went wrong
-            write_document(exc.exit_code, {"error": str(exc)})
+            write_document(exc.exit_code, {"error": hinted(str(exc))})
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored) click errors: a bad option, a value out of range
         show = getattr(exc, "show", None)
@@ -86,7 +91,14 @@ def main(argv: list[str] | None = None) -> None:
             show()
         else:
             err_console.print(f"[bold red]ddops: error:[/] {escape(str(exc))}", soft_wrap=True)
-        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+        code = exc.exit_code if exc.exit_code else EXIT_USAGE
+        if wants_json(sys.argv[1:] if argv is None else argv):
+            # The command line did not parse, so no command ran to say --json: still one document on stdout.
+            context = getattr(exc, "ctx", None)
+            command = context.command_path.partition(" ")[2] if context is not None else ""
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+            write_document(code, {"error": message}, command=command)
+        sys.exit(code)
     except typer.Abort:
         err_console.print("ddops: aborted")
         sys.exit(130)

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 import typer
 from typer.core import TyperGroup
 
+from ddops.cli import completion
 from ddops.cli.follow import RUN_STYLE, follow_run, hints, print_logs, render_runs, when
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, YesOpt, command
-from ddops.cli.render import console, err_console, escape, recap, styled, write_document
+from ddops.cli.render import console, err_console, escape, recap, write_document
 from ddops.cli.state import current_state, state
 from ddops.safe_text import csv_safe, printable
 
@@ -38,9 +39,14 @@ bench_app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
 ResultsDirOpt = Annotated[Optional[Path], typer.Option("--results-dir", help="Where collected results and launch "
                                                        "records live (default: $DDOPS_RESULTS_DIR or ./results).",
                                                        show_default=False)]
-FollowOpt = Annotated[Optional[bool], typer.Option("--follow/--no-follow", help="Stream the hosts' logs and "
+FollowOpt = Annotated[Optional[bool], typer.Option("--follow/--no-follow", "-f", help="Stream the hosts' logs and "
                                                    "progress until the run ends (default: on a terminal).",
                                                    show_default=False)]
+RunIdArg = Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
+                                                   show_default=False, autocompletion=completion.run_ids)]
+AllowBusyGpusOpt = Annotated[bool, typer.Option("--allow-busy-gpus", help="Launch on a GPU that is busy or unhealthy "
+                                                "(held by another process, ECC errors, Xid events, throttled, unlike "
+                                                "its siblings): a warning instead of a refusal.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -54,7 +60,7 @@ def register(app: typer.Typer) -> None:
 def run(ctx: typer.Context, selection: Selection,
         plan: Annotated[Optional[str], typer.Argument(
             help="Bench plan: a name from playbooks/ or a YAML path (default: the inventory's `bench:`).",
-            show_default=False)] = None,
+            show_default=False, autocompletion=completion.plans)] = None,
         follow: FollowOpt = None,
         run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
@@ -67,8 +73,10 @@ def run(ctx: typer.Context, selection: Selection,
                                                           show_default=False)] = None,
         from_: Annotated[Optional[str], typer.Option("--from", help="Local clone to resolve branch and tag pins "
                                                      "in, as `sync --from` (default: each host's repo_url).",
-                                                     show_default=False)] = None) -> None:
-    """Check each host (patches applied, disk, GPUs, repo and commit), then start the plan's runs detached.
+                                                     show_default=False)] = None,
+        allow_busy_gpus: AllowBusyGpusOpt = False) -> None:
+    """Check each host (patches applied, packages, disk, GPUs and their health, repo and commit), then start the
+    plan's runs detached.
 
     With --json: one JSON document with the run id and each host's launch result; never follows."""
     from ddops.bench.plan import narrow_plan, parse_assignments
@@ -83,11 +91,13 @@ def run(ctx: typer.Context, selection: Selection,
     pins = Pins(from_clone=checked_clone(from_) if from_ else None)  # each pin resolved once, on this machine
     on = OnHosts(ctx, selection)
     if check:
-        on.finish(on.run(check_task(bench_plan, pins, inventory), title=f"bench {bench_plan.name} --check"),
-                  {"check": True, "plan": bench_plan.name})
+        on.finish(on.run(check_task(bench_plan, pins, inventory, allow_busy_gpus=allow_busy_gpus),
+                         title=f"bench {bench_plan.name} --check"),
+                  {"check": True, "plan": bench_plan.name}, render=_show_check)
         return
     rid = check_run_id(run_id) if run_id else new_run_id()
-    results = on.run(launch_task(bench_plan, rid, pins, inventory), title=f"bench {bench_plan.name}")
+    results = on.run(launch_task(bench_plan, rid, pins, inventory, allow_busy_gpus=allow_busy_gpus),
+                     title=f"bench {bench_plan.name}")
     launched = [h for h, r in zip(on.hosts, results) if r.status == "changed"]
     if launched:
         write_launch_record(results_root(results_dir), rid, bench_plan, [h.name for h in launched], inventory.path)
@@ -100,6 +110,21 @@ def run(ctx: typer.Context, selection: Selection,
         return
     render(results)
     raise typer.Exit(max(follow_run(on.state, inventory, launched, rid), worst_exit_code(results)))
+
+
+def _show_check(results: Sequence[HostResult]) -> None:
+    """The recap, then each distinct list of commands once, with the hosts that would run it."""
+    from ddops.bench.runs import PreflightReport
+    from ddops.grouping import group_identical, hosts_cell
+
+    recap(results, title="ddops bench --check (nothing launched)")
+    ready = [r for r in results if isinstance(r.report, PreflightReport) and r.report.commands]
+    for commands, group in group_identical(ready, key=lambda r: r.report.commands):
+        who = hosts_cell([r.host for r in group], among=len(results))
+        console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}",
+                     align="left")
+        for line in commands:
+            console.print(escape(line), soft_wrap=True, highlight=False)
 
 
 def _show_launch(run_id: str, launched: int, following: bool, results: Sequence[HostResult]) -> None:
@@ -150,9 +175,7 @@ def _run_hosts(ctx: typer.Context, selection: Selection, root: Path, run_id: str
 
 
 @command(bench_app, "status")
-def status(ctx: typer.Context, selection: Selection,
-           run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
-                                                           show_default=False)] = None,
+def status(ctx: typer.Context, selection: Selection, run_id: RunIdArg = None,
            results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
     from ddops.bench.runs import RunReport, resolve_run_id, results_root
@@ -177,15 +200,16 @@ def status(ctx: typer.Context, selection: Selection,
 
 
 @command(bench_app, "logs")
-def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.Argument(help="Run id.")],
-         follow: Annotated[bool, typer.Option("--follow", "-F", help="Keep streaming until the run ends.")] = False,
-         results_dir: ResultsDirOpt = None) -> None:
-    """The run's log from each host (prefixed with the host name), or streamed live with --follow."""
-    from ddops.bench.runs import LogReport, check_run_id, results_root
+def logs(ctx: typer.Context, selection: Selection, run_id: RunIdArg = None,
+         follow: Annotated[bool, typer.Option("--follow", "-f", "-F", help="Keep streaming until the run ends.")]
+         = False, results_dir: ResultsDirOpt = None) -> None:
+    """The run's log from each host (prefixed with the host name), or streamed live with --follow (-f)."""
+    from ddops.bench.runs import LogReport, resolve_run_id, results_root
     from ddops.tasks.bench import logs_task
 
-    rid = check_run_id(run_id)
-    on = _run_hosts(ctx, selection, results_root(results_dir), rid)
+    root = results_root(results_dir)
+    rid = resolve_run_id(root, run_id)
+    on = _run_hosts(ctx, selection, root, rid)
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
@@ -202,7 +226,8 @@ def logs(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.
 
 
 @command(bench_app, "stop")
-def stop(ctx: typer.Context, selection: Selection, run_id: Annotated[str, typer.Argument(help="Run id.")],
+def stop(ctx: typer.Context, selection: Selection,
+         run_id: Annotated[str, typer.Argument(help="Run id.", autocompletion=completion.run_ids)],
          grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
          yes: YesOpt = False, results_dir: ResultsDirOpt = None,
          task: Annotated[Optional[list[int]], typer.Option("--task", min=0, help="Slurm runs: cancel only this array "
@@ -231,20 +256,31 @@ def list_runs(ctx: typer.Context, selection: Selection) -> None:
     on.finish(on.run(list_task, title="bench list"), render=_runs_table)
 
 
-def _runs_table(results: Sequence["HostResult"]) -> None:
-    from rich.table import Table
+def _alike_runs(results: Sequence["HostResult"]) -> list[tuple[tuple, list]]:
+    """((run id, plan, status, done, total), [(run, host)...]): the hosts whose run is alike, newest run first."""
+    from ddops.grouping import group_identical, natural_key
 
-    table = Table(header_style="bold")
-    for col in ("run", "host", "plan", "status", "done", "started", "ended"):
-        table.add_column(col, no_wrap=col in ("run", "host"))
     rows = [(run, r.host) for r in results if r.report for run in r.report.runs]
-    rows.sort(key=lambda x: (x[0].run_id or "", x[1]), reverse=True)
-    for run, h in rows:
-        style = RUN_STYLE.get(run.status, "")
-        table.add_row(escape(run.run_id or ""), escape(h), escape(run.plan or ""),
-                      styled(str(run.status), style), escape(f"{run.done}/{run.total}"),
-                      escape(when(run.started)), escape(when(run.ended)))
-    console.print(table)
+    rows.sort(key=lambda x: natural_key(x[1]))
+    rows.sort(key=lambda x: x[0].run_id or "", reverse=True)
+    return group_identical(rows, key=lambda x: (x[0].run_id, x[0].plan, str(x[0].status), x[0].done, x[0].total))
+
+
+def _runs_table(results: Sequence["HostResult"]) -> None:
+    """One row per run and state: the hosts whose run is alike (plan, status, progress) share it, with the earliest
+    start and the latest end among them."""
+    from ddops.cli.render import show_table
+    from ddops.grouping import hosts_cell
+
+    rows, styles = [], []
+    for (run_id, plan, status, done, total), group in _alike_runs(results):
+        hosts = [h for _, h in group]
+        started = min((run.started for run, _ in group if run.started), default=None)
+        ended = None if any(not run.ended for run, _ in group) else max(run.ended for run, _ in group)
+        rows.append([hosts_cell(hosts), status, run_id or "", plan or "", f"{done}/{total}", when(started),
+                     when(ended)])
+        styles.append({1: RUN_STYLE.get(status, "")})
+    show_table(["hosts", "status", "run", "plan", "done", "started", "ended"], rows, styles=styles)
     for r in results:
         if r.failed:
             err_console.print(f"{escape(r.host)}: {escape(r.status)}: {escape(r.message)}")
@@ -255,9 +291,7 @@ def _runs_table(results: Sequence["HostResult"]) -> None:
 
 @command(bench_app, "collect")
 def collect(ctx: typer.Context, selection: Selection,
-            run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
-                                                            show_default=False)] = None,
-            results_dir: ResultsDirOpt = None,
+            run_id: RunIdArg = None, results_dir: ResultsDirOpt = None,
             max_file_size: Annotated[str, typer.Option("--max-file-size", help="Refuse (never download) a result "
                                                        "file the host lists as bigger than this: 500M, 2G, bytes.")]
             = "2G") -> None:
@@ -284,7 +318,8 @@ def collect(ctx: typer.Context, selection: Selection,
 @command(bench_app, "report")
 def report(ctx: typer.Context,
            run_ids: Annotated[Optional[list[str]], typer.Argument(help="Collected run ids (default: the newest).",
-                                                                  show_default=False)] = None,
+                                                                  show_default=False,
+                                                                  autocompletion=completion.run_ids)] = None,
            fmt: Annotated[str, typer.Option("--format", help="table, json, csv or md.")] = "table",
            by: Annotated[Optional[str], typer.Option("--by", help="host: one row per host and method (repeats "
                                                      "aggregated); method: one row per method over every host and "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ddops.cli.render import console, err_console, escape, styled
+from ddops.cli.render import console, ddops_line, err_console, escape, styled
 from ddops.safe_text import one_line, printable
 
 if TYPE_CHECKING:
@@ -24,9 +24,11 @@ HOST_COLORS = ("cyan", "green", "magenta", "blue", "yellow", "bright_cyan", "bri
 def hints(run_id: str, detached: bool) -> None:
     lead = f"detached: run {run_id} keeps going on the hosts; nothing was stopped." if detached else \
         f"run {run_id} is going on the hosts."
-    err_console.print(f"{lead}\n  follow it:  ddops bench logs {run_id} --follow\n"
-                      f"  status:     ddops bench status {run_id}\n  stop it:    ddops bench stop {run_id}\n"
-                      f"  results:    ddops bench collect {run_id} && ddops bench report {run_id}",
+    err_console.print(f"{lead}\n  follow it:  {ddops_line(f'bench logs {run_id} --follow')}\n"
+                      f"  status:     {ddops_line(f'bench status {run_id}')}\n"
+                      f"  stop it:    {ddops_line(f'bench stop {run_id}')}\n"
+                      f"  results:    {ddops_line(f'bench collect {run_id}')} && "
+                      f"{ddops_line(f'bench report {run_id}')}",
                       highlight=False, markup=False)
 
 
@@ -192,20 +194,21 @@ def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id:
 
 def render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
     """A table of each host's run, then every failed command with its exit code and the end of its log."""
-    from rich.table import Table
+    from ddops.cli.render import show_table
+    from ddops.grouping import natural_key
 
-    table = Table(header_style="bold")
-    for col in ("host", "run", "status", "runs ok", "now", "started", "elapsed", "message"):
-        table.add_column(col, overflow="fold")
-    for run in runs:
-        style = RUN_STYLE.get(run.status, "")
+    rows, styles = [], []
+    for run in sorted(runs, key=lambda run: natural_key(run.host)):
         ok = sum(1 for r in run.runs if r.status == "ok")
-        table.add_row(escape(run.host), escape(run.run_id), styled(run.status, style), escape(f"{ok}/{run.total}"),
-                      escape(run.current_label or "") if not run.terminal else "", escape(when(run.started)),
-                      duration(run.elapsed()), escape(run.message or ""))
+        rows.append([run.host, str(run.status), run.run_id, f"{ok}/{run.total}",
+                     run.current_label or "" if not run.terminal else "", when(run.started), duration(run.elapsed()),
+                     run.message or ""])
+        styles.append({1: RUN_STYLE.get(run.status, "")})
     for host, error in (errors or {}).items():
-        table.add_row(escape(host), "", "[bold magenta]unreachable[/]", "", "", "", "", escape(error))
-    console.print(table)
+        rows.append([host, "unreachable", "", "", "", "", "", error])
+        styles.append({1: "bold magenta"})
+    show_table(["host", "status", "run", "runs ok", "now", "started", "elapsed", "message"], rows, styles=styles,
+               folding=7)
     _render_slurm_tasks(runs)
     for run in runs:
         for rec in run.runs:

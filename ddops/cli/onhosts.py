@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import typer
 
-from ddops.cli.render import FleetProgress, emit_json, recap
+from ddops.cli.render import FleetProgress, emit_json, hinted, recap
 from ddops.cli.state import AppState, state
 
 if TYPE_CHECKING:
@@ -108,7 +108,10 @@ def ctrl_c(interrupt: Any) -> Iterator[None]:
 
 def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: Callable, *, title: str,
               progress: bool = True, interrupt: Any = None) -> list[HostResult]:
-    """Run a task over hosts with a progress view (rich on a TTY, plain lines otherwise, silent for --json)."""
+    """Run a task over hosts with a progress view (rich on a TTY, plain lines otherwise, silent for --json); each
+    host's next-step hints with the -i this run was given."""
+    from dataclasses import replace
+
     from ddops.fleet import DEFAULT_FORKS, run_fleet
 
     connector = st.connector(inventory)
@@ -116,7 +119,8 @@ def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: C
     try:
         connector.prepare(hosts)  # key files read and unlocked before the progress view starts and anything connects
         with view:
-            return run_fleet(hosts, task, connector.connect, forks=st.forks or DEFAULT_FORKS,
-                             on_event=view.event, interrupt=interrupt)
+            results = run_fleet(hosts, task, connector.connect, forks=st.forks or DEFAULT_FORKS,
+                                on_event=view.event, interrupt=interrupt)
     finally:
         connector.close()
+    return [replace(r, message=hinted(r.message)) for r in results]

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from ddops import settings
+from ddops.cli import completion
 from ddops.cli.state import state
 
 
@@ -19,11 +20,15 @@ InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar
 # After the command's name without the envvar: DDOPS_INVENTORY must not outvote an `-i` given before it.
 _InventoryHereOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", help="Inventory file (default: "
                                                           "./inventory.yaml).", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there "
+JSON_FLAG = "--json"  # also read from the raw argv when the command line did not parse (app.main)
+JsonOpt = Annotated[bool, typer.Option(JSON_FLAG, help="Print one JSON document on stdout and nothing else there "
                                                       "(docs/json.md).")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
 ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
                                                  show_default=False)]
+# Where a command's own `-f` is a follow (bench logs, bench run), --forks keeps only its long name there.
+_ForksLongOpt = Annotated[Optional[int], typer.Option("--forks", min=1, help="Hosts worked on at once (default 32).",
+                                                      show_default=False)]
 AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are always "
                                                                  "refused).")]
 AllRowsOpt = Annotated[bool, typer.Option("--all-rows", help="A recap row for every host (past a screenful, only "
@@ -39,12 +44,13 @@ GLOBAL_OPTIONS: dict[str, tuple[Any, Any]] = {  # parameter name -> (annotation,
 
 # The four host-selecting options, declared once; a command that takes a `selection` parameter gets them.
 HostOpt = Annotated[Optional[list[str]], typer.Option("--host", "-H", help="Host name or address (repeatable).",
-                                                       show_default=False)]
+                                                       show_default=False, autocompletion=completion.hosts)]
 GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Every host of a group (repeatable).",
-                                                        show_default=False)]
+                                                        show_default=False, autocompletion=completion.groups)]
 AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Every host in the inventory.")]
 LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
-                                                 "comma-separated; !glob excludes.", show_default=False)]
+                                                 "comma-separated; !glob excludes.", show_default=False,
+                                                 autocompletion=completion.limit)]
 SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
     "host": (HostOpt, None), "group": (GroupOpt, None), "all_": (AllOpt, False), "limit": (LimitOpt, None),
 }
@@ -83,6 +89,8 @@ def with_global_options(fn: Callable) -> Callable:
         params.insert(0, inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context))
     added = {**(SELECTION_OPTIONS if selects else {}), **GLOBAL_OPTIONS,
              **({"adhoc_hosts": (_AdhocHostsHereOpt, None)} if selects else {})}
+    if any("-f" in _flags(p.annotation) for p in params):
+        added["forks"] = (_ForksLongOpt, None)
     params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d)
                for n, (a, d) in added.items()]
 
@@ -105,6 +113,15 @@ def with_global_options(fn: Callable) -> Callable:
     run.__annotations__ = {p.name: p.annotation for p in params}
     del run.__wrapped__  # typer must read the signature above, not fn's
     return run
+
+
+def _flags(annotation: Any) -> set[str]:
+    """The option names an `Annotated[..., typer.Option(...)]` parameter declares (`--follow/--no-follow` split)."""
+    names: set[str] = set()
+    for info in getattr(annotation, "__metadata__", ()):
+        for decl in getattr(info, "param_decls", None) or ():
+            names.update(d.strip() for d in decl.split("/"))
+    return names
 
 
 def one_host(name: str) -> Any:

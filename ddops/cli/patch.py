@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional, Sequence
 
 import typer
 
 from ddops import settings
+from ddops.cli import completion
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import CheckOpt, ExitCodeOpt, YesOpt, command
-from ddops.cli.render import console, escape, recap, styled
+from ddops.cli.render import console, escape, recap
 from ddops.cli.state import AppState
 from ddops.errors import UsageError
 from ddops.safe_text import printable
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from ddops.inventory import Selection
 
 PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
-    help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False)]
+    help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False,
+    autocompletion=completion.playbooks)]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="Also show the diff of what is written.")]
 LockTimeoutOpt = Annotated[float, typer.Option("--lock-timeout", envvar=settings.LOCK_TIMEOUT.name, min=0,
                                                help="Seconds to wait for another ddops run's lock on a repo.")]
@@ -99,23 +101,30 @@ def verify(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
 
 
 def _show_checks(results: Sequence[HostResult]) -> None:
+    """Each distinct check line once, with the hosts that printed it (`all 24 hosts`, `host[1-3,7]`)."""
+    from ddops.grouping import group_identical, hosts_cell
     from ddops.patching.reports import VerifyReport
 
+    lines: list[tuple[str, str, str]] = []  # (host, mark, text)
     for r in results:
         for c in r.report.checks if isinstance(r.report, VerifyReport) else ():
             mark = "[green]ok[/]  " if c.ok else "[bold red]FAIL[/]"
             if c.finds_lines:
-                for line in c.grep_lines():
-                    console.print(f"{mark} {escape(r.host)}  {escape(line)}")
+                lines += [(r.host, mark, line) for line in c.grep_lines()]
             else:
-                console.print(f"{mark} {escape(r.host)}  {escape(c.name)}"
-                              + (f": {escape(c.message.splitlines()[-1])}" if c.message and not c.ok else ""))
+                lines.append((r.host, mark, c.name + (f": {c.message.splitlines()[-1]}" if c.message and not c.ok
+                                                      else "")))
+    checked = {host for host, _, _ in lines}
+    for (mark, text), group in group_identical(lines, key=lambda line: line[1:]):
+        who = hosts_cell(list(dict.fromkeys(host for host, _, _ in group)), among=len(checked))
+        console.print(f"{mark} {escape(who)}  {escape(text)}")
     recap(results, title="ddops verify")
 
 
 def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None, force: ForceOpt = False,
-             yes: YesOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
-    """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched."""
+             yes: YesOpt = False, check: CheckOpt = False, lock_timeout: LockTimeoutOpt = 10.0) -> None:
+    """Restore the exact pre-patch bytes, newest patch first; with no selection, every host ddops patched (asked
+    first at a terminal; --yes elsewhere)."""
     from ddops.tasks.patch import rollback_host
 
     run = OnHosts(ctx, selection, everywhere_when_empty=True)
@@ -124,12 +133,17 @@ def rollback(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = 
         from ddops.patching.snapshot import all_patches
 
         patch_ids = [p.id for p in all_patches(_playbooks(run.state, playbook))]
-    if selection.empty and not yes and sys.stdin.isatty() and not run.json:
+    if selection.empty and not yes and not check:
         what = ", ".join(playbook) if playbook else "every ddops patch"
+        if not sys.stdin.isatty() or run.json:
+            raise UsageError(f"no host selected: this would roll back {what} on every host that has one "
+                             f"({len(run.hosts)} in the inventory); pass --yes to do that without a terminal, "
+                             "select hosts (--host, --group, --all, --limit), or see first with --check")
         if not typer.confirm(f"Roll back {what} on every host that has one ({len(run.hosts)} in the inventory)?"):
             raise typer.Exit(1)
-    results = run.run(lambda h, s: rollback_host(h, s, patch_ids, force=force, lock_timeout=lock_timeout))
-    run.finish(results, title="ddops rollback")
+    results = run.run(lambda h, s: rollback_host(h, s, patch_ids, force=force, lock_timeout=lock_timeout,
+                                                 check=check), title="rollback --check" if check else "rollback")
+    run.finish(results, title="ddops rollback --check (nothing written)" if check else "ddops rollback")
 
 
 def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = None) -> None:
@@ -148,30 +162,74 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
         planner = make_planner()
         task = lambda h, s: status_host(h, s, books, planner=planner)  # noqa: E731
     results = with_pins(run.run(task), run.hosts)
-    run.finish(results, render=lambda results: _status_table(results, books))
+    run.finish(results, render=lambda results: _status_table(results, books, run.inventory,
+                                                             versions=run.state.verbose > 0))
 
 
-def _status_table(results: Sequence[HostResult], books: Sequence[Any]) -> None:
+def _status_columns(books: Sequence[Any], patch_ids: Sequence[str],
+                    inventory: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """(title, the patch ids it stands for): a column per playbook, not per patch id. With no playbook named, the
+    playbooks that define the journal's patch ids, and a column of its own for an id none of them defines."""
+    if not books:
+        from ddops.errors import DdopsError
+        from ddops.patching.playbook import playbooks_defining
+
+        try:
+            books = playbooks_defining(patch_ids, inventory)
+        except DdopsError:  # a playbook on the search path that does not load: show the ids as they are
+            books = []
+    columns = [(b.name, tuple(p.id for p in b.patches)) for b in books]
+    covered = {pid for _, ids in columns for pid in ids}
+    return columns + [(pid, (pid,)) for pid in patch_ids if pid not in covered]
+
+
+def _combined(states: Mapping[str, str], ids: Sequence[str], absent: str) -> tuple[str, str]:
+    """A playbook's cell from its patches' states (`applied`, or `applied 2/3` when they differ) and the odd ones
+    out for the note (`crop-recording pending`)."""
+    from collections import Counter
+
+    got = [states.get(pid, absent) for pid in ids]
+    if len(set(got)) == 1:
+        return got[0], ""
+    most, n = Counter(got).most_common(1)[0]
+    return f"{most} {n}/{len(ids)}", ", ".join(f"{pid} {state}" for pid, state in zip(ids, got) if state != most)
+
+
+def _status_table(results: Sequence[HostResult], books: Sequence[Any], inventory: Any, *,
+                  versions: bool = False) -> None:
+    """Host x playbook states; with -v each host's python, torch (its CUDA) and transformers too."""
+    from ddops.bench.environment import torch_cell
+    from ddops.cli.render import show_table
+    from ddops.cli.state import current_state
+    from ddops.fleet import FOLD_OVER
+    from ddops.grouping import group_identical, hosts_cell, natural_key
+
     shown = {r.host: r.report.status for r in results if r.report.status is not None}
-    patch_ids = [p.id for b in books for p in b.patches] or list(
-        dict.fromkeys(pid for status in shown.values() for pid in status.patches))
-    from rich.table import Table
-
-    table = Table(title="ddops status", header_style="bold")
-    table.add_column("host", no_wrap=True)
-    table.add_column("commit")
-    table.add_column("pin")
-    for pid in patch_ids:
-        table.add_column(pid)
-    table.add_column("note", overflow="fold")
-    for r in results:
+    journal_ids = list(dict.fromkeys(pid for status in shown.values() for pid in status.patches))
+    columns = _status_columns(books, journal_ids, inventory)
+    # With playbooks every patch has a state; from a journal, a patch it does not hold is not applied there.
+    absent = "-" if books else "not-applied"
+    headers = ["host", "commit", "pin", *(["python", "torch", "transformers"] if versions else []),
+               *(title for title, _ in columns), "note"]
+    lines: list[tuple[str, list[str], dict[int, str]]] = []
+    for r in sorted(results, key=lambda r: natural_key(r.host)):
         status = shown.get(r.host)
         states = status.patches if status else {}
-        cells = []
-        for pid in patch_ids:
-            s = states.get(pid, "-")
-            cells.append(styled(s, STATE_STYLE.get(s)))
-        note = r.message if r.status in ("failed", "unreachable", "drifted") or not books else ""
-        commit = ((status and status.commit) or "")[:10]
-        table.add_row(escape(r.host), escape(commit), escape(r.report.pin.cell), *cells, escape(note))
-    console.print(table)
+        cells = [((status and status.commit) or "")[:10], r.report.pin.cell]
+        if versions:
+            found = (status.versions if status else None) or {}
+            cells += [found.get("python") or "-", torch_cell(found), found.get("transformers") or "-"]
+        odd, style = [], {}
+        for title, ids in columns:
+            cell, others = _combined(states, ids, absent) if status else ("-", "")
+            style[len(cells) + 1] = STATE_STYLE.get(cell.partition(" ")[0], "")
+            cells.append(cell)
+            odd += [f"{title}: {others}"] if others else []
+        said = r.message if r.status in ("failed", "unreachable", "drifted", "skipped") or not books else ""
+        lines.append((r.host, [*cells, "; ".join([said] * bool(said) + odd)], style))
+    # Past a screenful (and without --all-rows), hosts whose rows read the same share one.
+    current = current_state()
+    each = len(lines) <= FOLD_OVER or bool(current and current.all_rows)
+    alike = group_identical(lines, key=(lambda line: line[0]) if each else (lambda line: tuple(line[1])))
+    show_table(headers, [[hosts_cell([host for host, _, _ in group]), *group[0][1]] for _, group in alike],
+               title="ddops status", styles=[group[0][2] for _, group in alike], folding=len(headers) - 1)

@@ -34,6 +34,17 @@ def load_inventory(path: str | os.PathLike[str], ssh_config: SshConfig | OpenSsh
     return parse_inventory(doc, ssh_config)
 
 
+def missing_identity_file(host: Host) -> str | None:
+    """`inventory.yaml:7: defaults.identity_file: ~/.ssh/gpu does not exist` where the key file a host names is not
+    there (what every connecting command refuses before dialling, and `inventory check` too); None otherwise."""
+    path = host.identity_file
+    if not path or os.path.exists(os.path.expanduser(path)):
+        return None
+    if host.identity_origin:
+        return f"{host.identity_origin}: {path} does not exist"
+    return f"{host.name}: identity_file {path} does not exist"
+
+
 def adhoc_inventory(spec: str, ssh_config: SshConfig | OpenSshConfig | None = None) -> Inventory:
     """`-H user@host:port,...` as an inventory of those hosts: ~/.ssh/config and the built-in defaults fill in the
     rest, host keys are checked against ~/.ssh/known_hosts as always. Each host is named by its address."""
@@ -120,6 +131,10 @@ def _top_level(doc: YamlDoc) -> dict:
     _expect_mapping(doc, (), data, TOP_KEYS)
     if "hosts" not in data:
         raise InventoryError(f"{doc.path}:1: missing `hosts:` (a mapping of host name to settings)")
+    if data.get("example"):
+        raise InventoryError(f"{doc.where(('example',))}: example: this is ddops' example inventory, its hosts are "
+                             "not yours: copy it, put your hosts in and delete this line (or start from `ddops "
+                             "inventory init`), and pass it with -i FILE")
     return data
 
 

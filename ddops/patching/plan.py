@@ -168,8 +168,8 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
         expect = spec.expect_for(path)
         failed = [r for r in patch.requires if states.get(r) in FAILED_STATES]
         if work.data() is None and spec.kind != ADD_MODULE:
-            outcome = Outcome(DRIFTED, f"{path}: no such file: the code changed upstream", expected=expect,
-                              plain_text=spec.plain_text)
+            outcome = Outcome(DRIFTED, f"{path}: no such file in the repo (removed or renamed upstream?)",
+                              expected=expect, plain_text=spec.plain_text)
         elif encoding_error is not None:
             outcome = dataclasses.replace(encoding_error, expected=expect, plain_text=spec.plain_text)
         elif patch.id in blocked:

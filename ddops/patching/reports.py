@@ -57,6 +57,9 @@ class PatchReport(JsonValue):
     checks: tuple[CheckResult, ...] = ()
     reverted: bool = False  # a check failed after writing: the originals were put back
     check_mode: bool = False
+    # patch --check with hybrid playbooks: the host's transformers against their support matrix (its words)
+    transformers_support: str | None = omitted_when_none()
+    transformers_tested: bool | None = omitted_when_none()
 
     @property
     def plain_text_files(self) -> set[str]:
@@ -90,6 +93,7 @@ class StatusReport(JsonValue):
     commit: str | None
     files: tuple[FileReport, ...]
     journal_corrupt: tuple[Mapping[str, Any], ...]
+    versions: Mapping[str, str | None] | None = omitted_when_none()  # python, torch (and its CUDA), transformers
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +148,17 @@ class RollbackReport(JsonValue):
     not_applied: tuple[str, ...] | None = omitted_when_none()  # asked for, but not applied there
     patches: tuple[str, ...] | None = omitted_when_none()
     saved: tuple[SavedCopy, ...] | None = omitted_when_none()  # only once the agent was asked to restore
+    check_mode: bool = False  # rollback --check: `restored` and `refused` are what a rollback would do
 
     def summary(self, host: str) -> str:
         """Every file restored and refused, and where each saved foreign edit is (with the command that shows it)."""
         parts = []
+        would = "would be " if self.check_mode else ""
         if self.restored:
-            parts.append(f"restored {', '.join(sorted(self.restored))}")
+            parts.append(f"{'would restore' if self.check_mode else 'restored'} {', '.join(sorted(self.restored))}"
+                         + (f" ({', '.join(self.patches)})" if self.check_mode and self.patches else ""))
         if self.refused:
-            parts.append(f"refused {'; '.join(r.reason for r in self.refused)}")
+            parts.append(f"{would}refused {'; '.join(r.reason for r in self.refused)}")
         for saved in self.saved or ():
             parts.append(f"saved the foreign edit of {saved.path} at {saved.backup} "
                          f"(ddops backups show {host} {saved.sha256[:12]})")

@@ -47,6 +47,7 @@ class Snapshot:
     journal: list[dict[str, Any]]
     facts: dict[str, Any] | None
     journal_corrupt: tuple[dict[str, Any], ...] = ()  # {line, error, salvaged} per journal line that did not parse
+    versions: dict[str, str | None] | None = None  # the packages' versions a snapshot asked for (`versions`)
 
     @classmethod
     def from_reply(cls, files: Sequence[str], reply: Mapping[str, Any]) -> "Snapshot":
@@ -65,7 +66,7 @@ class Snapshot:
                 contents[path] = base64.b64decode(record["content_b64"])
                 shas[path] = record["sha256"]
         return cls(contents, shas, errors, list(reply.get("journal") or []), reply.get("facts"),
-                   tuple(reply.get("journal_corrupt") or ()))
+                   tuple(reply.get("journal_corrupt") or ()), reply.get("versions"))
 
     def ours(self, patches: Sequence[Patch]) -> dict[str, str]:
         """path -> the sha256 ddops last wrote there, for each add_module patch the journal holds applied there: the

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ddops.bench.collect import DEFAULT_MAX_FILE_BYTES, host_manifest, oversized, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
-from ddops.bench.preflight import host_values, patch_states_from_journal, preflight_problems, provenance_of, run_spec
+from ddops.bench.preflight import (EnvironmentCheck, environment_check, facts_request, host_values,
+                                   patch_states_from_journal, preflight_problems, provenance_of, run_spec)
 from ddops.bench.runs import (NO_RUN_KINDS, CollectReport, HostRun, LaunchReport, LogReport, PreflightReport, RunEntry,
                               RunList, RunReport, RunStatus, StopReport)
 from ddops.errors import AgentError, DdopsError, TransportError
@@ -62,16 +63,24 @@ class Preflight:
     states: dict[str, str]
     pin: Pin | None
     refused: TaskOutcome | None
+    environment: EnvironmentCheck = EnvironmentCheck()
 
     @property
     def provenance(self) -> dict[str, Any]:
         return provenance_of(self.facts, self.states, self.pin)
 
+    @property
+    def said(self) -> str:
+        """What a ready host's line adds: what the environment check saw, and its warnings."""
+        return "".join(f"; {s}" for s in self.environment.seen) + \
+            "".join(f"; warning: {w}" for w in self.environment.warnings)
 
-def _preflight(plan: BenchPlan, pins: Pins | None = None,
-               inventory: Inventory | None = None) -> Callable[[Host, AgentSession], Preflight]:
+
+def _preflight(plan: BenchPlan, pins: Pins | None = None, inventory: Inventory | None = None, *,
+               allow_busy_gpus: bool = False) -> Callable[[Host, AgentSession], Preflight]:
     """The preflight of one host; every distinct pin resolved once for the whole launch, on the controller, and
-    the required patches' playbooks found once, where `ddops patch` finds them for this inventory."""
+    the required patches' playbooks found once, where `ddops patch` finds them for this inventory. The host's
+    packages and GPUs are checked against the plan too (ddops/bench/preflight.py: environment_check)."""
     # One planner for all hosts of a launch: hosts with the same file contents share one transform.
     planner = make_planner() if plan.requires_patches else None
     pins = pins or Pins()
@@ -81,22 +90,25 @@ def _preflight(plan: BenchPlan, pins: Pins | None = None,
         pin = pins.for_host(host) if host.commit else None
         # The host is asked whether it has the commit the controller resolved, never what its own branch says.
         commit = pin.commit if pin is not None else None
-        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": commit})
+        facts = session.call_agent("bench_facts", {"repo": host.repo, "commit": commit, **facts_request(plan, host)})
         states = required_patch_states(host, session, plan.requires_patches, facts, planner=planner, books=books)
-        problems = preflight_problems(plan, host, facts, states, pin)
+        environment = environment_check(plan, host, facts, [b.name for b in books], allow_busy_gpus=allow_busy_gpus)
+        problems = [*preflight_problems(plan, host, facts, states, pin), *environment.refusals]
         if not problems:
-            return Preflight(facts, states, pin, None)
-        report = PreflightReport(states, pin.described if pin else None, problems=tuple(problems))
-        return Preflight(facts, states, pin, TaskOutcome(FAILED, "refused: " + "; ".join(problems), report))
+            return Preflight(facts, states, pin, None, environment)
+        report = PreflightReport(states, pin.described if pin else None, problems=tuple(problems),
+                                 environment=environment.seen or None, warnings=environment.warnings or None)
+        return Preflight(facts, states, pin, TaskOutcome(FAILED, "refused: " + "; ".join(problems), report),
+                         environment)
 
     return check
 
 
-def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
-                inventory: Inventory | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None, inventory: Inventory | None = None, *,
+                allow_busy_gpus: bool = False) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: check this host's preconditions, then start the run detached; FAILED with the reasons when refused."""
 
-    preflight = _preflight(plan, pins, inventory)
+    preflight = _preflight(plan, pins, inventory, allow_busy_gpus=allow_busy_gpus)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -111,17 +123,18 @@ def launch_task(plan: BenchPlan, run_id: str, pins: Pins | None = None,
         spec = run_spec(plan, host, runs, checked.provenance, actor=default_actor())
         result = session.call_agent("bench_launch", {"repo": host.repo, "run_id": run_id, "spec": spec})
         return TaskOutcome(CHANGED, f"launched {len(runs)} run{'s' if len(runs) != 1 else ''} (runner pid "
-                                    f"{result.get('pid')})",
-                           LaunchReport(run_id, len(runs), result.get("run_dir"), states, pid=result.get("pid")))
+                                    f"{result.get('pid')}){checked.said}",
+                           LaunchReport(run_id, len(runs), result.get("run_dir"), states, pid=result.get("pid"),
+                                        warnings=checked.environment.warnings or None))
 
     return task
 
 
-def check_task(plan: BenchPlan, pins: Pins | None = None,
-               inventory: Inventory | None = None) -> Callable[[Host, AgentSession], TaskOutcome]:
+def check_task(plan: BenchPlan, pins: Pins | None = None, inventory: Inventory | None = None, *,
+               allow_busy_gpus: bool = False) -> Callable[[Host, AgentSession], TaskOutcome]:
     """Task: only the preconditions (what `ddops bench --check` reports)."""
 
-    preflight = _preflight(plan, pins, inventory)
+    preflight = _preflight(plan, pins, inventory, allow_busy_gpus=allow_busy_gpus)
 
     def task(host: Host, session: AgentSession) -> TaskOutcome:
         checked = preflight(host, session)
@@ -129,9 +142,12 @@ def check_task(plan: BenchPlan, pins: Pins | None = None,
             return checked.refused
         runs = expand_runs(plan, host_values(host, checked.facts), result_dir="<result_dir>")
         pin = f" at {checked.pin.described}" if checked.pin is not None else ""
-        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}",
+        environment = checked.environment
+        return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}{checked.said}",
                            PreflightReport(checked.states, checked.pin.described if checked.pin else None,
-                                           commands=tuple(r.command for r in runs)))
+                                           commands=tuple(r.command for r in runs),
+                                           environment=environment.seen or None,
+                                           warnings=environment.warnings or None))
 
     return task
 

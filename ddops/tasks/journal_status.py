@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ddops.bench.environment import host_versions
 from ddops.fleet import DRIFTED, OK, TaskOutcome
 from ddops.inventory import Host
-from ddops.jsonvalue import JsonValue
+from ddops.jsonvalue import JsonValue, omitted_when_none
 from ddops.patching import journal as journal_mod
 
 APPLIED, MODIFIED, MISSING = journal_mod.JOURNAL_APPLIED, journal_mod.MODIFIED, "missing"
@@ -45,6 +46,7 @@ class JournalReport(JsonValue):
     commit: str | None
     applied: tuple[AppliedPatch, ...]
     journal_corrupt: tuple[Mapping[str, Any], ...]
+    versions: Mapping[str, str | None] | None = omitted_when_none()  # python, torch (and its CUDA), transformers
 
     @property
     def patches(self) -> dict[str, str]:
@@ -72,9 +74,11 @@ def applied_patches(journal: Sequence[Mapping[str, Any]],
     return out
 
 
-def journal_status_host(host: Host, session: Any) -> TaskOutcome:
-    """One host's journal, and whether the files it names are still as ddops left them."""
-    first = session.call_agent("snapshot", {"repo": host.repo, "files": [], "facts": True})
+def journal_and_files(host: Host, session: Any, *, facts: bool = False
+                      ) -> tuple[list[dict[str, Any]], dict[str, str | None], dict[str, Any]]:
+    """The host's journal, the sha256 now of every file it holds applied (None: gone), and the first snapshot's
+    answer (its facts when asked)."""
+    first = session.call_agent("snapshot", {"repo": host.repo, "files": [], "facts": facts})
     journal = list(first.get("journal") or [])
     files = sorted({a.file for a in journal_mod.active_applications(journal)})
     shas: dict[str, str | None] = {}
@@ -84,9 +88,15 @@ def journal_status_host(host: Host, session: Any) -> TaskOutcome:
         for path in files:
             record = snap["files"].get(path) or {}
             shas[path] = record.get("sha256") if record.get("exists") else None
+    return journal, shas, first
+
+
+def journal_status_host(host: Host, session: Any) -> TaskOutcome:
+    """One host's journal, and whether the files it names are still as ddops left them."""
+    journal, shas, first = journal_and_files(host, session, facts=True)
     applied = applied_patches(journal, shas)
     report = JournalReport((first.get("facts") or {}).get("git_commit"), tuple(applied),
-                           tuple(first.get("journal_corrupt") or ()))
+                           tuple(first.get("journal_corrupt") or ()), host_versions(first.get("facts")))
     corrupt = journal_mod.describe_corrupt(report.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     if not applied:
@@ -100,4 +110,4 @@ def journal_status_host(host: Host, session: Any) -> TaskOutcome:
     return TaskOutcome(OK, f"{len(applied)} applied" + said, report)
 
 
-__all__ = ["AppliedPatch", "JournalReport", "applied_patches", "journal_status_host"]
+__all__ = ["AppliedPatch", "JournalReport", "applied_patches", "journal_and_files", "journal_status_host"]

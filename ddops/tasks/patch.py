@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ddops import __version__
+from ddops.bench.environment import host_versions, support_for
 from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout, message_for
-from ddops.fleet import CHANGED, DRIFTED, FAILED, OK, HostResult, TaskOutcome
+from ddops.fleet import CHANGED, DRIFTED, FAILED, NOT_STARTED, OK, HostResult, TaskOutcome
 from ddops.inventory import Host
 from ddops.patching import journal as journal_mod
 from ddops.patching.backups import backup_path
 from ddops.patching.checks import CheckResult, host_checks, run_checks
-from ddops.patching.kinds import APPLIED, CHANGING_STATES, PARTIAL, PENDING
+from ddops.patching.kinds import ADD_MODULE, APPLIED, CHANGING_STATES, PARTIAL, PENDING
 from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
 from ddops.patching.plan import Planner
 from ddops.patching.playbook import CheckSpec, PatchPlaybook
@@ -27,23 +28,53 @@ from ddops.patching.reports import (PatchReport, Refusal, RollbackReport, SavedC
                                     VerifyReport, file_reports)
 from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
                                      with_host_python)
-from ddops.pins import PinSummary, host_pins
+from ddops.pins import PIN_NOT_ASKED, PIN_UNKNOWN, PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
-from ddops.tasks.journal_status import JournalReport
+from ddops.tasks.journal_status import JournalReport, journal_and_files
 
-def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False) -> Snapshot:
-    """One agent round trip: every target file's bytes and hash, plus the journal."""
-    reply = session.call_agent("snapshot", {"repo": host.repo, "files": list(files), "facts": facts})
-    return Snapshot.from_reply(files, reply)
+def take_snapshot(host: Host, session: AgentSession, files: Sequence[str], *, facts: bool = False,
+                  versions: Sequence[str] = ()) -> Snapshot:
+    """One agent round trip: every target file's bytes and hash, plus the journal (and the facts, or the versions
+    of these packages, when asked)."""
+    payload = {"repo": host.repo, "files": list(files), "facts": facts, **({"versions": list(versions)}
+                                                                           if versions else {})}
+    return Snapshot.from_reply(files, session.call_agent("snapshot", payload))
+
+
+def repo_without_files(host: Host, snap: Snapshot, patches: Sequence[Any]) -> str | None:
+    """Why a host's repo looks like the wrong folder: none of the files the patches edit is there (a file a patch
+    adds does not count). None when any is: a missing one among others is drift, said per file."""
+    edited = list(dict.fromkeys(f for p in patches if p.transform.kind != ADD_MODULE for f in p.files))
+    if not edited or any(snap.files.get(f) is not None or f in snap.errors for f in edited):
+        return None
+    return (f"none of {', '.join(edited)} is in {host.repo}: is `repo:` this host's checkout, or is the checkout "
+            "not there yet (`ddops sync`)?")
 
 
 def patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
                check: bool = False, actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
-    """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked."""
+    """Apply the playbooks' patches to one host: all or nothing, backed up, journalled, checked. With check, also
+    the host's transformers against the hybrid playbooks' support matrix, where one of them is involved (said
+    after the outcome's message; untested is a warning, never a refusal)."""
+    outcome = _patch_host(host, session, playbooks, planner=planner, check=check, actor=actor,
+                          lock_timeout=lock_timeout)
+    words = getattr(outcome.report, "transformers_support", None)
+    return replace(outcome, message=f"{outcome.message}; {words}") if words else outcome
+
+
+def _patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlaybook], *, planner: Planner,
+                check: bool, actor: str | None, lock_timeout: float) -> TaskOutcome:
     patches = all_patches(playbooks)
-    snap = take_snapshot(host, session, all_files(patches))
+    support = support_for([b.name for b in playbooks]) if check else None
+    snap = take_snapshot(host, session, all_files(patches), versions=("transformers",) if support else ())
     plan = planner.plan_host(patches, snap.files, snap.ours(patches))
     report = PatchReport(patch_states(plan, patches, snap), file_reports(plan, snap), plan.diff, check_mode=check)
+    if support is not None:
+        tested, words = support.verdict((snap.versions or {}).get("transformers"))
+        report = replace(report, transformers_support=words, transformers_tested=tested)
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, "nothing written: " + wrong_repo, report, reason="no_repo")
     hard, drift = plan_problems(plan, snap)
     if hard:
         return TaskOutcome(FAILED, "; ".join(hard), report)
@@ -173,6 +204,9 @@ def verify_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     """Run every check of the playbooks against the files as they are now; grep-style matches in the report."""
     patches = all_patches(playbooks)
     snap = take_snapshot(host, session, all_files(patches))
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, wrong_repo, VerifyReport(()), reason="no_repo")
     results: list[VerifyCheck] = []
     commands: dict[str, tuple[str, CheckSpec]] = {}
     failures = [f"{path}: {message}" for path, message in snap.errors.items()]
@@ -212,7 +246,10 @@ def status_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
     plan = (planner or make_planner()).plan_host(patches, snap.files, snap.ours(patches))
     states = patch_states(plan, patches, snap)
     report = StatusReport(states, (snap.facts or {}).get("git_commit"), file_reports(plan, snap),
-                          snap.journal_corrupt)
+                          snap.journal_corrupt, host_versions(snap.facts))
+    wrong_repo = repo_without_files(host, snap, patches)
+    if wrong_repo:
+        return TaskOutcome(FAILED, wrong_repo, report, reason="no_repo")
     corrupt = journal_mod.describe_corrupt(snap.journal_corrupt)
     said = f"; {corrupt}" if corrupt else ""
     attention = {pid: s for pid, s in states.items() if s not in (PENDING, APPLIED, PARTIAL)}
@@ -239,14 +276,25 @@ class PinnedStatus:
 
 
 def with_pins(results: Sequence[HostResult], hosts: Sequence[Host]) -> list[HostResult]:
-    """Each status result with its host's pin, every distinct pin resolved once on the controller."""
+    """Each status result with its host's pin, every distinct pin resolved once on the controller; a host that was
+    not asked (an interrupted run) or did not answer says so, never `no-repo`."""
     pins = host_pins(hosts, [r.report.commit if r.report else None for r in results])
-    return [replace(r, report=PinnedStatus(r.report, pins[r.host])) for r in results]
+    by_name = {h.name: h for h in hosts}
+
+    def pin_of(r: HostResult) -> PinSummary:
+        if r.report is not None:
+            return pins[r.host]
+        return PinSummary(PIN_NOT_ASKED if r.interrupted == NOT_STARTED else PIN_UNKNOWN, by_name[r.host].commit)
+
+    return [replace(r, report=PinnedStatus(r.report, pin_of(r))) for r in results]
 
 
 def rollback_host(host: Host, session: AgentSession, patch_ids: Sequence[str] | None = None, *, force: bool = False,
-                  actor: str | None = None, lock_timeout: float = 10.0) -> TaskOutcome:
-    """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first."""
+                  actor: str | None = None, lock_timeout: float = 10.0, check: bool = False) -> TaskOutcome:
+    """Restore the exact pre-patch bytes of patch_ids (None: every patch ddops applied), newest first; with check,
+    only say what would be restored and refused (the files as they are now), writing nothing."""
+    if check:
+        return rollback_check(host, session, patch_ids, force=force)
     for attempt in range(ROLLBACK_ATTEMPTS):
         try:
             return rollback_once(host, session, patch_ids, force=force, actor=actor, lock_timeout=lock_timeout)
@@ -269,6 +317,36 @@ def still_written(host: Host, session: AgentSession, torn: Sequence[journal_mod.
         return []
     files = session.call_agent("snapshot", {"repo": host.repo, "files": sorted({t.file for t in torn})})["files"]
     return [t for t in torn if (files.get(t.file) or {}).get("sha256") == t.after]
+
+
+def rollback_check(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *,
+                   force: bool) -> TaskOutcome:
+    """What rollback_host would restore and refuse on this host now: planned against the files' hashes as they are
+    (a file edited since ddops wrote it is refused, as the agent's compare-and-swap would), nothing written."""
+    journal, shas, first = journal_and_files(host, session)
+    entries = journal_mod.parse_journal(journal)
+    actives = journal_mod.active_applications(entries)
+    torn = still_written(host, session, journal_mod.torn_applications(first.get("journal_corrupt") or []),
+                         {a.file for a in actives})
+    if not actives and not torn:
+        return TaskOutcome(OK, "nothing to roll back", RollbackReport(check_mode=True))
+    plan = journal_mod.plan_rollback(entries, shas, patch_ids, force=force)
+    rolled = tuple(dict.fromkeys(a.patch for r in plan.restores for a in r.applications))
+    report = RollbackReport(restored=tuple(r.file for r in plan.restores),
+                            refused=tuple(Refusal(r.file, r.reason, r.patch) for r in plan.refused),
+                            not_applied=tuple(plan.not_applied), patches=rolled, check_mode=True)
+    if patch_ids is None:  # as rollback_once: a torn line's file is restored only when no patch is named
+        report = replace(report, restored=report.restored + tuple(t.file for t in torn))
+    else:
+        report = replace(report, refused=report.refused + tuple(Refusal(t.file, (
+            f"{t.file}: journal line {t.line} was cut before its patch id: which patch wrote it is unknown; "
+            "`ddops rollback` without naming patches restores it")) for t in torn))
+    if report.refused:
+        return TaskOutcome(FAILED, report.summary(host.name), report)
+    if not report.restored:
+        return TaskOutcome(OK, "nothing to roll back" + (f" ({', '.join(plan.not_applied)} not applied)"
+                                                         if plan.not_applied else ""), report)
+    return TaskOutcome(CHANGED, report.summary(host.name), report)
 
 
 def rollback_once(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool,

@@ -22,7 +22,7 @@ from ddops.errors import AgentError, DdopsError, UsageError, message_for
 from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
 from ddops.jsonvalue import JsonValue, omitted_when_none
-from ddops.patching.playbook import load_playbooks, search_path
+from ddops.patching.playbook import list_playbooks, load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
 from ddops.pins import Pin, Pins, SyncError, check_url, checked_clone, local_git, short
 from ddops.tasks.base import AgentSession, default_actor
@@ -222,6 +222,10 @@ class SyncRun:
                 self._planner = make_planner()
             return self._planner
 
+    def named(self, patch_ids: Sequence[str]) -> str:
+        """Patch ids as a user names them: by the playbooks they make up (search_dirs' playbooks)."""
+        return by_playbook(patch_ids, load_playbooks(list_playbooks(self.search_dirs), self.search_dirs))
+
     def sync_task(self, host: "Host", session: AgentSession) -> TaskOutcome:
         return sync_host(host, session, self)
 
@@ -236,6 +240,18 @@ class SyncRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def by_playbook(patch_ids: Sequence[str], playbooks: Sequence[Any]) -> str:
+    """`crop-relative, hybrid-cache`: each playbook all of whose patches are among patch_ids by its name, one only
+    partly there as `crop-relative (crop-helper)`, an id no playbook defines as it is."""
+    wanted, named = list(dict.fromkeys(patch_ids)), []
+    for book in playbooks:
+        mine = [p.id for p in book.patches if p.id in wanted]
+        if mine:
+            named.append(book.name if len(mine) == len(book.patches) else f"{book.name} ({', '.join(mine)})")
+            wanted = [pid for pid in wanted if pid not in mine]
+    return ", ".join(named + wanted)
 
 
 def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions) -> SyncRun:
@@ -322,8 +338,8 @@ class Move:
     def arrived(self) -> bool:
         return self.before == self.commit
 
-    def described(self, host: "Host") -> str:
-        """What --check says the sync would do."""
+    def described(self, host: "Host", named: str = "") -> str:
+        """What --check says the sync would do (`named`: the patches rolled back, as their playbooks)."""
         parts = [f"{'would clone' if self.clones else 'would move'} {short(self.before)} → {short(self.commit)}"]
         if self.source == "remote":
             parts.append(f"fetching from {host.repo_url}")
@@ -333,7 +349,7 @@ class Move:
             parts.append(f"saving local edits to {', '.join(self.dirty.foreign)} in a git stash")
         if self.dirty.patched:
             again = " and re-applying" if self.reapply else ""
-            parts.append(f"rolling back {', '.join(self.dirty.patch_ids)}{again}")
+            parts.append(f"rolling back {named or ', '.join(self.dirty.patch_ids)}{again}")
         return "; ".join(parts)
 
 
@@ -368,8 +384,11 @@ def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | No
     return "remote" if probe.get("reachable") else "bundle"
 
 
-def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None) -> TaskOutcome:
-    """Put host's repo at its pinned commit without losing anything on it; see the module docstring."""
+def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None,
+              deploying: bool = False) -> TaskOutcome:
+    """Put host's repo at its pinned commit without losing anything on it; see the module docstring. `deploying`:
+    the first step of deploy, which applies the inventory's playbooks itself next (so nothing is re-applied here)."""
+    reapply = False if deploying else reapply
     pin, mode, check = run.pin_for(host), run.mode_for(host), run.options.check
     report = SyncReport(pin.rev, pin.commit, pin.shown, pin.resolved_in if pin.commit else None, mode, check)
     if pin.error or not pin.commit:
@@ -387,12 +406,12 @@ def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: boo
         local = f" (local changes in {', '.join(move.dirty.foreign)})" if move.dirty.foreign else ""
         return TaskOutcome(OK, f"at {short(pin.commit)}{local}", replace(report, after=pin.commit))
     if check:
-        return TaskOutcome(CHANGED, move.described(host), report)
-    return _carry_out(host, session, run, move, info, report)
+        return TaskOutcome(CHANGED, move.described(host, run.named(move.dirty.patch_ids)), report)
+    return _carry_out(host, session, run, move, info, report, deploying)
 
 
 def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, info: Mapping[str, Any],
-               report: SyncReport) -> TaskOutcome:
+               report: SyncReport, deploying: bool = False) -> TaskOutcome:
     """Save the local edits (--force), bring the commit in and roll ddops' patches back, check it out, re-apply."""
     if move.dirty.foreign:
         report = replace(report, saved=session.call_agent("sync_save", {
@@ -409,7 +428,7 @@ def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, in
             source = None
         rolled = rollback_host(host, session, patch_ids, force=run.options.force, actor=run.actor)
         if rolled.status in FAILING:
-            return TaskOutcome(FAILED, f"could not roll back {', '.join(patch_ids)} before moving (the checkout "
+            return TaskOutcome(FAILED, f"could not roll back {run.named(patch_ids)} before moving (the checkout "
                                        f"stays at {short(move.before)}): {rolled.message}{saved}", report,
                                reason=rolled.reason)
         report = replace(report, rolled_back=patch_ids)
@@ -427,7 +446,8 @@ def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, in
     if not patch_ids:
         return TaskOutcome(CHANGED, moved, report)
     if not move.reapply:
-        return TaskOutcome(CHANGED, f"{moved}; rolled back {', '.join(patch_ids)} (not re-applied)", report)
+        later = "" if deploying else " (not re-applied)"  # deploy applies the inventory's playbooks next
+        return TaskOutcome(CHANGED, f"{moved}; rolled back {run.named(patch_ids)}{later}", report)
     return _reapply(host, session, run, patch_ids, moved, report)
 
 
@@ -440,7 +460,7 @@ def _checkout_failed(host: "Host", session: AgentSession, run: SyncRun, move: Mo
         message += (f"; patches re-applied at {short(move.before)}" if again.status not in FAILING
                     else f"; re-applying patches at {short(move.before)} failed too: {again.message}")
     elif move.dirty.patch_ids:
-        message += f"; {', '.join(move.dirty.patch_ids)} stay rolled back"
+        message += f"; {run.named(move.dirty.patch_ids)} stay rolled back"
     return TaskOutcome(FAILED, message + saved, report, reason=exc.kind)
 
 
@@ -456,8 +476,8 @@ def _reapply(host: "Host", session: AgentSession, run: SyncRun, patch_ids: Seque
                            report, reason=again.reason)
     applied = tuple(p.id for book in playbooks for p in book.patches)
     left_out = [p for p in patch_ids if p not in applied]
-    note = f"; {', '.join(left_out)} not re-applied: not in the inventory's `patches:`" if left_out else ""
-    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(applied)}{note}",
+    note = f"; {run.named(left_out)} not re-applied: not in the inventory's `patches:`" if left_out else ""
+    return TaskOutcome(CHANGED, f"{moved}; rolled back and re-applied {', '.join(b.name for b in playbooks)}{note}",
                        replace(report, reapplied=applied))
 
 
@@ -499,7 +519,7 @@ def _call_bringing(host: "Host", session: AgentSession, run: SyncRun, verb: str,
 
 def deploy_host(host: "Host", session: AgentSession, run: SyncRun) -> TaskOutcome:
     """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
-    synced = sync_host(host, session, run, reapply=False)
+    synced = sync_host(host, session, run, deploying=True)
     report = DeployReport(synced.report)
     if synced.status in FAILING:
         return TaskOutcome(FAILED, synced.message, report, reason=synced.reason)
@@ -522,7 +542,8 @@ def deploy_host(host: "Host", session: AgentSession, run: SyncRun) -> TaskOutcom
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
                                    f"{verified.message}", report, reason=verified.reason)
-    return TaskOutcome(status, f"{synced.message}; {', '.join(run.patches)} applied and verified", report)
+    return TaskOutcome(status, f"{synced.message}; {', '.join(b.name for b in playbooks)} applied and verified",
+                       report)
 
 
 def _now() -> str:

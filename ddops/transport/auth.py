@@ -15,7 +15,7 @@ import paramiko
 from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
 
 from ddops.errors import InventoryError, UsageError
-from ddops.inventory import Host
+from ddops.inventory import Host, missing_identity_file
 
 # What ssh offers when no IdentityFile is set (those that exist), after the agent's keys.
 DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
@@ -142,12 +142,10 @@ class KeyRing:
         return found
 
     def _named(self, host: Host) -> KeyFile:
-        path = host.identity_file or ""
-        if not os.path.exists(os.path.expanduser(path)):
-            if host.identity_origin:
-                raise InventoryError(f"{host.identity_origin}: {path} does not exist")
-            raise InventoryError(f"{host.name}: identity_file {path} does not exist")
-        key = self._key_file(path, optional=False)
+        missing = missing_identity_file(host)
+        if missing:
+            raise InventoryError(missing)
+        key = self._key_file(host.identity_file or "", optional=False)
         assert key is not None
         return key
 

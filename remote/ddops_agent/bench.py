@@ -1,8 +1,9 @@
 """ddops agent extension: bench runs launched detached under <repo>/.ddops/runs/<run-id>/, polled, stopped, listed.
 
 Verbs (payloads always carry `repo`; `run_id` is a plain name: letters, digits, '.', '_', '-'):
-  bench_facts  {repo, commit?}        facts + repo_real, commit_resolved (the pin as a full sha, or null),
-                                      active_runs, journal, journal_files ({file: sha256 now})
+  bench_facts  {repo, commit?, packages?, gpu_health?}  facts (as the facts verb answers them) + repo_real,
+                                      commit_resolved (the pin as a full sha, or null), active_runs, journal,
+                                      journal_files ({file: sha256 now})
   bench_launch {repo, run_id, spec}   create the run dir and start the runner detached -> {pid, run_dir, total}
   bench_runner {repo, run_id}         the runner itself (started by bench_launch, never over ssh)
   bench_poll   {repo, run_id, offset, max_bytes}  state + log bytes from offset -> {state, log_b64, offset, log_size}
@@ -40,7 +41,7 @@ from ddops_agent.protocol import (AgentFault, b64_text, bad_request, describe_er
 from ddops_agent.files import (atomic_write, check_relpath, current_sha, file_kind, is_inside, make_private_dir,
                                open_repo, read_regular, resolve_target, write_all)
 from ddops_agent.checks import run_quiet
-from ddops_agent.facts import collect_facts
+from ddops_agent.facts import requested_facts
 from ddops_agent.journal import ends_without_newline, ensure_state_dir, now_iso, read_journal, state_dir
 from ddops_agent.servers import PORT_ENV, Servers, reap_server
 from ddops_agent.procs import (RUN_TAG_DIR, RUN_TAG_ID, descendants, end_processes, group_alive, group_is_the_runs,
@@ -751,7 +752,7 @@ def journal_file_shas(repo, entries):
 def bench_facts(payload):
     """Facts plus what a bench needs: the repo's real path, the pinned commit resolved, the journal and file hashes."""
     raw = optional_str(payload, "repo")
-    facts = collect_facts(raw)
+    facts = requested_facts(payload)
     repo = os.path.realpath(os.path.expanduser(raw)) if raw else None
     facts["repo_real"] = repo if facts["repo_exists"] else None
     facts["commit_resolved"] = None

@@ -1,16 +1,21 @@
 """What the controller wants to know about a host (the `facts` verb) and who the agent runs as."""
 
+import ast
 import os
 import platform
 import pwd
+import re
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 
-from ddops_agent.protocol import VERBS, optional_str, verb
+from ddops_agent.protocol import VERBS, bad_request, optional_str, require_list, verb
 from ddops_agent.checks import run_quiet
+from ddops_agent.gpus import gpu_health, query_gpus
+
+# Always reported; a plan's `requires_packages` asks for more (the `packages` of a facts request).
+PACKAGES = ("torch", "transformers")
+TORCH_CUDA = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(.+?)\s*$", re.M)
 
 
 # -- facts ----------------------------------------------------------------------------------------------------
@@ -50,32 +55,6 @@ def os_pretty_name():
     return None
 
 
-def parse_gpu_line(line):
-    """One nvidia-smi CSV line as {name, memory_total_mib, driver_version}."""
-    name, memory, driver = (part.strip() for part in line.rsplit(",", 2))
-    digits = memory.split()[0] if memory else ""
-    return {"name": name, "memory_total_mib": int(digits) if digits.isdigit() else None, "driver_version": driver}
-
-
-def query_gpus():
-    """(gpus, error): the GPUs nvidia-smi lists, [] without nvidia-smi; error says why a listing failed."""
-    if shutil.which("nvidia-smi") is None:
-        return [], None
-    argv = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=20)
-    except (OSError, subprocess.SubprocessError) as error:
-        return [], "nvidia-smi: %s" % error
-    text = done.stdout.decode("utf-8", "replace").strip()
-    if done.returncode != 0:
-        return [], "nvidia-smi exit %d: %s" % (done.returncode, text.splitlines()[-1] if text else "")
-    try:
-        return [parse_gpu_line(line) for line in text.splitlines() if line.strip()], None
-    except ValueError:
-        return [], "nvidia-smi printed something unexpected: %s" % text[:200]
-
-
 def nearest_existing(path):
     """`path` or its closest existing parent."""
     while not os.path.exists(path):
@@ -95,8 +74,8 @@ def disk_free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
-def distribution_version(name):
-    """The installed version of distribution `name` without importing it, or None."""
+def metadata_module():
+    """importlib.metadata with site-packages on sys.path, or None (Python < 3.8 has none)."""
     if sys.flags.no_site and "site" not in sys.modules:
         # The bootstrap starts Python with -S (faster); package versions need site-packages on sys.path.
         import site
@@ -106,10 +85,40 @@ def distribution_version(name):
         from importlib import metadata
     except ImportError:
         return None
+    return metadata
+
+
+def distribution_version(name):
+    """The installed version of distribution `name` without importing it, or None."""
+    metadata = metadata_module()
+    if metadata is None:
+        return None
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def torch_cuda_version():
+    """The CUDA version torch was built with, read from torch/version.py without importing torch (None: a CPU
+    build, or no torch)."""
+    metadata = metadata_module()
+    try:
+        path = metadata.distribution("torch").locate_file("torch/version.py")
+        with open(str(path), encoding="utf-8") as handle:
+            found = TORCH_CUDA.search(handle.read())
+        value = ast.literal_eval(found.group(1)) if found else None
+    except (AttributeError, OSError, ValueError, SyntaxError, metadata.PackageNotFoundError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def package_names(payload, key="packages"):
+    """The distribution names payload[key] lists (absent: none)."""
+    names = require_list(payload, key)
+    if not all(isinstance(n, str) and n and len(n) < 200 for n in names):
+        raise bad_request("payload.%s must hold distribution names" % key)
+    return names
 
 
 def git_head(repo):
@@ -119,12 +128,14 @@ def git_head(repo):
     return run_quiet(["git", "rev-parse", "HEAD"], cwd=repo)
 
 
-def collect_facts(raw_repo):
-    """What the controller wants to know about this host before planning."""
+def collect_facts(raw_repo, packages=(), health=False):
+    """What the controller wants to know about this host before planning; `packages`: more distributions to report
+    the versions of; `health`: the GPUs' processes, Xid events and the driver's CUDA version too."""
     repo = os.path.realpath(os.path.expanduser(raw_repo)) if raw_repo else None
     repo_exists = bool(repo) and os.path.isdir(repo)
     gpus, gpu_error = query_gpus()
-    return {
+    names = list(PACKAGES) + [n for n in packages if n not in PACKAGES]
+    facts = {
         "hostname": socket.gethostname(),
         "os": os_pretty_name(),
         "kernel": platform.release(),
@@ -137,12 +148,29 @@ def collect_facts(raw_repo):
         "disk_free_bytes": disk_free_bytes(repo or os.path.expanduser("~")),
         "repo_exists": repo_exists,
         "git_commit": git_head(repo) if repo_exists else None,
-        "versions": {"torch": distribution_version("torch"), "transformers": distribution_version("transformers")},
+        "versions": dict((name, distribution_version(name)) for name in names),
+        "torch_cuda": torch_cuda_version(),
         "verbs": sorted(VERBS),
     }
+    if health and gpus:
+        facts.update(gpu_health())
+    return facts
+
+
+def requested_versions(payload):
+    """{name: version} of the distributions a snapshot's `versions` names (no facts beside), or None."""
+    if not payload.get("versions"):
+        return None
+    return dict((name, distribution_version(name)) for name in package_names(payload, "versions"))
+
+
+def requested_facts(payload):
+    """The facts a request asks for: `repo` (optional, need not exist), `packages` (more versions) and
+    `gpu_health` (true: the GPUs' processes, Xid events and CUDA too)."""
+    return collect_facts(optional_str(payload, "repo"), package_names(payload), payload.get("gpu_health") is True)
 
 
 @verb("facts")
 def facts_verb(payload):
-    """Host facts; `repo` is optional and need not exist."""
-    return collect_facts(optional_str(payload, "repo"))
+    """Host facts (requested_facts)."""
+    return requested_facts(payload)

@@ -9,7 +9,7 @@ from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64,
                                   require_sha, require_str, verb)
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
 from ddops_agent.checks import parse_post_checks, run_check
-from ddops_agent.facts import collect_facts
+from ddops_agent.facts import collect_facts, requested_versions
 from ddops_agent.journal import (RepoLock, append_journal, compact_quietly, ensure_state_dir, journal_entries,
                                  journalled_write, live_entries, lock_holder, lock_timeout, read_backup_bytes,
                                  read_journal, refuse_unwritable, release_space, remove_stale_temps, reserve_space,
@@ -72,6 +72,7 @@ def snapshot_verb(payload):
         "journal_corrupt": corrupt,
         "lock": lock_holder(state),
         "facts": collect_facts(repo) if payload.get("facts") else None,
+        "versions": requested_versions(payload),  # packages' versions alone (patch --check: transformers)
     }
 
 

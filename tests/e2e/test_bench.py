@@ -179,7 +179,8 @@ def test_bench_on_three_hosts_survives_the_controller_being_killed_then_collects
                                                                        "mini__qwen3.5-hybrid__t0.0__sdpa.pt"]
         assert [sha256(p) for p in local] == [sha256(p) for p in remote]
         entry = manifest["hosts"][h.name]
-        assert entry["gpu"] == {"model": None, "count": 0, "driver": None}
+        assert entry["gpu"] == {"model": None, "count": 0, "driver": None,
+                                "state": {"gpus": [], "cuda_driver": None, "torch_cuda": None, "issues": []}}
         assert entry["python"] == ".".join(map(str, sys.version_info[:3]))
         assert entry["torch"] == torch.__version__.split("+")[0] or entry["torch"] == torch.__version__
         assert entry["transformers"] and entry["repo_commit"] == head
@@ -250,7 +251,9 @@ def test_ctrl_c_detaches_and_bench_stop_ends_every_process_including_torchrun_wo
     out, err = controller.communicate(timeout=30)
     assert controller.returncode == 130, err
     assert f"detached: run {run_id} keeps going" in err
-    assert f"ddops bench logs {run_id} --follow" in err and f"ddops bench status {run_id}" in err
+    # the next steps keep the -i this run was given
+    hint = f"ddops -i {bed.inventory_path} bench"
+    assert f"{hint} logs {run_id} --follow" in err and f"{hint} status {run_id}" in err
     # torchrun starts its worker in a session of its own: wait for it, so stop has to find it.
     wait_until(lambda: any("benchmark.py" in cmdline(p) and "torch.distributed.run" not in cmdline(p)
                            for p in tagged(run_id)), timeout=60, interval=0.2)

@@ -28,10 +28,8 @@ PATCHES = ("cpu-timing", "hybrid-cache", "crop-relative")
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "ddops", "remote", "playbooks", "examples")
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with the wheel of this tree installed (not editable); its bin/ folder."""
-    root = tmp_path_factory.mktemp("wheel")
+def wheel_venv(root: Path) -> tuple[Path, Path]:
+    """(a venv under root with the wheel of this tree installed, not editable, and nothing else; its site folder)."""
     tree = root / "tree"  # a copy: the build writes build/ and *.egg-info, which must not race other test runs
     tree.mkdir()
     for name in SOURCES:
@@ -51,6 +49,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    cwd=root, capture_output=True, timeout=300)
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
+    return venv, site
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the wheel of this tree installed (not editable); its bin/ folder."""
+    venv, site = wheel_venv(tmp_path_factory.mktemp("wheel"))
     (site / "project-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv / "bin"
 

@@ -129,7 +129,7 @@ def test_a_playbook_naming_a_missing_file_fails_every_host_and_writes_nothing(cl
     for h in one_json(proc)["hosts"]:
         assert h["status"] == "drifted"
         assert h["message"] == ("nothing written: not;here $(touch x).py: t drifted: not;here $(touch x).py: "
-                                "no such file: the code changed upstream")
+                                "no such file in the repo (removed or renamed upstream?)")
     untouched(clean)
 
 

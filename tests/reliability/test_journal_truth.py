@@ -116,6 +116,17 @@ def test_a_rollback_of_named_patches_fails_on_a_file_whose_journal_line_lost_its
     assert (fleet.repo("host1") / last_file).read_bytes() == fleet.patched[last_file]
 
 
+def test_rollback_check_names_a_file_whose_journal_line_lost_its_patch_id_and_writes_nothing(clean):
+    from ddops.tasks.patch import rollback_host
+
+    fleet = clean
+    assert fleet.patch("host1")["host1"].status == "changed"
+    last_file, _ = cut_last_append_before_its_patch_id(fleet, "host1")
+    checked = fleet.run(lambda h, s: rollback_host(h, s, check=True))["host1"]
+    assert checked.status == "changed" and last_file in checked.report.restored, checked.message
+    assert checked.report.check_mode and (fleet.repo("host1") / last_file).read_bytes() == fleet.patched[last_file]
+
+
 def seed_long_history(fleet, name: str, pairs: int = 1200) -> bytes:
     """A journal of a host patched and rolled back for months (history.py, a file no playbook touches): over the
     size at which the next commit or rollback compacts it. Returns its bytes."""

@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("values", frozenset({"ddops", "ddops.settings", "ddops.errors", "ddops.strenum", "ddops.cache", "ddops.yamlsrc",
                           "ddops.sshconfig", "ddops.slurm_options", "ddops.inventory", "ddops.inventory_import",
                           "ddops.resources", "ddops.pins", "ddops.jsonvalue", "ddops.ownership",
-                          "ddops.safe_text"})),
+                          "ddops.safe_text", "ddops.grouping"})),
     ("patching", frozenset({"ddops.patching"})),  # pure: libcst, plans, checks, journal, playbooks
     ("bench", frozenset({"ddops.bench"})),  # pure: bench plans, run values, result files, report
     ("transport", frozenset({"ddops.transport", "ddops.testbed", "ddops.fabric"})),
@@ -34,6 +34,7 @@ HOMES = {
     "torch": ("ddops.bench.results",),
     "matplotlib": ("ddops.bench.plot",),
     "yaml": ("ddops.yamlsrc",),
+    "packaging": ("ddops.bench.environment",),
 }
 
 

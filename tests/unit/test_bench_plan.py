@@ -57,7 +57,7 @@ def test_reference_plan_expands_to_every_dataset_temperature_and_target_attentio
     assert plan.summarizer == "ddtree" and plan.gpus >= 1
     assert len(runs) == 10 * 2 * 2
     first = runs[0].command
-    assert first.startswith("torchrun --nproc_per_node=8 ")
+    assert first.startswith("python3 -m torch.distributed.run --nproc_per_node=8 ")
     assert "--dataset gsm8k --max-samples 128" in first and "--temperature 0.0" in first
     assert "--flash-attn" not in first and "--save-path /r/gsm8k__t0.0__sdpa.pt" in first
     assert "--flash-attn --save-path /r/gsm8k__t0.0__flash_attn.pt" in runs[1].command
@@ -65,11 +65,13 @@ def test_reference_plan_expands_to_every_dataset_temperature_and_target_attentio
     assert len({r.command for r in runs}) == len(runs)
 
 
-def test_the_example_inventorys_default_plan_is_one_short_greedy_run_of_the_reference_benchmark():
+def test_the_example_inventorys_default_plan_is_one_short_greedy_run_of_the_reference_benchmark(tmp_path):
     from ddops.bench.preflight import resolve_plan_path
     from ddops.inventory import load_inventory
 
-    plan = load_bench_plan(resolve_plan_path(load_inventory(REPO_ROOT / "inventory.yaml").bench))
+    edited = tmp_path / "inventory.yaml"  # the example, as a user makes it theirs: without its `example:` line
+    edited.write_text((REPO_ROOT / "inventory.yaml").read_text().replace("example: true\n", ""))
+    plan = load_bench_plan(resolve_plan_path(load_inventory(edited).bench))
     (run,) = expand_runs(plan, HOST, "/r")  # `ddops bench --all` on a fresh fleet launches one run, not forty
     reference = expand_runs(load_bench_plan(PLAYBOOKS / "ddtree-bench.yaml"), HOST, "/r")[0].command
     assert plan.name == "ddtree-smoke" and plan.timeout_minutes <= 60 and "--temperature 0.0 " in run.command

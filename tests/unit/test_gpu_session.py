@@ -125,7 +125,8 @@ def test_the_dry_session_runs_every_step_on_the_cpu_and_brings_back_its_figures(
     assert ddops["patch"]["status"] == "changed" and ddops["verify"]["status"] == "ok"
     assert ddops["device_for_benchmark"] == "cpu"  # `ddops exec` asked the host's interpreter
     assert ddops["bench"]["run"]["status"] == "completed", ddops["bench"]
-    assert ddops["collect"]["manifest"]["gpu"] == {"model": None, "count": 0, "driver": None}
+    assert ddops["collect"]["manifest"]["gpu"] == {"model": None, "count": 0, "driver": None, "state": {
+        "cuda_driver": None, "gpus": [], "issues": [], "torch_cuda": None}}  # the GPUs' state at launch: none
     methods = {row["method"] for row in ddops["report"]["rows"]}
     assert {"baseline", "dflash", "ddtree_tb4", "ddtree_tb8"} <= methods, ddops["report"]
     with tarfile.open(out / "outputs.tar.gz") as archive:

@@ -86,7 +86,10 @@ def test_an_ansible_ini_inventory_becomes_hosts_groups_and_defaults_and_the_rest
         assert note in out.read_text()  # kept in the file, as comments
     inventory = load_inventory(out)
     assert inventory.host("gpu01.lab").proxy_jump == "jump@bastion" and inventory.host("gpu01.lab").user == "ubuntu"
-    check = run_ddops("inventory", "check", inventory=out)
+    home = tmp_path / "home"  # check finds the key files it names, as ping does: there, the imported one is
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "lab_ed25519").write_text("a key\n")
+    check = run_ddops("inventory", "check", inventory=out, env={"HOME": str(home)})
     assert check.returncode == 0, check.stderr
 
 

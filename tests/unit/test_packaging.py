@@ -78,3 +78,17 @@ def test_mini_ddtree_s_requirements_ask_for_the_torch_and_transformers_that_the_
     for requirement in extras["mini"]:
         name = requirement_name(requirement)
         assert by_name.get(name) == requirement, (name, by_name.get(name), requirement)
+
+
+def test_the_builtin_plans_require_the_torch_and_transformers_that_the_mini_extra_pins():
+    # What a host needs to run a built-in plan is what this machine installs to run mini-DDTree: one bound, held
+    # equal here, so that raising it in pyproject.toml alone fails until the plans follow.
+    from packaging.specifiers import SpecifierSet
+
+    from ddops.bench.plan import load_bench_plan
+
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pinned = {requirement_name(r): SpecifierSet(r[len(requirement_name(r)):]) for r in extras["mini"]}
+    for name in ("ddtree-bench", "ddtree-smoke", "mini-ddtree-bench"):
+        declared = dict(load_bench_plan(REPO_ROOT / "playbooks" / f"{name}.yaml").requires_packages)
+        assert {k: SpecifierSet(declared[k]) if k in declared else None for k in pinned} == pinned, name

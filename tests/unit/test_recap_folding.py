@@ -53,7 +53,7 @@ def test_the_recap_and_the_progress_bar_as_drawn_on_a_terminal(monkeypatch):
     monkeypatch.setattr(render, "console", out)
     render.recap(fleet(190, {"f1": "boom", "f2": "boom"}, changed=1))
     text = out.file.getvalue()
-    assert "f1, f2" in text and "boom" in text and "ch0" in text and "ok0" not in text
+    assert "f[1-2]\u00a0(2)" in text and "boom" in text and "ch0" in text and "ok0" not in text
     assert "190 more hosts ok (--all-rows shows every host)" in text
     assert "193 hosts: 190 ok, 1 changed, 2 failed" in text
 

@@ -69,3 +69,37 @@ def test_deploy_syncs_and_applies_the_inventorys_patches(tmp_path):
     assert outcome.message.endswith("cpu-timing applied and verified")
     assert (outcome.report.patch.status, outcome.report.verify.status) == (CHANGED, OK)
     assert (tmp_path / "repo" / ".ddops" / "journal.jsonl").is_file()
+
+
+def test_deploy_to_a_new_commit_names_what_it_rolled_back_and_applied_by_playbook_and_never_says_not_reapplied(
+        tmp_path):
+    from tests.conftest import MINI_DDTREE, git_seed
+
+    seed = git_seed(MINI_DDTREE, tmp_path / "seed")
+    first = git(seed, "rev-parse", "HEAD")
+    (seed / "NOTES.md").write_text("a second commit\n")
+    git(seed, "add", "NOTES.md")
+    git(seed, "commit", "-q", "-m", "second")
+    second = git(seed, "rev-parse", "HEAD")
+    host = Host(name="here", address="localhost", repo=str(tmp_path / "repo"), repo_url=f"file://{seed}",
+                commit=first, sync="remote", command_timeout=120)
+    books = ("hybrid-cache", "crop-relative")
+    for pinned in (first, second):
+        moved = replace(host, commit=pinned)
+        inventory = Inventory(path="inventory.yaml", hosts=(moved,), patches=books)
+        with prepare_sync(inventory, [moved], SyncOptions(actor="tester@here")) as run, \
+                LocalSession(moved) as session:
+            outcome = deploy_host(moved, session, run)
+        assert outcome.status == CHANGED, outcome.message
+    assert outcome.message == (f"moved {first[:12]} → {second[:12]}; rolled back crop-relative, hybrid-cache; "
+                               "hybrid-cache, crop-relative applied and verified")
+
+
+def test_patch_ids_are_named_by_the_playbooks_they_make_up():
+    from ddops.patching.playbook import load_playbooks
+    from ddops.tasks.sync import by_playbook
+
+    books = load_playbooks(["hybrid-cache", "crop-relative"])
+    assert by_playbook(["crop-recording", "crop-relative", "crop-helper", "hybrid-cache"], books) == \
+        "hybrid-cache, crop-relative"
+    assert by_playbook(["crop-helper", "mine"], books) == "crop-relative (crop-helper), mine"
