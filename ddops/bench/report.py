@@ -7,12 +7,13 @@ import csv
 import io
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from statistics import fmean, pstdev
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order
+from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 
 BEST = "best"
 NOT_LOSSLESS = "NOT LOSSLESS"
@@ -37,7 +38,7 @@ class CodeId:
     playbooks: tuple[str, ...] = ()  # the playbooks those patches come from, where the controller knows them
 
     @classmethod
-    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> "CodeId":
+    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> CodeId:
         """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest); playbook_of maps
         patch ids to the playbook that defines them."""
         patches = sorted({(str(p.get("id")), p.get("sha256")) for p in entry.get("patches") or ()
@@ -300,7 +301,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: Iterable[float | None]) -> "Spread | None":
+    def of(cls, values: Iterable[float | None]) -> Spread | None:
         xs = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not xs:
             return None
@@ -643,7 +644,7 @@ def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
 
 
-def _fidelity_cell(row: "ReportRow") -> str:
+def _fidelity_cell(row: ReportRow) -> str:
     """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
     if row.temperature not in (None, 0) and row.method != "baseline":
         return "— (sampled)"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Mapping, Sequence
 from statistics import fmean
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops.bench.summary import MethodSummary, ResultFileError, finite_number, output_digest
 

@@ -25,15 +25,23 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 from ddops import settings
 from ddops.errors import TestbedError
-from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
-                                  wait_for_ssh)
+from ddops.testbed.common import (
+    Testbed,
+    TestbedHost,
+    answering_ssh,
+    host_key_path,
+    make_key,
+    run_tool,
+    sshd_config,
+    wait_for_ssh,
+)
 
 CONTAINERFILE = Path(__file__).with_name("Containerfile")
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm-slim"

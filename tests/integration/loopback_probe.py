@@ -48,7 +48,7 @@ def main(destination, port):
     while time.time() < deadline:
         try:
             frame = raw.recv(2048)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if len(frame) < 54 or frame[23] != 6:  # not TCP
             continue

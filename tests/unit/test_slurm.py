@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddops.bench.slurm import (SlurmOptions, SlurmQuery, batch_script, build_state, run_status, sbatch_args,
-                               task_states)
-from ddops.tasks.slurm import gres_gpus
+from ddops.bench.slurm import SlurmOptions, SlurmQuery, batch_script, build_state, run_status, sbatch_args, task_states
 from ddops.errors import InventoryError
 from ddops.inventory import load_inventory
+from ddops.tasks.slurm import gres_gpus
 
 # --- inventory ----------------------------------------------------------------------------------------------------
 

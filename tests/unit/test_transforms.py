@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import MappingProxyType
-
-import pytest
 
 from ddops.patching.kinds import AMBIGUOUS, APPLIED, DRIFTED, ERROR, PARTIAL, PENDING, Outcome
 from ddops.patching.plan import plan_file
