@@ -171,7 +171,7 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
 
     host_rank = _first_seen(x.host for x in labeled)
     rows: list[ReportRow] = []
-    for key, members in groups.items():
+    for members in groups.values():
         baselines = [m for m in members if m.summary.method == BASELINE and m.summary.mean_tpot_s]
         # The fastest baseline: never flatter a method by choosing a slow reference (as the DDTree paper's table).
         reference_tpot = min((m.summary.mean_tpot_s for m in baselines if m.summary.mean_tpot_s), default=None)
@@ -223,9 +223,11 @@ def pooling_note(report: Report) -> str | None:
     codes = [c for c in code_ids(report.rows) if c is not None]
     if len(codes) < 2:
         return None
-    differ = [what for what, values in (("commit", {c.commit for c in codes}), ("patch set", {c.patches for c in codes}),
+    differ = [what for what, values in (("commit", {c.commit for c in codes}),
+                                        ("patch set", {c.patches for c in codes}),
                                         ("library versions", {c.versions for c in codes})) if len(values) > 1]
-    return (f"not pooled: these runs differ in {' and '.join(differ)} ({'; '.join(code_label(c, codes) for c in codes)})"
+    return (f"not pooled: these runs differ in {' and '.join(differ)} "
+            f"({'; '.join(code_label(c, codes) for c in codes)})"
             ": each code's rows are reported side by side")
 
 
@@ -380,11 +382,12 @@ def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
         scope = {"host": (r.host,), "run": (r.run_id or r.run, r.host)}.get(by, ())
         groups.setdefault(scope + key, []).append(r)
     out = []
-    for key, rows in groups.items():
+    for rows in groups.values():
         compared = [r for r in rows if r.fidelity is not None]
         example = next(((r.host, r.divergence) for r in rows if r.divergence is not None), None)
         out.append(GroupRow(
-            by=by, host=rows[0].host if by in ("host", "run") else "all", hosts=tuple(dict.fromkeys(r.host for r in rows)),
+            by=by, host=rows[0].host if by in ("host", "run") else "all",
+            hosts=tuple(dict.fromkeys(r.host for r in rows)),
             model=rows[0].model, dataset=rows[0].dataset, temperature=rows[0].temperature, attn=rows[0].attn,
             method=rows[0].method, engine=rows[0].engine, runs=len(rows), n_responses=sum(r.n_responses for r in rows),
             tokens_per_s=Spread.of(r.tokens_per_s for r in rows), speedup=Spread.of(r.speedup for r in rows),

@@ -50,7 +50,8 @@ IMAGE_NAME = "localhost/ddops-testbed"
 LABEL = "ddops.testbed"
 # What the default image must hold: sshd, python3 for the agent, git for `ddops sync`.
 ROOTFS_PACKAGES = "openssh-server,python3,git"
-# sshd from the image, with our config (common.sshd_config): works for the user's own images too, whatever their sshd_config says.
+# sshd from the image, with our config (common.sshd_config): works for the user's own images too, whatever their
+# sshd_config says.
 SSHD_COMMAND = 'mkdir -p /run/sshd && exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /etc/ddops/sshd_config'
 START_TIMEOUT_S = 30.0
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +20,9 @@ from ddops.inventory import load_inventory
 from ddops.testbed import start_host, stop_host
 from ddops.transport import Connector
 from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, wait_until
+
+if TYPE_CHECKING:
+    from ddops.bench.plan import BenchPlan
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -332,7 +336,8 @@ def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, hos
     assert (root / "r-collect" / "host1" / "a.pt").read_text() == "abc"
     manifest = json.loads(write_manifest(root, "r-collect", manifest_entries([result])).read_text())
     entry = manifest["hosts"]["host1"]
-    assert entry["files"] == [{"path": "a.pt", "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    assert entry["files"] == [{"path": "a.pt",
+                               "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
                                "size": 3}]
     assert entry["refused"][0]["path"] == "link.pt" and entry["exit_codes"] == {"0": 0}
 

@@ -232,7 +232,7 @@ def test_sampled_runs_show_no_output_match_rate_in_the_table():
     assert _fidelity_cell(sampled) == "— (sampled)"
 
 
-# --- different code is never pooled ------------------------------------------------------------------------------------
+# --- different code is never pooled -----------------------------------------------------------------------------------
 
 from ddops.bench.report import CodeId, aggregate, group_columns, pooling_note  # noqa: E402
 

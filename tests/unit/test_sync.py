@@ -126,8 +126,10 @@ def apply_entry(path: str, patch: str, before: bytes, after: bytes) -> dict:
 def test_dirty_files_split_into_intact_ddops_patches_and_foreign_edits():
     orig, patched, edited = b"x = 1\n", b"x = 2\n", b"x = 3\n"
     dirty = [
-        {"path": "ddtree.py", "sha256": sha(patched), "journal": [apply_entry("ddtree.py", "hybrid-cache", orig, patched)]},
-        {"path": "dflash.py", "sha256": sha(edited), "journal": [apply_entry("dflash.py", "hybrid-cache", orig, patched)]},
+        {"path": "ddtree.py", "sha256": sha(patched),
+         "journal": [apply_entry("ddtree.py", "hybrid-cache", orig, patched)]},
+        {"path": "dflash.py", "sha256": sha(edited),
+         "journal": [apply_entry("dflash.py", "hybrid-cache", orig, patched)]},
         {"path": "benchmark.py", "sha256": sha(edited), "journal": []},
         {"path": "gone.py", "sha256": None, "journal": []},
     ]
