@@ -11,7 +11,8 @@ Fabric would add it silently.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ddops.inventory import Host, Inventory, Selection, inventory_path, load_inventory, select
 from ddops.transport.fabric_interop import RefuseUnknownHostKey, connection, connections, threading_group

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ddops.errors import Cancelled, ConnectionLost, DdopsError, message_for
 from ddops.inventory import Host
 from ddops.strenum import StrEnum
-
 
 
 class HostStatus(StrEnum):

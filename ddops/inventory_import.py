@@ -13,8 +13,9 @@ import json
 import re
 import shlex
 import unicodedata
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ddops.errors import InventoryError
 from ddops.inventory import HOST_SCHEMA, SSH_ONLY_KEYS, TOP_KEYS, HostKey

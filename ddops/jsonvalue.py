@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import field, fields
-from typing import Any, Mapping
+from typing import Any
 
 # A field's metadata: the key is left out of the JSON while the field is None (a key some outcomes never have).
 OMIT_NONE = {"omit_none": True}

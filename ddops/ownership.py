@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 PLAYBOOK_SUFFIXES = (".yaml", ".yml", ".py")  # what ddops reads from a playbook folder
 UNTRUSTED_PLAYBOOKS = ("ddops takes playbooks and plans only from folders and files no other user can change (as "

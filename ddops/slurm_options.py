@@ -4,8 +4,9 @@ ddops/bench/slurm.py builds a job array from them)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 EXECUTORS = ("bare", "slurm")
 # Keys of an inventory `slurm:` mapping and their types.
@@ -47,7 +48,7 @@ class SlurmOptions:
     conf: str | None = None  # a slurm.conf other than the cluster's default (SLURM_CONF for every Slurm command)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "SlurmOptions":
+    def from_mapping(cls, values: Mapping[str, Any]) -> SlurmOptions:
         def text(key: str) -> str | None:
             value = values.get(key)
             return None if value is None else str(value)

@@ -14,9 +14,9 @@ import fnmatch
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ddops.errors import UsageError
 

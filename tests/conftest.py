@@ -10,9 +10,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -280,7 +281,7 @@ def one_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     try:
         return json.loads(proc.stdout)
     except ValueError:
-        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"not one JSON document (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
 
 
 def run_ddops_json(*args: str, inventory: Path | str | None = None,

@@ -18,7 +18,7 @@ import asyncio
 import ipaddress
 import threading
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 MAX_BUFFERED = 4 << 20
 READ_CHUNK = 1 << 16
@@ -49,7 +49,7 @@ class DelayProxies:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="delay-proxy", daemon=True)
 
-    def __enter__(self) -> "DelayProxies":
+    def __enter__(self) -> DelayProxies:
         self._thread.start()
         self._ready.wait()
         if self._failure is not None:

@@ -34,8 +34,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -182,7 +183,8 @@ def stop_bed(bed: Bed, work: Path) -> None:
 
 def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
     bed, work = start_bed(4, args.host_python)
-    out: dict[str, Any] = {"rtts_ms": args.rtts, "sizes": [1, 4], "repeats": args.repeats, "load_start": run.load_text()}
+    out: dict[str, Any] = {"rtts_ms": args.rtts, "sizes": [1, 4], "repeats": args.repeats,
+                           "load_start": run.load_text()}
     try:
         port = random.randint(20000, 40000)
         for rtt in args.rtts:
@@ -202,8 +204,8 @@ def mode_latency(args: argparse.Namespace) -> dict[str, Any]:
 def split_cores(bed: Bed, tools: list[Tool]) -> tuple[list[Tool], dict[str, list[int]] | None]:
     """The controller on a core of its own, every testbed host on the others, as on a fleet where each host has its
     own CPUs: sharing them, the controller's CPU seconds grew with the hosts' load (its 32 threads then contend
-    for the GIL while descheduled) and did not repeat (RESULTS.md's history, issue 23). New sessions and residents inherit their
-    listener's affinity."""
+    for the GIL while descheduled) and did not repeat (RESULTS.md's history, issue 23). New sessions and residents
+    inherit their listener's affinity."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return tools, None
@@ -452,7 +454,8 @@ def report() -> str:
                 cells.append(f"{cpu_at[(key, n)]:.2f} ({min(s['cpu'] for s in good):.2f}–"
                              f"{max(s['cpu'] for s in good):.2f}); {w:.2f}" if (key, n) in cpu_at else "–")
             per = cpu_per_host.get(key)
-            lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
+            lines.append(f"| {label(key)} | " + " | ".join(cells)
+                         + f" | {'–' if per is None else f'{per * 1000:.1f}'} |")
         lines.append("")
         if (pair := load("cpu-baseline")) is not None:
             lines += baseline_pair(pair)
@@ -477,7 +480,8 @@ def report() -> str:
         bound = model(f[0], f[1], cpu_at.get((key, FLEET_N)), key)[1]
         bound_e = model(e[0], e[1], cpu_at.get((key, FLEET_N)), key)[1] if e else ""
         lines.append(f"| {label(key)} | **{t:.2f}** ({bound}) | {f'{t / floor_t:.2f}×' if floor_t else '–'} | "
-                     + (f"**{te:.2f}** ({bound_e}) | {f'{te / floor_e:.2f}×' if floor_e else '–'} |" if te else "– | – |"))
+                     + (f"**{te:.2f}** ({bound_e}) | {f'{te / floor_e:.2f}×' if floor_e else '–'} |"
+                        if te else "– | – |"))
     lines.append("")
     for key in ("ddops", "ddops-rerun"):
         if key in models and f"{key}-fresh" in models:

@@ -8,7 +8,8 @@ Each run is a fresh `python -c` that imports the planner from --repo (default: t
 every file once with a Planner without disk cache, and reports wall and CPU seconds (`libcst_s`: libcst's import
 alone, `plan_s`: the planning after it: the one-time cost of a new content), peak RSS and whether libcst was used.
 With --baseline-repo (another checkout, e.g. `git worktree add /tmp/before <rev>`; repeatable) the runs take turns
-between the checkouts, so that all see the same load. `--engine libcst` sets DDOPS_PLAN_ENGINE=libcst (the stdlib fast path off).
+between the checkouts, so that all see the same load. `--engine libcst` sets DDOPS_PLAN_ENGINE=libcst (the stdlib
+fast path off).
 Files: the fan-out benchmark's 1000 simulated modules (scaling), or the mini-ddtree files the named built-in
 playbooks patch (e.g. `cpu-timing,hybrid-cache,crop-relative`), each with a distinct comment.
 """
@@ -105,8 +106,9 @@ def main() -> int:
                 runs[repo].append(run_once(files_json, playbook, Path(repo), args.engine))
     for repo, samples in runs.items():
         print(json.dumps({"repo": repo, "engine": args.engine, "playbook": args.playbook, "files": len(files),
-                          **{f"{key}_{stat}": round(fn(r[key] for r in samples), 3) for key in ("wall", "plan_s",
-                             "libcst_s", "plan_cpu", "libcst_cpu") for stat, fn in (("median", statistics.median), ("min", min), ("max", max))},
+                          **{f"{key}_{stat}": round(fn(r[key] for r in samples), 3)
+                             for key in ("wall", "plan_s", "libcst_s", "plan_cpu", "libcst_cpu")
+                             for stat, fn in (("median", statistics.median), ("min", min), ("max", max))},
                           "cpu_median": round(statistics.median(r["cpu"] for r in samples), 3),
                           "rss_mb_max": round(max(r["rss_mb"] for r in samples), 1),
                           "libcst_loaded": samples[0]["libcst"], "states": samples[0]["states"],

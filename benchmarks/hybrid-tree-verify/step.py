@@ -26,12 +26,11 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
-
-import ddtree  # noqa: E402
 import ddops_hybrid_verify as hv  # noqa: E402
+import ddtree  # noqa: E402
 import dflash  # noqa: E402
 from model import ByteTokenizer, DFlashDraftModel, extract_context_feature, load_and_process_dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 torch.set_num_threads(1)
 name, budgets, repeats = sys.argv[1], [int(b) for b in sys.argv[2].split(",")], int(sys.argv[3])

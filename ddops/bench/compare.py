@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Sequence
 
 from ddops.bench.report import GroupRow, Report, aggregate, group_columns, groups_csv, md_notes, md_table
 from ddops.bench.summarize_ddtree import BASELINE

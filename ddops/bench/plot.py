@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ddops.bench.compare import SideBySide, side_by_side
 from ddops.bench.report import REFERENCE_PATH, GroupRow, Report, aggregate, code_ids, code_label, reference_note

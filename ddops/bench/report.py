@@ -7,12 +7,13 @@ import csv
 import io
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from statistics import fmean, pstdev
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 from ddops.bench.summarize_ddtree import BASELINE, method_order
+from ddops.bench.summary import ONE_FORWARD, Divergence, MethodSummary
 
 BEST = "best"
 NOT_LOSSLESS = "NOT LOSSLESS"
@@ -37,7 +38,7 @@ class CodeId:
     playbooks: tuple[str, ...] = ()  # the playbooks those patches come from, where the controller knows them
 
     @classmethod
-    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> "CodeId":
+    def from_manifest(cls, entry: Any, playbook_of: Mapping[str, str] | None = None) -> CodeId:
         """The code identity of one host's manifest entry (ddops/bench/collect.py host_manifest); playbook_of maps
         patch ids to the playbook that defines them."""
         patches = sorted({(str(p.get("id")), p.get("sha256")) for p in entry.get("patches") or ()
@@ -170,7 +171,7 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
 
     host_rank = _first_seen(x.host for x in labeled)
     rows: list[ReportRow] = []
-    for key, members in groups.items():
+    for members in groups.values():
         baselines = [m for m in members if m.summary.method == BASELINE and m.summary.mean_tpot_s]
         # The fastest baseline: never flatter a method by choosing a slow reference (as the DDTree paper's table).
         reference_tpot = min((m.summary.mean_tpot_s for m in baselines if m.summary.mean_tpot_s), default=None)
@@ -222,9 +223,11 @@ def pooling_note(report: Report) -> str | None:
     codes = [c for c in code_ids(report.rows) if c is not None]
     if len(codes) < 2:
         return None
-    differ = [what for what, values in (("commit", {c.commit for c in codes}), ("patch set", {c.patches for c in codes}),
+    differ = [what for what, values in (("commit", {c.commit for c in codes}),
+                                        ("patch set", {c.patches for c in codes}),
                                         ("library versions", {c.versions for c in codes})) if len(values) > 1]
-    return (f"not pooled: these runs differ in {' and '.join(differ)} ({'; '.join(code_label(c, codes) for c in codes)})"
+    return (f"not pooled: these runs differ in {' and '.join(differ)} "
+            f"({'; '.join(code_label(c, codes) for c in codes)})"
             ": each code's rows are reported side by side")
 
 
@@ -300,7 +303,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: Iterable[float | None]) -> "Spread | None":
+    def of(cls, values: Iterable[float | None]) -> Spread | None:
         xs = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not xs:
             return None
@@ -379,11 +382,12 @@ def aggregate(report: Report, by: str) -> tuple[GroupRow, ...]:
         scope = {"host": (r.host,), "run": (r.run_id or r.run, r.host)}.get(by, ())
         groups.setdefault(scope + key, []).append(r)
     out = []
-    for key, rows in groups.items():
+    for rows in groups.values():
         compared = [r for r in rows if r.fidelity is not None]
         example = next(((r.host, r.divergence) for r in rows if r.divergence is not None), None)
         out.append(GroupRow(
-            by=by, host=rows[0].host if by in ("host", "run") else "all", hosts=tuple(dict.fromkeys(r.host for r in rows)),
+            by=by, host=rows[0].host if by in ("host", "run") else "all",
+            hosts=tuple(dict.fromkeys(r.host for r in rows)),
             model=rows[0].model, dataset=rows[0].dataset, temperature=rows[0].temperature, attn=rows[0].attn,
             method=rows[0].method, engine=rows[0].engine, runs=len(rows), n_responses=sum(r.n_responses for r in rows),
             tokens_per_s=Spread.of(r.tokens_per_s for r in rows), speedup=Spread.of(r.speedup for r in rows),
@@ -643,7 +647,7 @@ def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
 
 
-def _fidelity_cell(row: "ReportRow") -> str:
+def _fidelity_cell(row: ReportRow) -> str:
     """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
     if row.temperature not in (None, 0) and row.method != "baseline":
         return "— (sampled)"

@@ -10,8 +10,9 @@ import threading
 import types
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ddops.bench.summarize_ddtree import summarize_ddtree
 from ddops.bench.summarize_metrics import csv_records, metric_format, records_of, summarize_metrics

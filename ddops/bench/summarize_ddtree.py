@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from statistics import fmean
-from typing import Any, Iterable, Literal, overload
+from typing import Any, Literal, overload
 
-from ddops.bench.summary import Divergence, MethodSummary, ResultFileError, add_verify_paths, finite_number, \
-    output_digest
+from ddops.bench.summary import (
+    Divergence,
+    MethodSummary,
+    ResultFileError,
+    add_verify_paths,
+    finite_number,
+    output_digest,
+)
 
 BASELINE = "baseline"
 _TREE = re.compile(r"ddtree_tb(\d+)\Z")

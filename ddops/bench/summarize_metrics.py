@@ -12,8 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Mapping, Sequence
 from statistics import fmean
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops.bench.summary import MethodSummary, ResultFileError, finite_number, output_digest
 
@@ -42,7 +43,8 @@ def records_of(docs: Sequence[Any], config: Mapping[str, str], source: str) -> l
         if "records" in config:
             found = lookup(doc, config["records"])
             if not isinstance(found, list):
-                raise ResultFileError(f"{source}: document {i + 1} has no list at {config['records']!r} (metrics.records)")
+                raise ResultFileError(
+                    f"{source}: document {i + 1} has no list at {config['records']!r} (metrics.records)")
             out.extend(found)
         elif isinstance(doc, list):
             out.extend(doc)
@@ -80,12 +82,12 @@ def summarize_metrics(records: Sequence[Any], source: str, config: Mapping[str, 
             raise ResultFileError(f"{source}: record {i + 1} has no {config['method']!r} (metrics.method)")
         by_method.setdefault(method, []).append((i, record))
 
+    def numbers(items: list[tuple[int, Any]], key: str) -> list[float]:
+        return [v for v in (_number(source, i, r, config, key, flat) for i, r in items) if v is not None]
+
     out = []
     for method, items in by_method.items():
-        def numbers(key: str) -> list[float]:
-            return [v for v in (_number(source, i, r, config, key, flat) for i, r in items) if v is not None]
-
-        speeds, tpots, ttfts = numbers("tokens_per_s"), numbers("tpot_s"), numbers("ttft_s")
+        speeds, tpots, ttfts = numbers(items, "tokens_per_s"), numbers(items, "tpot_s"), numbers(items, "ttft_s")
         tpot = fmean(tpots) if tpots else None
         speed = fmean(speeds) if speeds else None
         if tpot is None and speed:
@@ -93,7 +95,8 @@ def summarize_metrics(records: Sequence[Any], source: str, config: Mapping[str, 
         if speed is None and tpot:
             speed = 1.0 / tpot
         if tpot is None and speed is None:
-            raise ResultFileError(f"{source}: {method}: no record has {config.get('tokens_per_s') or config.get('tpot_s')!r}")
+            raise ResultFileError(
+                f"{source}: {method}: no record has {config.get('tokens_per_s') or config.get('tpot_s')!r}")
         texts = [lookup(r, config["output"], flat=flat) for _, r in items] if "output" in config else []
         digests = tuple(output_digest(t) for t in texts if isinstance(t, str))
         first = items[0][1]

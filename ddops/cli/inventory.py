@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,7 +12,7 @@ from ddops.cli.options import command
 from ddops.cli.render import console, escape, write_document
 from ddops.cli.state import state
 
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write it (default: -i, else "
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Where to write it (default: -i, else "
                                                    "./inventory.yaml).", show_default=False)]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing file.")]
 
@@ -26,9 +26,9 @@ def register(app: typer.Typer) -> None:
 
 def import_inventory(
     ctx: typer.Context,
-    ansible: Annotated[Optional[Path], typer.Option("--ansible", help="An Ansible inventory, INI or YAML.",
+    ansible: Annotated[Path | None, typer.Option("--ansible", help="An Ansible inventory, INI or YAML.",
                                                     show_default=False)] = None,
-    ssh_config: Annotated[Optional[list[str]], typer.Option(
+    ssh_config: Annotated[list[str] | None, typer.Option(
         "--ssh-config", help="Host aliases to take from ssh_config, as globs ('gpu-*'); repeatable.",
         show_default=False)] = None,
     ssh_config_file: Annotated[Path, typer.Option("--ssh-config-file", help="The ssh_config to read.")] = Path(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 def lint(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="A patch playbook or bench plan (YAML).", show_default=False)],
-    sample: Annotated[Optional[list[str]], typer.Option(
+    sample: Annotated[list[str] | None, typer.Option(
         "--sample", help="A copy of a file the playbook patches: FILE (matched by its name) or REPO_PATH=FILE; "
                          "repeatable.", show_default=False)] = None,
     diff: Annotated[bool, typer.Option("--diff", help="Show what the playbook would write to each sample.")] = False,

@@ -46,7 +46,7 @@ class AppState:
         self.ask_key_passphrase = self.ask_key_passphrase or ask_key_passphrase
         self.all_rows = self.all_rows or all_rows
 
-    def load_inventory(self) -> "Inventory":
+    def load_inventory(self) -> Inventory:
         from ddops.inventory import adhoc_inventory, inventory_path, load_inventory
 
         if self._inventory_cache is None:
@@ -54,7 +54,7 @@ class AppState:
                                      else load_inventory(inventory_path(self.inventory)))
         return self._inventory_cache
 
-    def connector(self, inventory: "Inventory") -> "Connector":
+    def connector(self, inventory: Inventory) -> Connector:
         from ddops.transport import Connector
 
         # An encrypted key the ssh-agent lacks is asked for on a terminal (or wherever --ask-key-passphrase says).

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,16 +15,16 @@ if TYPE_CHECKING:
     from ddops.inventory import Selection
     from ddops.tasks.sync import SyncReport
 
-CommitOpt = Annotated[Optional[str], typer.Option("--commit", "-c", help="Commit, branch or tag for every selected "
+CommitOpt = Annotated[str | None, typer.Option("--commit", "-c", help="Commit, branch or tag for every selected "
                                                   "host (overrides the inventory's `commit:`).", show_default=False)]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Move even over local edits, saving them in a git stash "
                                         "first.")]
-ReapplyOpt = Annotated[Optional[bool], typer.Option("--reapply/--no-reapply", help="Re-apply ddops patches after "
+ReapplyOpt = Annotated[bool | None, typer.Option("--reapply/--no-reapply", help="Re-apply ddops patches after "
                                                     "moving (default: when the inventory lists `patches:`).",
                                                     show_default=False)]
-ModeOpt = Annotated[Optional[str], typer.Option("--mode", help="remote: hosts fetch themselves; push: send a git "
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="remote: hosts fetch themselves; push: send a git "
                                                 "bundle (default: each host's `sync:`, auto).", show_default=False)]
-FromOpt = Annotated[Optional[str], typer.Option("--from", help="Local clone to resolve pins and make bundles from.",
+FromOpt = Annotated[str | None, typer.Option("--from", help="Local clone to resolve pins and make bundles from.",
                                                 show_default=False)]
 
 

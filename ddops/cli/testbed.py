@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -47,21 +47,21 @@ def _given_on_the_command_line(ctx: typer.Context) -> bool:
 def up(
     ctx: typer.Context,
     count: Annotated[int, typer.Option("--hosts", "-n", min=1, max=250, help="How many hosts.")] = 3,
-    seed: Annotated[Optional[Path], typer.Option("--seed", help="Directory copied into every host's repo path, or the "
+    seed: Annotated[Path | None, typer.Option("--seed", help="Directory copied into every host's repo path, or the "
                                                  "name of an example shipped with ddops (mini-ddtree).")] = None,
-    inventory_out: Annotated[Optional[Path], typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
-    root: Annotated[Optional[Path], typer.Option("--root", help="Where the testbed keeps its state.")] = None,
+    inventory_out: Annotated[Path | None, typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
+    root: Annotated[Path | None, typer.Option("--root", help="Where the testbed keeps its state.")] = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
     address_prefix: Annotated[str, typer.Option("--address-prefix", envvar=settings.TESTBED_ADDRESS_PREFIX.name,
                                                 help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
     port: Annotated[int, typer.Option("--port", help="sshd port on every host.")] = 2222,
-    patch: Annotated[Optional[list[str]], typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
+    patch: Annotated[list[str] | None, typer.Option("--patch", help="Playbooks listed under `patches:`.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="namespace (sshd in mount namespaces, needs root), podman, "
                                         "docker, or auto (the first container engine that runs here).")] = "namespace",
     shared_home: Annotated[bool, typer.Option(
         "--shared-home", help="Every host gets the same home directory (its own repo still), as containers with a "
                               "common /root volume.")] = False,
-    image: Annotated[Optional[str], typer.Option("--image", help="Container engines: your own image (with sshd and "
+    image: Annotated[str | None, typer.Option("--image", help="Container engines: your own image (with sshd and "
                                                  "python3) instead of the one ddops builds.")] = None,
 ) -> None:
     """Start N local hosts and write an inventory for them."""
@@ -85,7 +85,7 @@ def up(
 
 
 @command(testbed_app, "down")
-def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
+def down(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")] = None) -> None:
     """Stop the hosts this testbed (--root, or the one `-i FILE` describes) started and remove its files (and its
     containers, network, firewall chains)."""
     from ddops import testbed
@@ -102,7 +102,7 @@ def down(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--roo
 
 
 @command(testbed_app, "status")
-def status(ctx: typer.Context, root: Annotated[Optional[Path], typer.Option("--root")] = None) -> None:
+def status(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")] = None) -> None:
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed
 

@@ -3,8 +3,9 @@ may be put back. Pure: ddops/tasks/backups.py reads the journal and writes throu
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ddops.errors import UsageError
 from ddops.jsonvalue import JsonValue
@@ -29,7 +30,7 @@ class SavedEdit(JsonValue):
     actor: str = ""
     backup: str = ""
 
-    def at(self, repo: str) -> "SavedEdit":
+    def at(self, repo: str) -> SavedEdit:
         return replace(self, backup=backup_path(repo, self.sha256))
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ddops.jsonvalue import JsonValue
 from ddops.patching.playbook import CheckSpec

@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops.strenum import StrEnum
 

@@ -8,9 +8,10 @@ guard-first contract every transform keeps).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ddops.errors import PlaybookError, UsageError
 from ddops.jsonvalue import JsonValue, omitted_when_none

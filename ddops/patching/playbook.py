@@ -11,18 +11,28 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ddops import settings
 from ddops.errors import PlaybookError
 from ddops.inventory import Inventory, looks_like_playbook_path
 from ddops.ownership import UNTRUSTED_PLAYBOOKS, untrusted_in
-from ddops.patching.kinds import (ADD_MODULE, CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
-                                  TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders,
-                                  syntax_problem)
+from ddops.patching.kinds import (
+    ADD_MODULE,
+    CHECK_COMMON,
+    CHECK_KINDS,
+    DEFAULT_COMMAND_TIMEOUT,
+    SINGLE_SITE_KINDS,
+    TEXT_KINDS,
+    TRANSFORM_KINDS,
+    Param,
+    substitute_placeholders,
+    syntax_problem,
+)
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "description": str, "kind": str, "patches": list}
@@ -191,7 +201,7 @@ def find_named(name: str, dirs: Iterable[Path]) -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _say_once(note: str) -> None:
     print(note, file=sys.stderr)
 

@@ -16,7 +16,8 @@ import re
 import textwrap
 import threading
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ddops.patching.kinds import Outcome, decide, describe, is_header, substitute_placeholders
 

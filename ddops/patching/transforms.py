@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from typing import Any, Callable, Sequence, cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ddops.patching.kinds import (ERROR, Outcome, decide, describe, is_header, placeholder_name,
-                                  substitute_placeholders)
+from ddops.patching.kinds import ERROR, Outcome, decide, describe, is_header, placeholder_name, substitute_placeholders
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structural matching: two snippets are the same code when they differ only in layout, parentheses and quotes.

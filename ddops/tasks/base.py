@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import shlex
-import os
 import socket
 from typing import Any, Protocol
 

@@ -5,7 +5,8 @@ so that following, status, stop and collect work on either executor alike. The p
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ddops.bench.plan import BenchPlan, expand_runs
 from ddops.bench.runs import LaunchReport

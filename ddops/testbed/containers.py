@@ -25,15 +25,23 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 from ddops import settings
 from ddops.errors import TestbedError
-from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
-                                  wait_for_ssh)
+from ddops.testbed.common import (
+    Testbed,
+    TestbedHost,
+    answering_ssh,
+    host_key_path,
+    make_key,
+    run_tool,
+    sshd_config,
+    wait_for_ssh,
+)
 
 CONTAINERFILE = Path(__file__).with_name("Containerfile")
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm-slim"
@@ -42,7 +50,8 @@ IMAGE_NAME = "localhost/ddops-testbed"
 LABEL = "ddops.testbed"
 # What the default image must hold: sshd, python3 for the agent, git for `ddops sync`.
 ROOTFS_PACKAGES = "openssh-server,python3,git"
-# sshd from the image, with our config (common.sshd_config): works for the user's own images too, whatever their sshd_config says.
+# sshd from the image, with our config (common.sshd_config): works for the user's own images too, whatever their
+# sshd_config says.
 SSHD_COMMAND = 'mkdir -p /run/sshd && exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /etc/ddops/sshd_config'
 START_TIMEOUT_S = 30.0
 

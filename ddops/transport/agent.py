@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import threading
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from ddops.errors import AgentError
 from ddops.resources import remote_dir

@@ -6,9 +6,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import paramiko
 
@@ -16,9 +17,15 @@ from ddops.errors import HostKeyError, TransportError
 from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
 from ddops.transport.auth import KeyRing, OpenSshOrder, PassphrasePrompt
+from ddops.transport.hostkeys import (
+    HostKeyPolicy,
+    KnownHosts,
+    host_key_name,
+    known_hosts_name,
+    revoked_message,
+    system_known_hosts,
+)
 from ddops.transport.local import LocalSession
-from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, host_key_name, known_hosts_name, revoked_message,
-                                      system_known_hosts)
 from ddops.transport.resident import ResidentBook
 from ddops.transport.session import Session
 from ddops.transport.sockets import tcp_connect

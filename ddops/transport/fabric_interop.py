@@ -6,13 +6,20 @@ Here rather than in ddops/fabric.py because paramiko (which Fabric wraps) is imp
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ddops.errors import HostKeyError, UsageError
 from ddops.inventory import Host, Inventory
-from ddops.transport.hostkeys import (HostKeyEntries, KnownHosts, host_key_name, known_hosts_name, revoked_message,
-                                      system_known_hosts)
+from ddops.transport.hostkeys import (
+    HostKeyEntries,
+    KnownHosts,
+    host_key_name,
+    known_hosts_name,
+    revoked_message,
+    system_known_hosts,
+)
 
 try:
     import fabric

@@ -46,7 +46,7 @@ class HostKeyEntries:
     revoked: tuple[tuple[bytes, str], ...] = ()  # (key blob, "file:line")
     authorities: tuple[str, ...] = ()  # "file:line" of each @cert-authority line for the host
 
-    def __add__(self, other: "HostKeyEntries") -> "HostKeyEntries":
+    def __add__(self, other: HostKeyEntries) -> HostKeyEntries:
         return HostKeyEntries(self.trusted + other.trusted, self.revoked + other.revoked,
                               self.authorities + other.authorities)
 

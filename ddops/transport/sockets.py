@@ -12,7 +12,7 @@ def tcp_connect(host: Host, timeout: float) -> socket.socket:
     """A connected socket to the host's sshd, with Nagle off and quick ACKs; TransportError when unreachable."""
     try:
         sock = socket.create_connection((host.address, host.port), timeout=timeout)
-    except socket.timeout:
+    except TimeoutError:
         raise TransportError(f"connect to {host.address}:{host.port} timed out after {timeout:g}s",
                              host=host.name) from None
     except OSError as exc:

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-
 VERBS = {}
 # name -> (interrupt, bounded): whether the verb is stopped where it stands at its request's deadline, and whether
 # it has a deadline at all (see verb()).

@@ -30,7 +30,6 @@ import stat
 import sys
 import time
 
-
 RESIDENT_BACKLOG = 64
 MAX_UNIX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, fewer elsewhere
 MAX_LIFETIME = 3600.0  # seconds a resident serves at most, however busy: it carries its first session's environment

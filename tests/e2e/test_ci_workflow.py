@@ -13,7 +13,13 @@ import pytest
 import yaml
 
 from tests.conftest import (
-    CONTAINER_ENGINE, MINI_DDTREE, REPO_ROOT, _fresh_prefix, container_engine_unavailable, git_seed, requires_sshd,
+    CONTAINER_ENGINE,
+    MINI_DDTREE,
+    REPO_ROOT,
+    _fresh_prefix,
+    container_engine_unavailable,
+    git_seed,
+    requires_sshd,
 )
 
 pytestmark = [pytest.mark.sshd, pytest.mark.containers, requires_sshd]

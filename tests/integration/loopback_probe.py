@@ -11,7 +11,7 @@ import time
 def checksum(data):
     if len(data) % 2:
         data += b"\0"
-    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
     total = (total >> 16) + (total & 0xFFFF)
     total += total >> 16
     return ~total & 0xFFFF
@@ -48,14 +48,14 @@ def main(destination, port):
     while time.time() < deadline:
         try:
             frame = raw.recv(2048)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if len(frame) < 54 or frame[23] != 6:  # not TCP
             continue
         answer_from = socket.inet_ntoa(frame[26:30])
         if answer_from == destination and struct.unpack("!H", frame[36:38])[0] == source_port:
             flags = frame[47]
-            print("synack" if flags & 0x12 == 0x12 else "rst" if flags & 0x04 else "tcp-%x" % flags)
+            print("synack" if flags & 0x12 == 0x12 else "rst" if flags & 0x04 else f"tcp-{flags:x}")
             return
     print("none")
 

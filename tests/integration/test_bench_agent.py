@@ -11,14 +11,18 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ddops.errors import AgentError
 from ddops.inventory import load_inventory
-from ddops.transport import Connector
 from ddops.testbed import start_host, stop_host
+from ddops.transport import Connector
 from tests.conftest import MINI_DDTREE, both_engines, git_seed, requires_sshd, wait_until
+
+if TYPE_CHECKING:
+    from ddops.bench.plan import BenchPlan
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
@@ -280,7 +284,7 @@ def test_bench_facts_resolves_the_pinned_commit_and_returns_the_journal(bed, hos
 # --- the controller side over the same verbs -------------------------------------------------------------------------
 
 
-def write_plan(tmp_path: Path, text: str) -> "BenchPlan":
+def write_plan(tmp_path: Path, text: str) -> BenchPlan:
     from ddops.bench.plan import load_bench_plan
 
     path = tmp_path / "plan.yaml"
@@ -291,8 +295,8 @@ def write_plan(tmp_path: Path, text: str) -> "BenchPlan":
 def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_why(bed, host, tmp_path):
     from dataclasses import replace
 
-    from ddops.tasks.bench import launch_task
     from ddops.fleet import run_fleet
+    from ddops.tasks.bench import launch_task
 
     inv = load_inventory(bed.inventory_path)
     connect = Connector(inv.known_hosts).connect
@@ -316,8 +320,8 @@ def test_launch_refuses_a_host_at_the_wrong_commit_without_gpus_or_busy_saying_w
 
 def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, host, connect, tmp_path):
     from ddops.bench.collect import write_manifest
-    from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.fleet import run_fleet
+    from ddops.tasks.bench import collect_task, manifest_entries
 
     session = connect()
     launch(session, host, "r-collect", "printf abc > $DDOPS_RUN_DIR/results/a.pt")
@@ -332,7 +336,8 @@ def test_collect_copies_results_checks_hashes_and_never_takes_a_symlink(bed, hos
     assert (root / "r-collect" / "host1" / "a.pt").read_text() == "abc"
     manifest = json.loads(write_manifest(root, "r-collect", manifest_entries([result])).read_text())
     entry = manifest["hosts"]["host1"]
-    assert entry["files"] == [{"path": "a.pt", "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    assert entry["files"] == [{"path": "a.pt",
+                               "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
                                "size": 3}]
     assert entry["refused"][0]["path"] == "link.pt" and entry["exit_codes"] == {"0": 0}
 

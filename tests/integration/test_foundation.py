@@ -15,8 +15,8 @@ import pytest
 from ddops.errors import HostKeyError
 from ddops.fleet import TaskOutcome, run_fleet
 from ddops.inventory import load_inventory
-from ddops.transport import Connector
 from ddops.testbed import stop_host
+from ddops.transport import Connector
 from tests.conftest import inventory_with_host2_behind_host1, requires_sshd, run_ddops, wait_until
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
@@ -339,5 +339,5 @@ def test_proxy_jump_chain_of_ssh_config_aliases_resolved_by_openssh(make_testbed
                                 if not line.startswith("known_hosts:")))
     proc = run_ddops("--json", "ping", "--host", "target", inventory=inv_path)
     entry = json.loads(proc.stdout)["hosts"][0]
-    assert entry["status"] == "unreachable" and f"jump-one: unknown host key" in entry["message"], entry
+    assert entry["status"] == "unreachable" and "jump-one: unknown host key" in entry["message"], entry
     assert str(elsewhere) in entry["message"]

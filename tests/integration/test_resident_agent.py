@@ -12,10 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from ddops.testbed import start_host, stop_host
 
-from tests.conftest import (MINI_DDTREE, both_engines, exited, files_patched_by, host_processes, requires_sshd,
-                            resident_agents, run_ddops, wait_until)
+from ddops.testbed import start_host, stop_host
+from tests.conftest import (
+    MINI_DDTREE,
+    both_engines,
+    exited,
+    files_patched_by,
+    host_processes,
+    requires_sshd,
+    resident_agents,
+    run_ddops,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 

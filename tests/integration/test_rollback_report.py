@@ -37,9 +37,11 @@ def test_a_refused_rollback_lists_the_files_it_restored_as_well_as_the_one_it_re
     code, doc = ddops_json(bed, "rollback", "--host", "host2")
     [host] = doc["hosts"]
     assert code == 1 and host["status"] == "failed"
-    assert host["message"].startswith("restored ddtree.py") and "refused dflash.py changed since ddops wrote it" in host["message"]
+    assert host["message"].startswith("restored ddtree.py")
+    assert "refused dflash.py changed since ddops wrote it" in host["message"]
     restored = host["data"]["restored"]
-    assert "ddtree.py" in restored and "dflash.py" not in restored and [r["file"] for r in host["data"]["refused"]] == ["dflash.py"]
+    assert "ddtree.py" in restored and "dflash.py" not in restored
+    assert [r["file"] for r in host["data"]["refused"]] == ["dflash.py"]
     assert (bed.hosts[1].repo_dir / "ddtree.py").read_bytes() == (seed / "ddtree.py").read_bytes()
     table = run_ddops("rollback", "--host", "host1", "--yes", inventory=bed.inventory_path)
     assert table.returncode == 0 and "restored ddtree.py, dflash.py" in table.stdout

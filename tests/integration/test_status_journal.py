@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.conftest import MINI_DDTREE, git_seed, requires_sshd, run_ddops, run_ddops_json

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 
-
 # Test-only fault points (see remote/README.md, "Fault injection"): stage -> action, loaded by arm_faults from
 # the repo's own .ddops/faults.json; WRITE_TARGETS maps the files being written to their repo-relative paths.
 FAULTS = {}

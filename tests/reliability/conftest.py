@@ -8,14 +8,23 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
-from tests.conftest import (MINI_DDTREE, agent_program_with_faults, files_patched_by, git_seed, host_processes,
-                            one_json, resident_agents, run_ddops, testbeds)
+from tests.conftest import (
+    MINI_DDTREE,
+    agent_program_with_faults,
+    files_patched_by,
+    git_seed,
+    host_processes,
+    resident_agents,
+    run_ddops,
+    testbeds,
+)
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 # The files these specs watch; the playbooks also patch model/dflash.py (PATCHED_FILES).

@@ -4,7 +4,6 @@ and rollback leaves the repo as it was. A file that appears between plan and com
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

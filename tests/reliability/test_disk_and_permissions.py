@@ -140,7 +140,8 @@ def test_a_revert_that_still_fails_says_each_file_is_still_patched_and_fails_the
     result = full.patch("host1", wrap=lambda host, session: WithPostCheck(session, check))["host1"]
     assert result.status == "failed", result.message
     assert "\n" not in result.message and "No space left on device" in result.message, result.message
-    assert result.message.endswith(": dflash.py still patched, ddtree.py still patched, model/dflash.py still patched"), result.message
+    assert result.message.endswith(
+        ": dflash.py still patched, ddtree.py still patched, model/dflash.py still patched"), result.message
     # Exactly so: both files patched, and journalled as such.
     assert full.assert_nothing_lost("host1")["host1"] == {"dflash.py": "new", "ddtree.py": "new"}
     (repo / ".check-filler").unlink()

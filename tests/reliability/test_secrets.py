@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ddops.testbed import stop_host
 
+from ddops.testbed import stop_host
 from tests.conftest import requires_sshd
 from tests.reliability.conftest import all_output, iter_files, one_json
 

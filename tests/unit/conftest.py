@@ -3,8 +3,8 @@ mini-DDTree, which a root-level one of this name would be shadowed by)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

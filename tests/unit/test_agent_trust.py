@@ -13,8 +13,18 @@ from pathlib import Path
 import pytest
 
 from ddops.transport.agent import agent_program, build_program
-from tests.unit.test_agent import (ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, fails, journal, ok,
-                                   repo, run_agent)
+from tests.unit.test_agent import (
+    ORIGINAL,
+    PATCHED,
+    PATCHED_AGAIN,
+    change,
+    commit_payload,
+    fails,
+    journal,
+    ok,
+    repo,
+    run_agent,
+)
 
 __all__ = ["repo"]  # the fixture, imported for these tests
 
@@ -108,8 +118,8 @@ def run_request(request: dict, *, program=None, timeout: float = 20) -> tuple[di
     """(the agent's answer, seconds it took) for a raw request document."""
     program = agent_program() if program is None else program
     started = time.monotonic()
-    done = subprocess.run(program.argv(sys.executable, cache=False), input=program.bundle + json.dumps(request).encode(),
-                          capture_output=True, timeout=timeout)
+    done = subprocess.run(program.argv(sys.executable, cache=False),
+                          input=program.bundle + json.dumps(request).encode(), capture_output=True, timeout=timeout)
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout.decode().splitlines()[0]), time.monotonic() - started
 

@@ -45,8 +45,8 @@ def test_tables_and_progress_bars_load_only_when_something_is_drawn():
 def test_help_lists_every_command_group():
     out = subprocess.run([sys.executable, "-m", "ddops", "--help"], capture_output=True, text=True,
                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
-    for command in ("hosts", "inventory", "ping", "exec", "patch", "verify", "rollback", "status", "sync", "deploy", "bench",
-                    "testbed"):
+    for command in ("hosts", "inventory", "ping", "exec", "patch", "verify", "rollback", "status", "sync", "deploy",
+                    "bench", "testbed"):
         assert f" {command} " in out, command
 
 

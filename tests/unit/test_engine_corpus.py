@@ -137,7 +137,8 @@ WRAPPERS = [
     "def generate(target):\n    past_key_values_target = {call}; other = DynamicCache()\n",
     "past_key_values_target = {call}",
     "# Unicode elsewhere: τ → ∞\ndef generate(target):\n    past_key_values_target = {call}\n",
-    "def generate(target):\n    past_key_values_target = {call}\ndef ｇenerate():\n    ｐast_key_values_target = {call}\n",
+    "def generate(target):\n    past_key_values_target = {call}\n"
+    "def ｇenerate():\n    ｐast_key_values_target = {call}\n",
 ]
 
 VALUES = ['target.config if hasattr(target, "config") else None', "None", "10", "'fast'", "(a)", "[1, 2,]",
@@ -237,7 +238,7 @@ def test_set_call_kwarg_applies_once_on_the_ddtree_files_and_their_variants_and_
 def test_other_kinds_prefilter_equals_libcst_where_it_answers():
     answered = 0
     sources = {**real_files(), **ODD_FILES, **{f"call-{i}": snippet(0, c) for i, c in enumerate(CALLS[::3])}}
-    for name, source in sources.items():
+    for source in sources.values():
         module = parsed(source)
         for kind, params in OTHER_KINDS:
             for expect in (1, 4):

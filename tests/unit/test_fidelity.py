@@ -11,8 +11,8 @@ import pytest
 
 from ddops.bench.report import Labeled, Spread, aggregate, build_report, group_columns, groups_markdown, to_json
 from ddops.bench.results import summarize_file
-from ddops.bench.summary import Divergence
 from ddops.bench.summarize_ddtree import summarize_ddtree
+from ddops.bench.summary import Divergence
 
 PROMPT = [257, 10, 11, 12]  # four prompt tokens: generated position 0 is index 4
 

@@ -4,7 +4,7 @@ cancelled command is said to be cancelled, and the summary line counts each."""
 from __future__ import annotations
 
 from ddops.errors import Cancelled
-from ddops.fleet import (CANCELLED, FINISHED, NOT_STARTED, Interrupt, TaskOutcome, interrupted_summary, run_fleet)
+from ddops.fleet import CANCELLED, FINISHED, NOT_STARTED, Interrupt, TaskOutcome, interrupted_summary, run_fleet
 from ddops.inventory import Host
 
 HOSTS = [Host(name=f"h{i}", address=f"127.0.0.{i}") for i in range(1, 5)]

@@ -15,8 +15,8 @@ BOOKS = (*UNDER, "hybrid-tree-verify")
 ACTOR = "tester@here"
 
 
-def contents(repo, files) -> dict[str, bytes]:
-    return {f: (repo / f).read_bytes() for f in files}
+def contents(root, files) -> dict[str, bytes]:
+    return {f: (root / f).read_bytes() for f in files}
 
 
 def test_hybrid_tree_verify_on_top_of_the_two_comes_off_alone_then_all_three_to_the_original_bytes(

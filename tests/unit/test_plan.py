@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-
-import pytest
 from pathlib import Path
 from types import MappingProxyType
+
+import pytest
 
 from ddops.patching.kinds import APPLIED, BLOCKED, DRIFTED, ERROR, PENDING
 from ddops.patching.plan import DiffGroup, FilePlan, Planner, group_diffs, plan_file, unified_diff

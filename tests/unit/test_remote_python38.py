@@ -23,7 +23,9 @@ def vermin_violations(*paths: Path) -> list[str]:
             *map(str, paths)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert "No module named" not in done.stderr, "vermin is in the test extra: pip install -e '.[test]'"
-    return [] if done.returncode == 0 else [line for line in done.stdout.splitlines() if "require" in line] or [done.stdout]
+    if done.returncode == 0:
+        return []
+    return [line for line in done.stdout.splitlines() if "require" in line] or [done.stdout]
 
 
 def is_type_operand(node: ast.AST) -> bool:

@@ -11,8 +11,8 @@ import pytest
 
 from ddops.bench.report import Labeled, build_report, report_columns, to_csv, to_json, to_markdown
 from ddops.bench.results import summarize_file
-from ddops.bench.summary import MethodSummary
 from ddops.bench.summarize_vllm import summarize_vllm
+from ddops.bench.summary import MethodSummary
 
 
 def summary(method, tpot, *, tau=None, fidelity=1.0, temperature=0.0, dataset="gsm8k", engine="ddtree",
@@ -232,7 +232,7 @@ def test_sampled_runs_show_no_output_match_rate_in_the_table():
     assert _fidelity_cell(sampled) == "— (sampled)"
 
 
-# --- different code is never pooled ------------------------------------------------------------------------------------
+# --- different code is never pooled -----------------------------------------------------------------------------------
 
 from ddops.bench.report import CodeId, aggregate, group_columns, pooling_note  # noqa: E402
 

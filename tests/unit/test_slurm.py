@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddops.bench.slurm import (SlurmOptions, SlurmQuery, batch_script, build_state, run_status, sbatch_args,
-                               task_states)
-from ddops.tasks.slurm import gres_gpus
+from ddops.bench.slurm import SlurmOptions, SlurmQuery, batch_script, build_state, run_status, sbatch_args, task_states
 from ddops.errors import InventoryError
 from ddops.inventory import load_inventory
+from ddops.tasks.slurm import gres_gpus
 
 # --- inventory ----------------------------------------------------------------------------------------------------
 
@@ -245,7 +244,8 @@ def test_submit_without_sbatch_fails_naming_the_login_node_and_records_the_error
 
 @pytest.mark.parametrize("option, means", [
     ("--arr=0-99", "--array"), ("--outp=/tmp/x", "--output"), ("--wra=id", "--wrap"), ("--parsabl", "--parsable"),
-    ("--job=x", "--job-name"), ("--ch=/tmp", "--chdir"), ("--open=truncate", "--open-mode"), ("--expo=NONE", "--export"),
+    ("--job=x", "--job-name"), ("--ch=/tmp", "--chdir"), ("--open=truncate", "--open-mode"),
+    ("--expo=NONE", "--export"),
     ("-Qo/x", "-o"), ("-Ha0-9", "-a"), ("-vvJname", "-J"), ("--", "the end of sbatch's options"),
 ])
 def test_sbatch_abbreviations_and_clustered_short_options_of_ddops_own_options_are_refused(tmp_path, option, means):

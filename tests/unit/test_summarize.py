@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from ddops.bench.results import summarize_file
-from ddops.bench.summary import MethodSummary, ResultFileError
 from ddops.bench.summarize_ddtree import method_order, summarize_ddtree
 from ddops.bench.summarize_vllm import summarize_vllm
+from ddops.bench.summary import MethodSummary, ResultFileError
 
 PROMPT = [101, 102, 103]
 

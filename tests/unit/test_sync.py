@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import Host
-from ddops.pins import PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, SyncError, pick_ref, pin_state, resolve_pin
+from ddops.pins import (
+    PIN_AT,
+    PIN_NO_REPO,
+    PIN_NONE,
+    PIN_OFF,
+    PIN_UNRESOLVED,
+    SyncError,
+    pick_ref,
+    pin_state,
+    resolve_pin,
+)
 from ddops.tasks.sync import Bundles, classify_dirty, make_bundle, plan_move
 from ddops.transport.agent import agent_program
 from tests.conftest import GIT_ENV, git
@@ -116,8 +126,10 @@ def apply_entry(path: str, patch: str, before: bytes, after: bytes) -> dict:
 def test_dirty_files_split_into_intact_ddops_patches_and_foreign_edits():
     orig, patched, edited = b"x = 1\n", b"x = 2\n", b"x = 3\n"
     dirty = [
-        {"path": "ddtree.py", "sha256": sha(patched), "journal": [apply_entry("ddtree.py", "hybrid-cache", orig, patched)]},
-        {"path": "dflash.py", "sha256": sha(edited), "journal": [apply_entry("dflash.py", "hybrid-cache", orig, patched)]},
+        {"path": "ddtree.py", "sha256": sha(patched),
+         "journal": [apply_entry("ddtree.py", "hybrid-cache", orig, patched)]},
+        {"path": "dflash.py", "sha256": sha(edited),
+         "journal": [apply_entry("dflash.py", "hybrid-cache", orig, patched)]},
         {"path": "benchmark.py", "sha256": sha(edited), "journal": []},
         {"path": "gone.py", "sha256": None, "journal": []},
     ]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import MappingProxyType
-
-import pytest
 
 from ddops.patching.kinds import AMBIGUOUS, APPLIED, DRIFTED, ERROR, PARTIAL, PENDING, Outcome
 from ddops.patching.plan import plan_file
@@ -51,7 +48,8 @@ def test_set_call_kwarg_adds_keyword_only_to_the_named_assignment():
 
 
 def test_set_call_kwarg_recognises_the_applied_form_despite_other_quotes_and_spacing():
-    source = "x = 1\npast_key_values_target = DynamicCache(config = target.config if hasattr(target, 'config') else None)\n"
+    source = ("x = 1\n"
+              "past_key_values_target = DynamicCache(config = target.config if hasattr(target, 'config') else None)\n")
     outcome, new = run("set_call_kwarg", source, **HYBRID)
     assert outcome.state == APPLIED
     assert new == source.encode()
