@@ -4,7 +4,8 @@ grouped into one entry, and a group's host names written short (`host[1-12,14]`)
 from __future__ import annotations
 
 import re
-from typing import Callable, Hashable, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)

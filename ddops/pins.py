@@ -11,9 +11,10 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ddops.errors import DdopsError, UsageError
 from ddops.jsonvalue import JsonValue, omitted_when_none
@@ -112,7 +113,7 @@ def pick_ref(ls_remote: str, rev: str) -> str | None:
     return None
 
 
-def pin_state(host: "Host", head_commit: str | None, resolved: str | None = None) -> PinState:
+def pin_state(host: Host, head_commit: str | None, resolved: str | None = None) -> PinState:
     """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
 
     `resolved` is the commit a branch or tag pin names (see Pins); a full sha pin needs none.
@@ -221,10 +222,10 @@ class Pins:
         self._lock = threading.Lock()  # resolutions are rare: hosts of one pin waiting for it is what makes it one
         self._pins: dict[PinKey, Pin] = {}
 
-    def key(self, host: "Host") -> PinKey:
+    def key(self, host: Host) -> PinKey:
         return (host.repo_url, self.rev or host.commit)
 
-    def for_host(self, host: "Host") -> Pin:
+    def for_host(self, host: Host) -> Pin:
         key = self.key(host)
         with self._lock:
             pin = self._pins.get(key)
@@ -232,7 +233,7 @@ class Pins:
                 pin = self._pins[key] = resolve_pin(key[0], key[1], self.from_clone, self.timeout, git=self._git)
             return pin
 
-    def resolve_all(self, hosts: Iterable["Host"]) -> dict[PinKey, Pin]:
+    def resolve_all(self, hosts: Iterable[Host]) -> dict[PinKey, Pin]:
         for host in hosts:
             self.for_host(host)
         with self._lock:
@@ -256,7 +257,7 @@ class PinSummary(JsonValue):
         return f"{self.state} {self.pin}" if self.pin else str(self.state)
 
 
-def pin_summary(host: "Host", head: str | None, pin: Pin | None) -> PinSummary:
+def pin_summary(host: Host, head: str | None, pin: Pin | None) -> PinSummary:
     """A host's PinSummary, from its checkout's head and its resolved pin (None: the host has no pin)."""
     if pin is None:
         return PinSummary(pin_state(host, head), host.commit)
@@ -264,7 +265,7 @@ def pin_summary(host: "Host", head: str | None, pin: Pin | None) -> PinSummary:
                       pin.resolved_in if pin.commit else None, pin.error or None)
 
 
-def host_pins(hosts: Sequence["Host"], heads: Sequence[str | None], pins: Pins | None = None
+def host_pins(hosts: Sequence[Host], heads: Sequence[str | None], pins: Pins | None = None
               ) -> dict[str, PinSummary]:
     """host name -> pin_summary, each distinct pin resolved once on the controller (what `ddops status` shows)."""
     # A table must not wait a minute for an unreachable forge: its pin then shows as unresolved, with why.

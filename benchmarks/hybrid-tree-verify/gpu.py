@@ -512,10 +512,9 @@ def main() -> None:
         print(tables(json.loads(args.table.read_text())))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    import torch
-
     import ddtree
     import dflash
+    import torch
     from transformers import DynamicCache
 
     device = torch.device(args.device)

@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_session import CARRY, MODELS, PATCHED, PLAYBOOKS, REPO, WHEELS  # noqa: E402

@@ -8,10 +8,11 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ddops.bench.runs import MANIFEST
 from ddops.errors import DdopsError, UsageError

@@ -3,8 +3,9 @@ a benchmark: busy, uncorrected ECC errors, Xid events, throttled, or unlike its 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops.strenum import StrEnum
 
@@ -48,7 +49,7 @@ class Gpu:
     clock_event_reasons: int | None = None
 
     @classmethod
-    def from_fact(cls, position: int, fact: Mapping[str, Any]) -> "Gpu":
+    def from_fact(cls, position: int, fact: Mapping[str, Any]) -> Gpu:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in fact.items() if k in known and v is not None}
         return cls(**{**values, "index": values.get("index", position)})

@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ddops.errors import PlaybookError, UsageError
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name

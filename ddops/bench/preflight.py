@@ -4,9 +4,10 @@ and the spec.json its runner works from. Pure: ddops/tasks/bench.py asks the hos
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import ddops
 from ddops.bench.environment import transformers_verdict, unmet
@@ -19,7 +20,6 @@ from ddops.patching.kinds import PatchState
 from ddops.patching.playbook import find_named, search_path
 from ddops.pins import Pin
 from ddops.yamlsrc import suggest
-
 
 # --- plans ---------------------------------------------------------------------------------------------------------
 

@@ -11,17 +11,17 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops import settings
 from ddops.errors import UsageError
 from ddops.inventory import Host
 from ddops.jsonvalue import OMIT_NONE, JsonValue, omitted_when_none
 from ddops.strenum import StrEnum
-
 
 
 class RunStatus(StrEnum):
@@ -37,7 +37,7 @@ class RunStatus(StrEnum):
     UNKNOWN = "unknown"      # no status, or one this ddops does not know
 
     @classmethod
-    def of(cls, value: Any) -> "RunStatus":
+    def of(cls, value: Any) -> RunStatus:
         return cls._value2member_map_.get(str(value or ""), cls.UNKNOWN)  # type: ignore[return-value]
 
 
@@ -61,7 +61,7 @@ class StepStatus(StrEnum):
     UNKNOWN = "unknown"
 
     @classmethod
-    def of(cls, value: Any) -> "StepStatus":
+    def of(cls, value: Any) -> StepStatus:
         return cls._value2member_map_.get(str(value or "pending"), cls.UNKNOWN)  # type: ignore[return-value]
 
 
@@ -131,7 +131,7 @@ class HostRun(JsonValue):
     runs: tuple[RunRecord, ...] = ()
 
     @classmethod
-    def from_state(cls, host: str, state: Mapping[str, Any], failures: Mapping[str, str] | None = None) -> "HostRun":
+    def from_state(cls, host: str, state: Mapping[str, Any], failures: Mapping[str, str] | None = None) -> HostRun:
         failures = failures or {}
         runs = tuple(
             RunRecord(index=int(r.get("index", i)), label=str(r.get("label") or f"run {i}"),
@@ -194,7 +194,8 @@ class PreflightReport(JsonValue):
     problems: tuple[str, ...] | None = omitted_when_none()
     commands: tuple[str, ...] | None = omitted_when_none()
     environment: tuple[str, ...] | None = omitted_when_none()  # what the environment check saw fit (`... (tested)`)
-    warnings: tuple[str, ...] | None = omitted_when_none()  # untested transformers; GPU trouble --allow-busy-gpus let by
+    # untested transformers; GPU trouble --allow-busy-gpus let by
+    warnings: tuple[str, ...] | None = omitted_when_none()
 
 
 @dataclass(frozen=True, slots=True)

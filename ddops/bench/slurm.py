@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ddops.errors import DdopsError
 from ddops.slurm_options import SlurmOptions
@@ -54,8 +55,8 @@ def sbatch_args(options: SlurmOptions, *, run_id: str, total: int, run_dir: str,
         raise DdopsError(f"{run_dir}: a Slurm --output path with a backslash turns off its %a pattern (one output "
                          "file per array task): move the repo to a path without one")
     args = ["--parsable", f"--job-name=ddops-{run_id}", f"--array=0-{total - 1}",
-            f"--output={slurm_literal(run_dir)}/task-%a.out", f"--chdir={run_dir}", "--open-mode=append", "--export=ALL",
-            f"--time={time_limit(options, plan_minutes)}"]
+            f"--output={slurm_literal(run_dir)}/task-%a.out", f"--chdir={run_dir}", "--open-mode=append",
+            "--export=ALL", f"--time={time_limit(options, plan_minutes)}"]
     for key in ("partition", "gres", "account", "qos", "constraint", "nodes"):
         value = getattr(options, key)
         if value:
@@ -347,7 +348,7 @@ class SlurmQuery:
     sacct_fields: str = ""
 
     @classmethod
-    def from_result(cls, result: Mapping[str, Any]) -> "SlurmQuery":
+    def from_result(cls, result: Mapping[str, Any]) -> SlurmQuery:
         slurm = result.get("slurm") or {}
         queries = slurm.get("queries") or {}
 

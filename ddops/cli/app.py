@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.options import (JSON_FLAG, AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt,
-                               JsonOpt, VerboseOpt)
+from ddops.cli.options import (
+    JSON_FLAG,
+    AcceptNewOpt,
+    AllRowsOpt,
+    AskKeyPassphraseOpt,
+    ForksOpt,
+    InventoryOpt,
+    JsonOpt,
+    VerboseOpt,
+)
 from ddops.cli.render import err_console, escape, hinted, write_document
 from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError
@@ -42,7 +50,7 @@ def main_callback(
     verbose: VerboseOpt = 0,
     forks: ForksOpt = None,
     accept_new: AcceptNewOpt = False,
-    adhoc_hosts: Annotated[Optional[str], typer.Option(
+    adhoc_hosts: Annotated[str | None, typer.Option(
         "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
                               "(~/.ssh/config fills in the rest; after the command's name: --hosts, as -H is "
                               "--host there).",

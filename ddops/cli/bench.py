@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -36,13 +37,13 @@ class _BenchGroup(TyperGroup):
 bench_app = typer.Typer(cls=_BenchGroup, no_args_is_help=True,
                         help="Run bench plans detached on the hosts, follow them, collect results, report.")
 
-ResultsDirOpt = Annotated[Optional[Path], typer.Option("--results-dir", help="Where collected results and launch "
+ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Where collected results and launch "
                                                        "records live (default: $DDOPS_RESULTS_DIR or ./results).",
                                                        show_default=False)]
-FollowOpt = Annotated[Optional[bool], typer.Option("--follow/--no-follow", "-f", help="Stream the hosts' logs and "
+FollowOpt = Annotated[bool | None, typer.Option("--follow/--no-follow", "-f", help="Stream the hosts' logs and "
                                                    "progress until the run ends (default: on a terminal).",
                                                    show_default=False)]
-RunIdArg = Annotated[Optional[str], typer.Argument(help="Run id (default: the last one launched from here).",
+RunIdArg = Annotated[str | None, typer.Argument(help="Run id (default: the last one launched from here).",
                                                    show_default=False, autocompletion=completion.run_ids)]
 AllowBusyGpusOpt = Annotated[bool, typer.Option("--allow-busy-gpus", help="Launch on a GPU that is busy or unhealthy "
                                                 "(held by another process, ECC errors, Xid events, throttled, unlike "
@@ -58,20 +59,20 @@ def register(app: typer.Typer) -> None:
 
 @command(bench_app, "run")
 def run(ctx: typer.Context, selection: Selection,
-        plan: Annotated[Optional[str], typer.Argument(
+        plan: Annotated[str | None, typer.Argument(
             help="Bench plan: a name from playbooks/ or a YAML path (default: the inventory's `bench:`).",
             show_default=False, autocompletion=completion.plans)] = None,
         follow: FollowOpt = None,
-        run_id: Annotated[Optional[str], typer.Option("--run-id", help="Name the run (default: "
+        run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run (default: "
                                                       "YYYYMMDD-HHMM-xxxx, UTC).", show_default=False)] = None,
         check: CheckOpt = False, results_dir: ResultsDirOpt = None,
-        var: Annotated[Optional[list[str]], typer.Option("--var", help="NAME=VALUE for one of the plan's "
+        var: Annotated[list[str] | None, typer.Option("--var", help="NAME=VALUE for one of the plan's "
                                                          "placeholders, in every run (beats the plan's and the "
                                                          "host's vars). Repeatable.", show_default=False)] = None,
-        only: Annotated[Optional[list[str]], typer.Option("--only", help="NAME=V1[,V2]: run only the matrix "
+        only: Annotated[list[str] | None, typer.Option("--only", help="NAME=V1[,V2]: run only the matrix "
                                                           "entries with these values (a smoke run). Repeatable.",
                                                           show_default=False)] = None,
-        from_: Annotated[Optional[str], typer.Option("--from", help="Local clone to resolve branch and tag pins "
+        from_: Annotated[str | None, typer.Option("--from", help="Local clone to resolve branch and tag pins "
                                                      "in, as `sync --from` (default: each host's repo_url).",
                                                      show_default=False)] = None,
         allow_busy_gpus: AllowBusyGpusOpt = False) -> None:
@@ -135,7 +136,7 @@ def _show_launch(run_id: str, launched: int, following: bool, results: Sequence[
             hints(run_id, detached=False)
 
 
-def _plan(inventory: "Inventory", named: str | None) -> Any:
+def _plan(inventory: Inventory, named: str | None) -> Any:
     """The plan named, else the inventory's `bench:`; with neither, the plans there are, and nothing launched."""
     from ddops.bench.preflight import list_plans, load_plan
     from ddops.errors import PlaybookError, UsageError
@@ -186,7 +187,7 @@ def status(ctx: typer.Context, selection: Selection, run_id: RunIdArg = None,
     on = _run_hosts(ctx, selection, root, rid)
     results = on.run(status_task(rid), title=f"bench status {rid}")
 
-    def render(results: Sequence["HostResult"]) -> None:
+    def render(results: Sequence[HostResult]) -> None:
         runs = [r.report.run for r in results if isinstance(r.report, RunReport)]
         errors = {r.host: r.message for r in results if r.status == "unreachable"}
         render_runs(runs, errors)
@@ -230,7 +231,7 @@ def stop(ctx: typer.Context, selection: Selection,
          run_id: Annotated[str, typer.Argument(help="Run id.", autocompletion=completion.run_ids)],
          grace: Annotated[float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
          yes: YesOpt = False, results_dir: ResultsDirOpt = None,
-         task: Annotated[Optional[list[int]], typer.Option("--task", min=0, help="Slurm runs: cancel only this array "
+         task: Annotated[list[int] | None, typer.Option("--task", min=0, help="Slurm runs: cancel only this array "
                                                            "task (repeatable).", show_default=False)] = None) -> None:
     """End every process of the run on each host (and all they started) and record it as stopped; a Slurm run's
     job (or only --task N of its array) is scancel'ed."""
@@ -256,7 +257,7 @@ def list_runs(ctx: typer.Context, selection: Selection) -> None:
     on.finish(on.run(list_task, title="bench list"), render=_runs_table)
 
 
-def _alike_runs(results: Sequence["HostResult"]) -> list[tuple[tuple, list]]:
+def _alike_runs(results: Sequence[HostResult]) -> list[tuple[tuple, list]]:
     """((run id, plan, status, done, total), [(run, host)...]): the hosts whose run is alike, newest run first."""
     from ddops.grouping import group_identical, natural_key
 
@@ -266,7 +267,7 @@ def _alike_runs(results: Sequence["HostResult"]) -> list[tuple[tuple, list]]:
     return group_identical(rows, key=lambda x: (x[0].run_id, x[0].plan, str(x[0].status), x[0].done, x[0].total))
 
 
-def _runs_table(results: Sequence["HostResult"]) -> None:
+def _runs_table(results: Sequence[HostResult]) -> None:
     """One row per run and state: the hosts whose run is alike (plan, status, progress) share it, with the earliest
     start and the latest end among them."""
     from ddops.cli.render import show_table
@@ -297,8 +298,8 @@ def collect(ctx: typer.Context, selection: Selection,
             = "2G") -> None:
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
     from ddops.bench.collect import parse_size, write_manifest
-    from ddops.tasks.bench import collect_task, manifest_entries
     from ddops.bench.runs import CollectReport, resolve_run_id, results_root
+    from ddops.tasks.bench import collect_task, manifest_entries
 
     max_bytes = parse_size(max_file_size)
     root = results_root(results_dir)
@@ -307,7 +308,7 @@ def collect(ctx: typer.Context, selection: Selection,
     results = on.run(collect_task(rid, root, max_bytes), title=f"bench collect {rid}")
     manifest = write_manifest(root, rid, manifest_entries(results))
 
-    def render(results: Sequence["HostResult"]) -> None:
+    def render(results: Sequence[HostResult]) -> None:
         recap(results, columns=[("files", lambda r: str(r.report.files)
                                   if isinstance(r.report, CollectReport) and r.report.manifest else "")])
         console.print(f"results: {escape(str(root / rid))}  (manifest: {escape(str(manifest))})")
@@ -317,11 +318,11 @@ def collect(ctx: typer.Context, selection: Selection,
 
 @command(bench_app, "report")
 def report(ctx: typer.Context,
-           run_ids: Annotated[Optional[list[str]], typer.Argument(help="Collected run ids (default: the newest).",
+           run_ids: Annotated[list[str] | None, typer.Argument(help="Collected run ids (default: the newest).",
                                                                   show_default=False,
                                                                   autocompletion=completion.run_ids)] = None,
            fmt: Annotated[str, typer.Option("--format", help="table, json, csv or md.")] = "table",
-           by: Annotated[Optional[str], typer.Option("--by", help="host: one row per host and method (repeats "
+           by: Annotated[str | None, typer.Option("--by", help="host: one row per host and method (repeats "
                                                      "aggregated); method: one row per method over every host and "
                                                      "repeat; run: one row per run, host and method; patchset: each "
                                                      "method's code variants side by side; engine: every engine's "
@@ -332,16 +333,25 @@ def report(ctx: typer.Context,
                                                      "several engines. --json and md follow it; csv has one line per "
                                                      "aggregated row with it, per result row without.",
                                                      show_default=False)] = None,
-           plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a PNG chart here (speedup and "
+           plot: Annotated[Path | None, typer.Option("--plot", help="Also write a PNG chart here (speedup and "
                                                         "τ per method, with error bars; with several engines, tok/s "
                                                         "against the best chain method).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, \
-        verdicts
-    from ddops.bench.report import BY, DEFAULT_VIEWS, aggregate, build_report, group_columns, groups_markdown, \
-        pooling_note, report_title, to_csv, to_json
+    from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, verdicts
+    from ddops.bench.report import (
+        BY,
+        DEFAULT_VIEWS,
+        aggregate,
+        build_report,
+        group_columns,
+        groups_markdown,
+        pooling_note,
+        report_title,
+        to_csv,
+        to_json,
+    )
     from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 

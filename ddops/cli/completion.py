@@ -7,8 +7,9 @@ nothing rather than failing the shell.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import typer
 

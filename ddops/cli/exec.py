@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -16,15 +17,15 @@ from ddops.safe_text import one_line
 if TYPE_CHECKING:
     from ddops.inventory import Selection
 
-CommandArg = Annotated[Optional[list[str]], typer.Argument(
+CommandArg = Annotated[list[str] | None, typer.Argument(
     help="The program and its arguments, after `--`; each word reaches the host as one quoted argument.",
     show_default=False)]
-ShellOpt = Annotated[Optional[str], typer.Option(
+ShellOpt = Annotated[str | None, typer.Option(
     "--shell", help="A shell command line instead ('CMD | CMD'), run by the user's login shell.", show_default=False)]
 InRepoOpt = Annotated[bool, typer.Option("--in-repo", help="Run in the host's repo directory.")]
 SudoOpt = Annotated[bool, typer.Option("--sudo", help="Run through `sudo -n` where the user is not root "
                                                       "(refused, never prompted, when sudo wants a password).")]
-TimeoutOpt = Annotated[Optional[float], typer.Option(
+TimeoutOpt = Annotated[float | None, typer.Option(
     "--timeout", help="Seconds before the command is ended on the host (default: the host's command_timeout).",
     show_default=False)]
 GroupedOpt = Annotated[bool, typer.Option("--grouped", help="Show hosts with identical output and exit code once, "
@@ -78,7 +79,8 @@ def _show_groups(results: Sequence[Any]) -> None:
 
     for g in group_outputs(outputs_of(results)):
         code = "timed out" if g.output.timed_out else f"exit {g.output.exit_code}"
-        title = f"{len(g.hosts)} hosts · {code} ({', '.join(g.hosts)})" if len(g.hosts) > 1 else f"{g.hosts[0]} · {code}"
+        title = (f"{len(g.hosts)} hosts · {code} ({', '.join(g.hosts)})" if len(g.hosts) > 1
+                 else f"{g.hosts[0]} · {code}")
         console.rule(escape(title), align="left")
         for text, label in ((g.output.stdout, ""), (g.output.stderr, "stderr: ")):
             for line in text.splitlines():

@@ -4,7 +4,8 @@ each host's run that ends it and that `bench status` shows."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ddops.cli.render import console, ddops_line, err_console, escape, styled
 from ddops.safe_text import one_line, printable
@@ -77,7 +78,7 @@ class FollowView:
         self.tasks: dict[str, Any] = {}
         self._last_plain: dict[str, tuple] = {}
 
-    def __enter__(self) -> "FollowView":
+    def __enter__(self) -> FollowView:
         if self.tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -100,7 +101,7 @@ class FollowView:
             self.progress.stop()
             self.progress = None
 
-    def handle(self, event: "FollowEvent") -> None:
+    def handle(self, event: FollowEvent) -> None:
         from ddops.tasks.bench import LogText
 
         if isinstance(event, LogText):
@@ -144,7 +145,7 @@ class FollowView:
             sys.stdout.write((f"{host:<{self.width}} | " if self.prefix else "") + line + "\n")
             sys.stdout.flush()
 
-    def _status(self, host: str, run: "HostRun | None", error: str | None, final: bool) -> None:
+    def _status(self, host: str, run: HostRun | None, error: str | None, final: bool) -> None:
         if self.progress is not None:
             fields: dict[str, Any] = {}
             if run is not None:
@@ -168,7 +169,7 @@ class FollowView:
         return 0 if ok else 1
 
 
-def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id: str, *, logs: bool = True) -> int:
+def follow_run(st: Any, inventory: Inventory, hosts: Sequence[Host], run_id: str, *, logs: bool = True) -> int:
     """Follow a run until every host is done; Ctrl-C detaches (exit 130) and leaves the runs going."""
     from ddops.tasks.bench import Follower
 
@@ -192,7 +193,7 @@ def follow_run(st: Any, inventory: "Inventory", hosts: Sequence["Host"], run_id:
     return view.exit_code([h.name for h in hosts])
 
 
-def render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None) -> None:
+def render_runs(runs: Sequence[HostRun], errors: dict[str, str] | None = None) -> None:
     """A table of each host's run, then every failed command with its exit code and the end of its log."""
     from ddops.cli.render import show_table
     from ddops.grouping import natural_key
@@ -223,7 +224,7 @@ def render_runs(runs: Sequence["HostRun"], errors: dict[str, str] | None = None)
                                                         for line in rec.log_tail.rstrip("\n").splitlines()[-60:]))))
 
 
-def _render_slurm_tasks(runs: Sequence["HostRun"]) -> None:
+def _render_slurm_tasks(runs: Sequence[HostRun]) -> None:
     """Per array task of each Slurm run: Slurm's state (PENDING with its reason, RUNNING on a node, exit codes), the
     node and the GPU ids the task was given."""
     from ddops.tasks.slurm import describe_task

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -44,10 +45,9 @@ def hosts(ctx: typer.Context, selection: Selection) -> None:
 def inventory_check(ctx: typer.Context) -> None:
     """Validate the inventory and every playbook its `patches:` names: exit 0 when all is fine, 2 with file:line
     when not."""
-    from ddops.patching.playbook import load_inventory_playbooks
-
     from ddops.errors import InventoryError
     from ddops.inventory import missing_identity_file
+    from ddops.patching.playbook import load_inventory_playbooks
 
     inventory = state(ctx).load_inventory()
     # A key file that is not there: refused here as every connecting command refuses it (local hosts use none).

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,7 +26,7 @@ class OnHosts:
     view and Ctrl-C handling, then one JSON document or the rendered recap, then the exit code."""
 
     def __init__(self, ctx: typer.Context, selection: Any, *, everywhere_when_empty: bool = False,
-                 hosts: Sequence["Host"] | None = None) -> None:
+                 hosts: Sequence[Host] | None = None) -> None:
         from ddops.fleet import Interrupt
         from ddops.inventory import select
 
@@ -43,15 +44,15 @@ class OnHosts:
     def json(self) -> bool:
         return self.state.json
 
-    def run(self, task: Callable, *, title: str | None = None, progress: bool = True) -> list["HostResult"]:
+    def run(self, task: Callable, *, title: str | None = None, progress: bool = True) -> list[HostResult]:
         """The task over the hosts: a progress view unless `progress` is off (or --json); the first Ctrl-C stops
         starting hosts (tasks that can be cancelled watch `self.interrupt.event`), a second abandons."""
         with ctrl_c(self.interrupt):
             return fleet_run(self.state, self.inventory, self.hosts, task, title=title or self.state.command,
                              progress=progress, interrupt=self.interrupt)
 
-    def finish(self, results: Sequence["HostResult"], extra: dict[str, Any] | None = None, *,
-               render: Callable[[Sequence["HostResult"]], None] | None = None, exit_code_on_change: bool = False,
+    def finish(self, results: Sequence[HostResult], extra: dict[str, Any] | None = None, *,
+               render: Callable[[Sequence[HostResult]], None] | None = None, exit_code_on_change: bool = False,
                failed: bool = False, **recap_options: Any) -> None:
         """One JSON document (--json) or render(results) (default: the recap), then the exit code: 1 if any host
         failed (or `failed` says the command did), 3 with `exit_code_on_change` when one changed (or would), 130
@@ -106,7 +107,7 @@ def ctrl_c(interrupt: Any) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def fleet_run(st: AppState, inventory: "Inventory", hosts: list["Host"], task: Callable, *, title: str,
+def fleet_run(st: AppState, inventory: Inventory, hosts: list[Host], task: Callable, *, title: str,
               progress: bool = True, interrupt: Any = None) -> list[HostResult]:
     """Run a task over hosts with a progress view (rich on a TTY, plain lines otherwise, silent for --json); each
     host's next-step hints with the -i this run was given."""

@@ -3,7 +3,8 @@ the four host options as one Selection)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -11,23 +12,22 @@ from ddops import settings
 from ddops.cli import completion
 from ddops.cli.state import state
 
-
 # The global options, declared once: the top-level callback and every command take them, so that each works
 # before or after the command's name (`ddops -i inv.yaml ping --all` and `ddops ping --all -i inv.yaml`).
-InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
+InventoryOpt = Annotated[str | None, typer.Option("--inventory", "-i", envvar=settings.INVENTORY.name,
                                                      help="Inventory file (default: ./inventory.yaml).",
                                                      show_default=False)]
 # After the command's name without the envvar: DDOPS_INVENTORY must not outvote an `-i` given before it.
-_InventoryHereOpt = Annotated[Optional[str], typer.Option("--inventory", "-i", help="Inventory file (default: "
+_InventoryHereOpt = Annotated[str | None, typer.Option("--inventory", "-i", help="Inventory file (default: "
                                                           "./inventory.yaml).", show_default=False)]
 JSON_FLAG = "--json"  # also read from the raw argv when the command line did not parse (app.main)
 JsonOpt = Annotated[bool, typer.Option(JSON_FLAG, help="Print one JSON document on stdout and nothing else there "
                                                       "(docs/json.md).")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
-ForksOpt = Annotated[Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
+ForksOpt = Annotated[int | None, typer.Option("--forks", "-f", min=1, help="Hosts worked on at once (default 32).",
                                                  show_default=False)]
 # Where a command's own `-f` is a follow (bench logs, bench run), --forks keeps only its long name there.
-_ForksLongOpt = Annotated[Optional[int], typer.Option("--forks", min=1, help="Hosts worked on at once (default 32).",
+_ForksLongOpt = Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on at once (default 32).",
                                                       show_default=False)]
 AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="Record unknown host keys (changed keys are always "
                                                                  "refused).")]
@@ -43,19 +43,19 @@ GLOBAL_OPTIONS: dict[str, tuple[Any, Any]] = {  # parameter name -> (annotation,
 }
 
 # The four host-selecting options, declared once; a command that takes a `selection` parameter gets them.
-HostOpt = Annotated[Optional[list[str]], typer.Option("--host", "-H", help="Host name or address (repeatable).",
+HostOpt = Annotated[list[str] | None, typer.Option("--host", "-H", help="Host name or address (repeatable).",
                                                        show_default=False, autocompletion=completion.hosts)]
-GroupOpt = Annotated[Optional[list[str]], typer.Option("--group", "-g", help="Every host of a group (repeatable).",
+GroupOpt = Annotated[list[str] | None, typer.Option("--group", "-g", help="Every host of a group (repeatable).",
                                                         show_default=False, autocompletion=completion.groups)]
 AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Every host in the inventory.")]
-LimitOpt = Annotated[Optional[str], typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
+LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Globs over names/addresses/groups, "
                                                  "comma-separated; !glob excludes.", show_default=False,
                                                  autocompletion=completion.limit)]
 SELECTION_OPTIONS: dict[str, tuple[Any, Any]] = {
     "host": (HostOpt, None), "group": (GroupOpt, None), "all_": (AllOpt, False), "limit": (LimitOpt, None),
 }
 # `--hosts` after the command's name too (its short form -H is --host there, as in every selecting command).
-_AdhocHostsHereOpt = Annotated[Optional[str], typer.Option(
+_AdhocHostsHereOpt = Annotated[str | None, typer.Option(
     "--hosts", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated (~/.ssh/config "
                     "fills in the rest).", show_default=False)]
 CheckOpt = Annotated[bool, typer.Option("--check", help="Show what would change; write nothing.")]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ddops.fleet import HostResult
     from ddops.inventory import Selection
 
-PlaybooksArg = Annotated[Optional[list[str]], typer.Argument(
+PlaybooksArg = Annotated[list[str] | None, typer.Argument(
     help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False,
     autocompletion=completion.playbooks)]
 DiffOpt = Annotated[bool, typer.Option("--diff", help="Also show the diff of what is written.")]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ddops.cli.state import current_state
 from ddops.safe_text import one_line, printable
@@ -35,7 +36,7 @@ class _ConsoleOnFirstUse:
         self._options = options
         self._console: Console | None = None
 
-    def made(self) -> "Console":
+    def made(self) -> Console:
         """The Console itself (for rich objects that are handed one)."""
         if self._console is None:
             from rich.console import Console
@@ -65,7 +66,7 @@ class FleetProgress:
         self._task: Any = None
         self._tty = enabled and self._console.is_terminal  # not even asked for --json: it would load rich
 
-    def __enter__(self) -> "FleetProgress":
+    def __enter__(self) -> FleetProgress:
         if self.enabled and self._tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -199,7 +200,8 @@ def show_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: 
         for i, name in enumerate(headers):
             # Never narrower than its longest word: rich would otherwise shrink the widest columns first.
             longest = None if i == folding else max(len(w) for row in [headers, *rows] for w in words(row[i]) or [""])
-            table.add_column(escape(name), overflow="fold", justify="right" if i in right else "left", min_width=longest)
+            table.add_column(escape(name), overflow="fold", justify="right" if i in right else "left",
+                             min_width=longest)
         for n, row in enumerate(rows):
             table.add_row(*(drawn(n, i, c) for i, c in enumerate(row)))
         console.print(table)

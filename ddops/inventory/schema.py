@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from ddops.slurm_options import EXECUTORS, SLURM_KEYS, SlurmOptions, slurm_option_problems
 from ddops.yamlsrc import describe, suggest, type_name

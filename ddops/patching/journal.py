@@ -11,8 +11,9 @@ application wrote continues it (a newer version of a module): rolling back goes 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ddops.errors import DdopsError
 from ddops.patching.kinds import PatchState
@@ -46,7 +47,7 @@ class JournalEntry:
     index: int = 0  # position in the journal: the order of events
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], index: int) -> "JournalEntry":
+    def from_dict(cls, raw: Mapping[str, Any], index: int) -> JournalEntry:
         """An entry of a known event, checked field by field: DdopsError naming the entry's number if malformed."""
         where = f"journal entry {index + 1}"
         if not isinstance(raw, Mapping):

@@ -11,13 +11,27 @@ import difflib
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddops import settings
-from ddops.patching.kinds import (ADD_MODULE, AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, MODIFIED,
-                                  PARTIAL, PENDING, TEXT_KINDS, Outcome, describe)
+from ddops.patching.kinds import (
+    ADD_MODULE,
+    AMBIGUOUS,
+    APPLIED,
+    BLOCKED,
+    DRIFTED,
+    ERROR,
+    FAILED_STATES,
+    MODIFIED,
+    PARTIAL,
+    PENDING,
+    TEXT_KINDS,
+    Outcome,
+    describe,
+)
 from ddops.patching.playbook import Patch, TransformSpec, fingerprint
 from ddops.patching.text import text_replace, utf8_error
 
@@ -283,9 +297,9 @@ def _key_for(path: str, patches: tuple[Patch, ...], blocked: tuple[tuple[str, st
 class PlanCache(Protocol):
     """Where plans outlive a run: `load` gives None when it has no valid entry; `save` may silently fail."""
 
-    def load(self, key: tuple[str | None, str], path: str, source: bytes) -> "FilePlan | None": ...
+    def load(self, key: tuple[str | None, str], path: str, source: bytes) -> FilePlan | None: ...
 
-    def save(self, key: tuple[str | None, str], plan: "FilePlan") -> None: ...
+    def save(self, key: tuple[str | None, str], plan: FilePlan) -> None: ...
 
 
 class Planner:
@@ -294,7 +308,7 @@ class Planner:
     Concurrent requests for the same key wait for the first one instead of transforming again.
     """
 
-    def __init__(self, max_entries: int = 1024, store: "PlanCache | None" = None) -> None:
+    def __init__(self, max_entries: int = 1024, store: PlanCache | None = None) -> None:
         self.max_entries = max_entries
         self.cache_hits = 0
         self.cache_misses = 0  # plans really computed (not from a cache)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import base64
 import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ddops.patching import journal as journal_mod
 from ddops.patching.kinds import ADD_MODULE, AMBIGUOUS, BLOCKED, DRIFTED, ERROR, MODIFIED
@@ -50,7 +51,7 @@ class Snapshot:
     versions: dict[str, str | None] | None = None  # the packages' versions a snapshot asked for (`versions`)
 
     @classmethod
-    def from_reply(cls, files: Sequence[str], reply: Mapping[str, Any]) -> "Snapshot":
+    def from_reply(cls, files: Sequence[str], reply: Mapping[str, Any]) -> Snapshot:
         """The agent's `snapshot` answer for `files`, decoded."""
         contents: dict[str, bytes | None] = {}
         shas: dict[str, str | None] = {}

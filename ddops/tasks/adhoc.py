@@ -13,8 +13,9 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from ddops.errors import UsageError
 from ddops.fleet import FAILED, OK, TaskOutcome
@@ -109,7 +110,8 @@ def guard_words(host: Host, timeout: float) -> list[str]:
     """The guard's command line, before the command's words: `PYTHON -S -c SOURCE TIMEOUT GRACE`, quoted."""
     python = host.python
     # A bare name is looked up in the login user's PATH here, before sudo (whose secure_path may lack it) runs it.
-    word = shell_path(python) if "/" in python else f'"$(command -v {shlex.quote(python)} || echo {shlex.quote(python)})"'
+    quoted = shlex.quote(python)
+    word = shell_path(python) if "/" in python else f'"$(command -v {quoted} || echo {quoted})"'
     return [word, "-S", "-c", shlex.quote(guard_source()), f"{timeout:g}", f"{KILL_AFTER:g}"]
 
 
@@ -280,5 +282,5 @@ def outputs_of(results: Iterable[Any]) -> dict[str, ExecOutput]:
     return {r.host: r.report for r in results if isinstance(r.report, ExecOutput)}
 
 
-__all__ = ["STOP_LINE", "ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs", "outcome_of",
-           "outputs_of", "remote_command", "sudo_refusal", "timed_out", "with_watchdog"]
+__all__ = ["STOP_LINE", "ExecOutput", "ExecSpec", "LineSplitter", "OutputGroup", "exec_host", "group_outputs",
+           "outcome_of", "outputs_of", "remote_command", "sudo_refusal", "timed_out", "with_watchdog"]

@@ -7,8 +7,9 @@ needed: the journal names the patches and the hashes ddops wrote.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ddops.bench.environment import host_versions
 from ddops.fleet import DRIFTED, OK, TaskOutcome

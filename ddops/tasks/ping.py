@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ddops.bench.environment import host_versions, torch_cell
 from ddops.bench.gpus import gpu_issues, gpu_summary, gpus_of

@@ -13,14 +13,15 @@ import os
 import secrets
 import tempfile
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import ddops
 from ddops.errors import AgentError, DdopsError, UsageError, message_for
-from ddops.inventory import SYNC_MODES
 from ddops.fleet import CHANGED, FAILED, FAILING, OK, TaskOutcome
+from ddops.inventory import SYNC_MODES
 from ddops.jsonvalue import JsonValue, omitted_when_none
 from ddops.patching.playbook import list_playbooks, load_playbooks, search_path
 from ddops.patching.snapshot import make_planner
@@ -201,13 +202,13 @@ class SyncRun:
     def reapply(self) -> bool:
         return bool(self.patches) if self.options.reapply is None else self.options.reapply
 
-    def pin_for(self, host: "Host") -> Pin:
+    def pin_for(self, host: Host) -> Pin:
         return self.pins.for_host(host)
 
-    def mode_for(self, host: "Host") -> str:
+    def mode_for(self, host: Host) -> str:
         return self.options.mode or host.sync
 
-    def fetch_timeout(self, host: "Host") -> float:
+    def fetch_timeout(self, host: Host) -> float:
         return self.options.fetch_timeout or host.command_timeout
 
     def playbooks(self) -> Any:
@@ -226,16 +227,16 @@ class SyncRun:
         """Patch ids as a user names them: by the playbooks they make up (search_dirs' playbooks)."""
         return by_playbook(patch_ids, load_playbooks(list_playbooks(self.search_dirs), self.search_dirs))
 
-    def sync_task(self, host: "Host", session: AgentSession) -> TaskOutcome:
+    def sync_task(self, host: Host, session: AgentSession) -> TaskOutcome:
         return sync_host(host, session, self)
 
-    def deploy_task(self, host: "Host", session: AgentSession) -> TaskOutcome:
+    def deploy_task(self, host: Host, session: AgentSession) -> TaskOutcome:
         return deploy_host(host, session, self)
 
     def close(self) -> None:
         self.bundles.close()
 
-    def __enter__(self) -> "SyncRun":
+    def __enter__(self) -> SyncRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -254,7 +255,7 @@ def by_playbook(patch_ids: Sequence[str], playbooks: Sequence[Any]) -> str:
     return ", ".join(named + wanted)
 
 
-def prepare_sync(inventory: "Inventory", hosts: Sequence["Host"], options: SyncOptions) -> SyncRun:
+def prepare_sync(inventory: Inventory, hosts: Sequence[Host], options: SyncOptions) -> SyncRun:
     """Check the options, resolve every pin once, and return the run to hand to the fleet."""
     if options.mode is not None and options.mode not in SYNC_MODES:
         raise UsageError(f"--mode {options.mode}: must be one of {', '.join(SYNC_MODES)}")
@@ -284,7 +285,7 @@ class Step(JsonValue):
     patches: Mapping[str, str] | None
 
     @classmethod
-    def of(cls, outcome: TaskOutcome) -> "Step":
+    def of(cls, outcome: TaskOutcome) -> Step:
         return cls(outcome.status, outcome.message, getattr(outcome.report, "patches", None))
 
 
@@ -338,7 +339,7 @@ class Move:
     def arrived(self) -> bool:
         return self.before == self.commit
 
-    def described(self, host: "Host", named: str = "") -> str:
+    def described(self, host: Host, named: str = "") -> str:
         """What --check says the sync would do (`named`: the patches rolled back, as their playbooks)."""
         parts = [f"{'would clone' if self.clones else 'would move'} {short(self.before)} → {short(self.commit)}"]
         if self.source == "remote":
@@ -353,7 +354,7 @@ class Move:
         return "; ".join(parts)
 
 
-def plan_move(host: "Host", commit: str, mode: str, info: Mapping[str, Any], *, force: bool, reapply: bool) -> Move:
+def plan_move(host: Host, commit: str, mode: str, info: Mapping[str, Any], *, force: bool, reapply: bool) -> Move:
     """The move sync_inspect's answer calls for: where from, how the commit comes, what it refuses and why."""
     before = info.get("head")
     move = Move(before, commit, classify_dirty(info.get("dirty") or []), _choose_source(mode, info, host),
@@ -372,7 +373,7 @@ def plan_move(host: "Host", commit: str, mode: str, info: Mapping[str, Any], *, 
     return move
 
 
-def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | None:
+def _choose_source(mode: str, info: Mapping[str, Any], host: Host) -> str | None:
     """None when the host has the commit; else "remote" (it fetches itself) or "bundle" (we push it)."""
     if info.get("has_commit"):
         return None
@@ -384,7 +385,7 @@ def _choose_source(mode: str, info: Mapping[str, Any], host: "Host") -> str | No
     return "remote" if probe.get("reachable") else "bundle"
 
 
-def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: bool | None = None,
+def sync_host(host: Host, session: AgentSession, run: SyncRun, *, reapply: bool | None = None,
               deploying: bool = False) -> TaskOutcome:
     """Put host's repo at its pinned commit without losing anything on it; see the module docstring. `deploying`:
     the first step of deploy, which applies the inventory's playbooks itself next (so nothing is re-applied here)."""
@@ -410,7 +411,7 @@ def sync_host(host: "Host", session: AgentSession, run: SyncRun, *, reapply: boo
     return _carry_out(host, session, run, move, info, report, deploying)
 
 
-def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, info: Mapping[str, Any],
+def _carry_out(host: Host, session: AgentSession, run: SyncRun, move: Move, info: Mapping[str, Any],
                report: SyncReport, deploying: bool = False) -> TaskOutcome:
     """Save the local edits (--force), bring the commit in and roll ddops' patches back, check it out, re-apply."""
     if move.dirty.foreign:
@@ -451,7 +452,7 @@ def _carry_out(host: "Host", session: AgentSession, run: SyncRun, move: Move, in
     return _reapply(host, session, run, patch_ids, moved, report)
 
 
-def _checkout_failed(host: "Host", session: AgentSession, run: SyncRun, move: Move, report: SyncReport,
+def _checkout_failed(host: Host, session: AgentSession, run: SyncRun, move: Move, report: SyncReport,
                      exc: DdopsError, saved: str) -> TaskOutcome:
     """The checkout failed: the patches rolled back for it go back on (when sync re-applies), and it says so."""
     message = f"moving to {short(move.commit)} failed: {message_for(host.name, exc)}"
@@ -464,7 +465,7 @@ def _checkout_failed(host: "Host", session: AgentSession, run: SyncRun, move: Mo
     return TaskOutcome(FAILED, message + saved, report, reason=exc.kind)
 
 
-def _reapply(host: "Host", session: AgentSession, run: SyncRun, patch_ids: Sequence[str], moved: str,
+def _reapply(host: Host, session: AgentSession, run: SyncRun, patch_ids: Sequence[str], moved: str,
              report: SyncReport) -> TaskOutcome:
     """Apply the inventory's patches again at the new commit."""
     playbooks = run.playbooks()
@@ -481,7 +482,7 @@ def _reapply(host: "Host", session: AgentSession, run: SyncRun, patch_ids: Seque
                        replace(report, reapplied=applied))
 
 
-def _bring_in(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
+def _bring_in(host: Host, session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
               info: Mapping[str, Any], report: SyncReport) -> tuple[SyncReport, dict[str, Any]]:
     """sync_fetch or sync_checkout, the bundle pushed first where it comes as one; in auto mode a failed fetch from
     the URL falls back to pushing a bundle. The report counts what moved."""
@@ -499,7 +500,7 @@ def _bring_in(host: "Host", session: AgentSession, run: SyncRun, verb: str, comm
                    uploaded_bytes=(report.uploaded_bytes or 0) + uploaded), result
 
 
-def _call_bringing(host: "Host", session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
+def _call_bringing(host: Host, session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
                    staging: str | None) -> tuple[dict[str, Any], int]:
     """(the verb's answer, bytes uploaded): in push mode the run's bundle goes to the host first."""
     payload = {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
@@ -517,7 +518,7 @@ def _call_bringing(host: "Host", session: AgentSession, run: SyncRun, verb: str,
     return session.call_agent(verb, payload, timeout=run.fetch_timeout(host) + 60), uploaded
 
 
-def deploy_host(host: "Host", session: AgentSession, run: SyncRun) -> TaskOutcome:
+def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
     synced = sync_host(host, session, run, deploying=True)
     report = DeployReport(synced.report)

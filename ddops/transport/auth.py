@@ -8,8 +8,8 @@ import base64
 import os
 import struct
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 import paramiko
 from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
@@ -196,7 +196,7 @@ class KeyRing:
             return KeyFile(path, key.asbytes(), key, encrypted=True)
         raise UsageError(f"identity_file {path}: no correct passphrase given (or load it with `ssh-add {path}`)")
 
-    def strategy(self, host: Host) -> "OpenSshOrder":
+    def strategy(self, host: Host) -> OpenSshOrder:
         """The keys to offer `host`, with an agent connection of its own (one agent socket carries one request
         at a time: connections authenticating at once must not share it). Close it after connecting."""
         files = self.identity_files(host)

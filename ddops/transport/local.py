@@ -17,13 +17,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ddops.errors import AgentError, AgentNoAnswer, Cancelled, CommandTimeout, TransportError
 from ddops.inventory import Host
-from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.agent import agent_request
 from ddops.transport.agent_client import agent_result
+from ddops.transport.channel import CommandResult, Share, max_agent_answer, max_command_output, output_too_large
 from ddops.transport.session import copy_limited
 
 
@@ -247,7 +248,7 @@ class LocalSession:
             if agent.stdout is not None:
                 agent.stdout.close()
 
-    def __enter__(self) -> "LocalSession":
+    def __enter__(self) -> LocalSession:
         return self
 
     def __exit__(self, *exc: object) -> None:

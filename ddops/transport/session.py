@@ -5,15 +5,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import paramiko
 
 from ddops.errors import Cancelled, CommandTimeout, ConnectionLost, DdopsError, TransportError
 from ddops.inventory import Host
 from ddops.transport.agent import agent_request
-from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
-                                          parse_agent_reply)
+from ddops.transport.agent_client import (
+    AgentChannel,
+    agent_result,
+    decode_agent_reply,
+    note_resident,
+    open_agent,
+    parse_agent_reply,
+)
 from ddops.transport.channel import ChannelReader, CommandResult, max_command_output, output_too_large, send_all
 from ddops.transport.resident import ResidentBook
 
@@ -226,7 +233,7 @@ class Session:
         finally:
             self._client.close()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,9 +9,9 @@ import shlex
 import socket
 import sys
 
-from ddops_agent.protocol import VERBS, bad_request, optional_str, require_list, verb
 from ddops_agent.checks import run_quiet
 from ddops_agent.gpus import gpu_health, query_gpus
+from ddops_agent.protocol import VERBS, bad_request, optional_str, require_list, verb
 
 # Always reported; a plan's `requires_packages` asks for more (the `packages` of a facts request).
 PACKAGES = ("torch", "transformers")

@@ -9,7 +9,6 @@ import stat
 
 from ddops_agent.protocol import AgentFault, bad_request, fault_point, require_str
 
-
 MAX_FILE_BYTES = 16 * 1024 * 1024
 STATE_DIR = ".ddops"
 PROTECTED_TOP_DIRS = (STATE_DIR, ".git")
@@ -245,4 +244,4 @@ def make_private_dir(path):
     except FileExistsError:
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode):
-            raise AgentFault("unsafe_path", "%s exists and is not a directory (or is a symlink)" % path)
+            raise AgentFault("unsafe_path", "%s exists and is not a directory (or is a symlink)" % path) from None

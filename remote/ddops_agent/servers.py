@@ -10,7 +10,8 @@ deadline passes, shares it among the runs of its group, and always stops it:
 - in a Slurm job, with the task (remote/ddops_agent/slurm.py) and, at the job's end, by Slurm itself.
 
 A server's processes carry the run's tags and DDOPS_SERVER=<run-id>/server-<n>; its output goes to server-<n>.log
-in the run directory (task-<i>-server-<n>.log for a Slurm task's). Runs and server find the port in $DDOPS_SERVER_PORT (the plan's {server_port}).
+in the run directory (task-<i>-server-<n>.log for a Slurm task's). Runs and server find the port in
+$DDOPS_SERVER_PORT (the plan's {server_port}).
 """
 
 import http.client
@@ -21,8 +22,15 @@ import subprocess
 import time
 
 from ddops_agent.journal import now_iso
-from ddops_agent.procs import (descendants, end_processes, pids_carrying, process_record, records_of, same_process,
-                               spawn_agent)
+from ddops_agent.procs import (
+    descendants,
+    end_processes,
+    pids_carrying,
+    process_record,
+    records_of,
+    same_process,
+    spawn_agent,
+)
 from ddops_agent.protocol import require_str, verb
 
 SERVER_TAG = "DDOPS_SERVER"

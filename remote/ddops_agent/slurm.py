@@ -12,8 +12,9 @@ Verbs (payloads carry `repo`, `run_id`, and `slurm_conf` when the cluster's slur
   slurm_stop   {repo, run_id, tasks?}  scancel the job, or only the given array tasks
   slurm_files  {repo, run_id}   bench_files' listing plus the job's state as text
 A Slurm run directory holds, besides spec.json and results/: job.sh (the batch script), slurm.json (job id, sbatch
-options), task-request.json, bootstrap.py + agent.bundle (the shipped agent, for the tasks), task-<i>.out (each task's output, written by Slurm), task-<i>.json (each
-task's own record), log (the task outputs merged, a `[i] ` prefix per line) and log-merge.json (how far each is).
+options), task-request.json, bootstrap.py + agent.bundle (the shipped agent, for the tasks), task-<i>.out (each
+task's output, written by Slurm), task-<i>.json (each task's own record), log (the task outputs merged, a `[i] `
+prefix per line) and log-merge.json (how far each is).
 """
 
 import fcntl
@@ -25,14 +26,35 @@ import subprocess
 import sys
 import time
 
-from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_number, optional_str, require_list,
-                                  require_str, shipped_bundle, verb)
+from ddops_agent.bench import (
+    DEFAULT_POLL_BYTES,
+    MAX_POLL_BYTES,
+    SERVER_FAILED_EXIT_CODE,
+    bench_files,
+    initial_state,
+    log_size,
+    open_new_run,
+    open_run,
+    parse_spec,
+    read_json_file,
+    read_log_range,
+    require_run_id,
+    write_json_file,
+)
 from ddops_agent.files import atomic_write, open_repo, write_all
 from ddops_agent.journal import now_iso
-from ddops_agent.bench import (DEFAULT_POLL_BYTES, MAX_POLL_BYTES, SERVER_FAILED_EXIT_CODE, bench_files, initial_state,
-                               log_size, open_new_run, open_run, parse_spec, read_json_file, read_log_range,
-                               require_run_id, write_json_file)
 from ddops_agent.procs import RUN_TAG_DIR, RUN_TAG_ID, signal_quietly
+from ddops_agent.protocol import (
+    AgentFault,
+    b64_text,
+    bad_request,
+    optional_number,
+    optional_str,
+    require_list,
+    require_str,
+    shipped_bundle,
+    verb,
+)
 from ddops_agent.servers import PORT_ENV, Servers
 
 SLURM_COMMAND_TIMEOUT = 30

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ddops.testbed import stop_host
 
+from ddops.testbed import stop_host
 from tests import conftest
 from tests.conftest import host_processes, requires_sshd, run_ddops, run_ddops_json, wait_until
 

@@ -201,8 +201,8 @@ def test_a_symlinked_target_is_refused_and_neither_link_nor_target_changes(clean
 
 
 def test_a_symlinked_directory_leading_out_of_the_repo_is_refused(clean, tmp_path):
-    from ddops.tasks.patch import patch_host
     from ddops.patching.playbook import load_playbooks
+    from ddops.tasks.patch import patch_host
 
     outside = tmp_path / "outside"
     outside.mkdir()

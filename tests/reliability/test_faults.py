@@ -10,12 +10,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest
-from ddops.testbed import start_host, stop_host
 
+from ddops.testbed import start_host, stop_host
 from tests.conftest import REPO_ROOT, requires_sshd, wait_until
 from tests.reliability.conftest import host_statuses, messages, one_json, quiet, session_pids, with_inventory
 
@@ -191,7 +190,7 @@ def test_two_controllers_patching_and_rolling_back_the_same_hosts_never_corrupt_
     def controller() -> None:
         for _ in range(20):
             for what, run in (("patch", fleet.patch), ("rollback", fleet.rollback)):
-                for name, r in run(hosts=hosts).items():
+                for r in run(hosts=hosts).values():
                     outcomes.append((what, r.status, r.message))
 
     def watcher() -> None:  # every read of every file, all along, is the old file or the new one

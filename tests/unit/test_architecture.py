@@ -50,7 +50,7 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def imports_of(name: str, path: Path) -> frozenset[str]:
     # `from ddops.testbed import namespace` inside ddops/testbed/__init__.py names the package itself: not a cycle
     return frozenset(imports_in(path.read_text(), name, is_package=path.name == "__init__.py") - {name})
@@ -294,7 +294,8 @@ def test_sync_modes_no_run_kinds_and_slurm_formats_are_each_defined_once():
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
                     node.value.startswith("%i|") or node.value.startswith("JobID,")):
                 formats.append(name)
-    assert tuples == {("auto", "remote", "push"): ["ddops.inventory.schema"], ("no_run", "no_repo"): ["ddops.bench.runs"]}
+    assert tuples == {("auto", "remote", "push"): ["ddops.inventory.schema"],
+                      ("no_run", "no_repo"): ["ddops.bench.runs"]}
     assert formats == []
 
 
@@ -338,7 +339,8 @@ def kinds_raised_by_the_agent() -> dict[str, str]:
             if isinstance(node, ast.Call):
                 named += [k.value for k in node.keywords if k.arg == "kind"]
             if isinstance(node, ast.Dict):
-                named += [v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "kind"]
+                named += [v for k, v in zip(node.keys, node.values)
+                          if isinstance(k, ast.Constant) and k.value == "kind"]
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
                 arguments = node.args.args[len(node.args.args) - len(node.args.defaults):]
                 named += [d for a, d in zip(arguments, node.args.defaults) if a.arg == "kind"]

@@ -430,7 +430,7 @@ def test_only_keeps_the_matrix_entries_with_the_given_values_and_var_sets_a_plac
     plan = load(tmp_path, SMOKE)
     smoke = narrow_plan(plan, {"max_samples": "2"}, parse_assignments(["dataset=gsm8k", "temperature=0.0"], "--only"))
     (run,) = expand_runs(smoke, {"max_samples": 64})  # --var beats the host's vars too
-    assert run.command == f"run --dataset gsm8k --t 0.0 --n 2 --out results/gsm8k.pt"
+    assert run.command == "run --dataset gsm8k --t 0.0 --n 2 --out results/gsm8k.pt"
     two = narrow_plan(plan, only=parse_assignments(["dataset=gsm8k,humaneval"], "--only"))
     assert [r.label for r in expand_runs(two, {})] == [
         "dataset=gsm8k temperature=0.0", "dataset=gsm8k temperature=1.0", "dataset=humaneval temperature=0.0",

@@ -587,7 +587,8 @@ for prompt in prompts:
         record(f"{label}_dflash", dflash[label].dflash_generate(input_ids=ids, block_size=draft.block_size, **common),
                baseline)
         for budget in budgets:
-            out = ddtree[label].ddtree_generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget, **common)
+            out = ddtree[label].ddtree_generate(input_ids=ids, block_size=draft.block_size, tree_budget=budget,
+                                                **common)
             record(f"{label}_tb{budget}", out, baseline)
     spec = draft.spec_generate(target, ids, tokens, [tokenizer.eos_token_id], 0.0)
     record("patched_spec_generate", type("Out", (), {"output_ids": spec, "acceptance_lengths": [1]}), baseline)

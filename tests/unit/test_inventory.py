@@ -355,8 +355,8 @@ def test_a_proxy_jump_from_ssh_config_is_checked_too_and_named_at_the_hosts_line
     with pytest.raises(InventoryError) as info:
         load_inventory(write(tmp_path, "hosts:\n  gpu: {}\n"),
                        parse_ssh_config("Host gpu\n  ProxyJump bastion:99999\n"))
-    assert str(info.value) == (f"{tmp_path / 'inventory.yaml'}:3: hosts.gpu: proxy_jump (from ssh_config): 'bastion:99999': "
-                       "port 99999 is out of range 1-65535")
+    assert str(info.value) == (f"{tmp_path / 'inventory.yaml'}:3: hosts.gpu: proxy_jump (from ssh_config): "
+                               "'bastion:99999': port 99999 is out of range 1-65535")
     fine = load_inventory(write(tmp_path, "hosts:\n  bastion: {}\n  gpu: {proxy_jump: 'ops@bastion:2222, bastion'}\n"
                                           "  v6: {proxy_jump: 'ssh://ops@[fd00::1]:22'}\n"))
     assert fine.host("gpu").proxy_jump == "ops@bastion:2222, bastion"

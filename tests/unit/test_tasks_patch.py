@@ -19,7 +19,6 @@ from ddops.patching.plan import Planner
 from ddops.patching.playbook import load_playbooks
 from ddops.tasks.patch import patch_host, rollback_host, status_host, verify_host
 from ddops.transport.local import LocalSession
-
 from tests.conftest import agent_program_with_faults
 
 PATCHES = ["cpu-timing", "hybrid-cache", "crop-relative"]
