@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_sshd
-from tests.reliability.conftest import FILES, host_statuses, messages, one_json
+from tests.conftest import one_json, requires_sshd
+from tests.reliability.conftest import FILES, host_statuses, messages
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from ddops.testbed import start_host, stop_host
-from tests.conftest import REPO_ROOT, requires_sshd, wait_until
-from tests.reliability.conftest import host_statuses, messages, one_json, quiet, session_pids, with_inventory
+from tests.conftest import REPO_ROOT, one_json, requires_sshd, wait_until
+from tests.reliability.conftest import host_statuses, messages, quiet, session_pids, with_inventory
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_sshd
-from tests.reliability.conftest import one_json
+from tests.conftest import one_json, requires_sshd
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddops.testbed import stop_host
-from tests.conftest import requires_sshd
-from tests.reliability.conftest import all_output, iter_files, one_json
+from tests.conftest import one_json, requires_sshd
+from tests.reliability.conftest import all_output, iter_files
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 
