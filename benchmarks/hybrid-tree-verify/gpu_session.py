@@ -5,7 +5,8 @@ machine's image as it is, with what the image lacks carried in .gpu-carry/ (gpu_
 Standard library only: it runs under the image's python3 (torch, transformers, triton; no libcst, paramiko or
 flash-linear-attention, and no network). In order, each step logged with its exit status and time:
 
-1. nvidia-smi's raw answers (the CSV query ddops' facts send, a wider CSV, `-q -x`, `-L`), kept as parser fixtures;
+1. nvidia-smi's raw answers: the agent's own queries (remote/ddops_agent/gpus.py) saved as a fixture folder in
+   tests/fixtures/nvidia-smi's layout, to replace the hand-written ones there, and a wider CSV, `-q -x` and `-L`;
 2. flash-linear-attention and fla-core installed from the carried wheels into a folder of their own (CUDA only: its
    kernels are Triton GPU kernels), on gpu.py's PYTHONPATH only;
 3. gpu.py in a copy of the carried patched mini-DDTree (patched here beforehand, so nothing needs libcst there), with
@@ -32,6 +33,7 @@ Here, the whole session on the CPU at toy size (what tests/unit/test_gpu_session
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -55,7 +57,7 @@ PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative", "hybrid-tree-verify"
 FLA_WHEELS = ("fla_core", "flash_linear_attention", "einops")
 MINI_PLAN = "mini-ddtree-bench"
 RUN_ID = "gpu-session"
-NVIDIA_SMI = {  # file: argv; the first is the query remote/ddops_agent/facts.py sends, verbatim
+NVIDIA_SMI = {  # file: argv (beside the fixture folder of the agent's own queries: capture_gpu_fixture)
     "nvidia-smi-query.csv": ["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
     "nvidia-smi-full.csv": ["--query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,driver_version,"
                             "compute_cap,power.limit,clocks.max.sm", "--format=csv"],
@@ -169,6 +171,44 @@ def nvidia_smi(session: Session, into: Path) -> dict:
         status, output = session.run(f"nvidia-smi {file}", ["nvidia-smi", *argv], timeout=60)
         (into / file).write_text(output)
         statuses[file] = status
+    return statuses
+
+
+def agent_gpus_module():
+    """remote/ddops_agent/gpus.py, what asks nvidia-smi on the hosts (standard library only): its queries' one home."""
+    spec = importlib.util.spec_from_file_location("agent_gpus", REPO / "remote" / "ddops_agent" / "gpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def capture_gpu_fixture(session: Session, into: Path) -> dict:
+    """This machine's answers to the agent's own nvidia-smi and dmesg queries, as a fixture folder of
+    tests/fixtures/nvidia-smi (its README has the layout): fields (those of the first field list this driver
+    takes, the agent's order of tries), query-gpu.csv, query-compute-apps.csv, q-compute.txt, and the kernel log's
+    NVRM lines in dmesg.txt (or dmesg's refusal in dmesg-denied). {file: exit status}."""
+    gpus = agent_gpus_module()
+    into.mkdir(parents=True)
+    statuses: dict = {}
+    for fields in ([f[0] for f in tries] for tries in gpus.gpu_queries()):
+        status, output = session.run("nvidia-smi query-gpu", ["nvidia-smi", "--query-gpu=" + ",".join(fields),
+                                                              gpus.CSV], timeout=60)
+        statuses["query-gpu.csv"] = status
+        if status == 0:
+            (into / "fields").write_text(",".join(fields) + "\n")
+            (into / "query-gpu.csv").write_text(output)
+            break
+    asks = {"query-compute-apps.csv": ["nvidia-smi", "--query-compute-apps=" + ",".join(f[0] for f in gpus.APP_FIELDS),
+                                       gpus.CSV],
+            "q-compute.txt": ["nvidia-smi", "-q", "-d", "COMPUTE"], "dmesg.txt": ["dmesg"]}
+    for file, argv in asks.items():
+        status, output = session.run(f"fixture {file}", argv, timeout=60)
+        statuses[file] = status
+        if file == "dmesg.txt" and status != 0:
+            file = "dmesg-denied"
+        elif file == "dmesg.txt":
+            output = "".join(line for line in output.splitlines(keepends=True) if "NVRM" in line)
+        (into / file).write_text(output)
     return statuses
 
 
@@ -308,6 +348,8 @@ def main() -> None:
     session.note(f"session in {work}, carry {carry}, out {out}")
     try:
         record["nvidia_smi"] = nvidia_smi(session, work / "nvidia-smi")
+        if record["nvidia_smi"]:
+            record["gpu_fixture"] = capture_gpu_fixture(session, work / "nvidia-smi" / "fixture")
         cuda = not args.dry and bool(record["nvidia_smi"])
         if "bench" in args.skip:
             session.skipped("gpu.py", "--skip bench")

@@ -154,3 +154,43 @@ def test_the_benchmark_runs_in_bf16_with_the_controllers_packages_unimportable_a
         assert {"linear_attention", "full_attention", "mlp", "verify", "commit"} <= set(sections)
         assert sections["linear_attention"] > 0 and sections["verify"] >= sections["linear_attention"]
     assert "linalg_solve_triangular" in (out / profile["table"]).read_text()
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fixture", ["h100-busy", "legacy-driver"])
+def test_the_sessions_capture_answers_the_agent_as_the_host_it_was_captured_on(fixture, tmp_path, monkeypatch):
+    # The session saves the agent's own queries as a fixture folder; a fake nvidia-smi serving that folder must give
+    # the agent's parsers what the machine itself gave them (here the "machine" is a fake serving a known fixture).
+    from tests.gpu_fixtures import fake_gpu_bin
+
+    session_module = load(BENCH / "gpu_session.py", "gpu_session")
+    agent = load(REPO_ROOT / "remote" / "ddops_agent" / "gpus.py", "agent_gpus")
+
+    def as_the_agent_sees(bin_dir: Path) -> tuple:
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        seen = agent.query_gpus(), agent.gpu_health()
+        monkeypatch.undo()
+        return seen
+
+    machine = fake_gpu_bin(tmp_path / "machine", fixture)
+    monkeypatch.setenv("PATH", f"{machine}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "work").mkdir()
+    statuses = session_module.capture_gpu_fixture(session_module.Session(tmp_path / "work", 60),
+                                                  tmp_path / "captured")
+    monkeypatch.undo()
+    assert statuses["query-gpu.csv"] == 0 and statuses["query-compute-apps.csv"] == 0
+    replay = tmp_path / "replay"
+    fake_gpu_bin(replay, fixture)
+    for old in (replay / "fixture").iterdir():
+        old.unlink()
+    for new in (tmp_path / "captured").iterdir():
+        (replay / "fixture" / new.name).write_bytes(new.read_bytes())
+    original = as_the_agent_sees(machine)
+    assert original[0][0] and original[0][1] is None  # GPUs listed, no error: a capture worth comparing
+    assert as_the_agent_sees(replay) == original
