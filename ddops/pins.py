@@ -186,9 +186,9 @@ def resolve_pin(url: str | None, rev: str | None, from_clone: str | None = None,
     if from_clone:
         for candidate in (rev, f"refs/remotes/origin/{rev}"):
             try:
-                commit = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{candidate}^{{commit}}"],
-                             cwd=from_clone)
-                return Pin(url, rev, commit, via="clone", clone=from_clone)
+                found = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{candidate}^{{commit}}"],
+                            cwd=from_clone)
+                return Pin(url, rev, found, via="clone", clone=from_clone)
             except SyncError:
                 continue
         problems.append(f"the local clone {from_clone} has no revision {rev!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,7 @@ def load_yaml_text(text: str, path: str, error: Callable[[str], Exception]) -> Y
     return doc
 
 
-def load_yaml_file(path: Path | str, error: Callable[[str], Exception]) -> YamlDoc:
+def load_yaml_file(path: str | os.PathLike[str], error: Callable[[str], Exception]) -> YamlDoc:
     """Read and parse a YAML file; unreadable or non-UTF-8 files are errors naming the file."""
     p = Path(path)
     try:

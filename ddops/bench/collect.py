@@ -296,7 +296,8 @@ def host_gaps(run_id: str, host: str, entry: Mapping[str, Any], produced: set[st
 
     status = RunStatus.of(entry.get("status"))
     commands = [c for c in entry.get("commands") or () if isinstance(c, dict)]
-    tails = entry.get("failures") if isinstance(entry.get("failures"), dict) else {}
+    tails = entry.get("failures")
+    tails = tails if isinstance(tails, dict) else {}
     going = status in RUNNING_STATUSES
     failed = [(c, reason) for c in commands if c.get("label") not in produced
               for reason in [command_reason(c, status, tails.get(str(c.get("index"))), entry)] if reason]

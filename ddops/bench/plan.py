@@ -267,7 +267,8 @@ def parse_bench_plan(doc: YamlDoc, known_patches: Iterable[str] | None = None) -
         raise _err(doc, ("command",), "must not be empty")
     _check_command_shell(doc, command, ("command",))
     defined = set(plan_vars) | set(BUILTINS) | {n for _, entries in matrix for e in entries for n in e}
-    templates = [(("command",), command)] + [(("env", k), v) for k, v in env.items()]
+    templates: list[tuple[tuple[str, ...], str]] = [(("command",), command)]
+    templates += [(("env", k), v) for k, v in env.items()]
     if server is not None:
         templates += [(("server", "command"), server.command)]
         templates += [(("server", "env", k), v) for k, v in server.env.items()]

@@ -27,7 +27,7 @@ from ddops.yamlsrc import suggest
 def plan_dirs(inventory: Inventory | None = None) -> tuple[Path, ...]:
     """Where bare plan names are looked up: as playbooks (the inventory's playbook_dirs, $DDOPS_PLAYBOOK_PATH, the
     built-ins)."""
-    return search_path(inventory)
+    return search_path(inventory.playbook_dirs if inventory is not None else ())
 
 
 def resolve_plan_path(name_or_path: str, search_dirs: Iterable[Path] | None = None) -> Path:

@@ -18,11 +18,12 @@ from ddops.grouping import natural_sorted
 
 def _param(ctx: typer.Context | None, name: str) -> Any:
     """A parameter given on the command line so far, on this command or one around it (-i before the command)."""
-    while ctx is not None:
-        value = (ctx.params or {}).get(name)
+    current: Any = ctx  # its parents are click's Contexts, typer's base class
+    while current is not None:
+        value = (current.params or {}).get(name)
         if value:
             return value
-        ctx = ctx.parent
+        current = current.parent
     return None
 
 
@@ -78,15 +79,14 @@ def limit(ctx: typer.Context, incomplete: str) -> list[str]:
 def _search_dirs(ctx: typer.Context | None) -> tuple[Path, ...]:
     """Where bare playbook and plan names are looked up (search_path), from the inventory's `playbook_dirs:` as
     written (read against its folder; the inventory is not loaded)."""
-    from types import SimpleNamespace
-
     from ddops.errors import DdopsError
     from ddops.patching.playbook import search_path
 
     data, path = _inventory_data(ctx)
-    listed = data.get("playbook_dirs") if isinstance(data.get("playbook_dirs"), list) else []
+    listed = data.get("playbook_dirs")
+    listed = listed if isinstance(listed, list) else []
     try:
-        return search_path(SimpleNamespace(playbook_dirs=[str(path.parent / str(d)) for d in listed]))
+        return search_path([str(path.parent / str(d)) for d in listed])
     except DdopsError:  # a folder search_path refuses: nothing to offer from it
         return ()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -18,8 +18,8 @@ from ddops.errors import UsageError
 from ddops.safe_text import printable
 
 if TYPE_CHECKING:
-    from ddops.fleet import HostResult
-    from ddops.inventory import Selection
+    from ddops.fleet import HostResult, TaskOutcome
+    from ddops.inventory import Host, Selection
 
 PlaybooksArg = Annotated[list[str] | None, typer.Argument(
     help="Playbook names (from playbooks/) or paths; default: the inventory's `patches:`.", show_default=False,
@@ -153,6 +153,7 @@ def status(ctx: typer.Context, selection: Selection, playbook: PlaybooksArg = No
     from ddops.tasks.patch import status_host, with_pins
 
     run = OnHosts(ctx, selection, everywhere_when_empty=True)
+    task: Callable[[Host, Any], TaskOutcome]
     if not (playbook or run.inventory.patches):
         # No playbook to plan against: show what each host's journal holds, as rollback reads it.
         from ddops.tasks.journal_status import journal_status_host

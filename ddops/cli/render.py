@@ -70,7 +70,7 @@ class FleetProgress:
         if self.enabled and self._tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            console = self._console.made() if hasattr(self._console, "made") else self._console
+            console = self._console.made() if isinstance(self._console, _ConsoleOnFirstUse) else self._console
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[counts]}"), TextColumn("eta"), TimeRemainingColumn(),
                                       console=console, transient=True, refresh_per_second=4)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ddops.errors import DdopsError
 from ddops.patching.kinds import PatchState
@@ -101,6 +101,10 @@ def last_entry_id(journal: Sequence[Mapping[str, Any]]) -> str | None:
     return last.get("id") if isinstance(last, Mapping) and isinstance(last.get("id"), str) else None
 
 
+def is_sha256(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) == 64 and all(ch in "0123456789abcdef" for ch in value)
+
+
 @dataclass(frozen=True, slots=True)
 class TornApplication:
     """An apply whose journal line was cut before its patch id: which file, and its hashes, are still known."""
@@ -119,8 +123,7 @@ def torn_applications(corrupt: Sequence[Mapping[str, Any]]) -> list[TornApplicat
         line, file, before, after = c.get("line"), c.get("file"), c.get("before"), c.get("after")
         if c.get("salvaged") or c.get("event") != APPLY or not isinstance(line, int) or not isinstance(file, str):
             continue
-        if file and all(isinstance(h, str) and len(h) == 64 and all(ch in "0123456789abcdef" for ch in h)
-                        for h in (before, after)):
+        if file and is_sha256(before) and is_sha256(after):
             torn.append(TornApplication(line, file, before, after))
     return torn
 

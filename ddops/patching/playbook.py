@@ -175,8 +175,8 @@ def builtin_dirs() -> tuple[Path, ...]:
     return (playbooks_dir(),)
 
 
-def search_path(inventory: Inventory | None = None) -> tuple[Path, ...]:
-    """Where a bare playbook or plan name is looked up, first match wins: the inventory's `playbook_dirs:` (checked
+def search_path(playbook_dirs: Iterable[str] = ()) -> tuple[Path, ...]:
+    """Where a bare playbook or plan name is looked up, first match wins: an inventory's `playbook_dirs:` (checked
     when it loads), then $DDOPS_PLAYBOOK_PATH, then the built-ins; a folder of the user's that another user could
     change is refused."""
     env = [Path(d).expanduser() for d in (settings.PLAYBOOK_PATH.value() or "").split(os.pathsep) if d]
@@ -184,8 +184,7 @@ def search_path(inventory: Inventory | None = None) -> tuple[Path, ...]:
         untrusted = untrusted_in(folder) if folder.is_dir() else None
         if untrusted:
             raise PlaybookError(f"{settings.PLAYBOOK_PATH.name}: {untrusted}: {UNTRUSTED_PLAYBOOKS}")
-    return (*(Path(d).expanduser() for d in (inventory.playbook_dirs if inventory is not None else ())), *env,
-            *builtin_dirs())
+    return (*(Path(d).expanduser() for d in playbook_dirs), *env, *builtin_dirs())
 
 
 def find_named(name: str, dirs: Iterable[Path]) -> Path | None:
@@ -209,7 +208,7 @@ def _say_once(note: str) -> None:
 def load_inventory_playbooks(inventory: Inventory, names: Sequence[str] | None = None) -> list[PatchPlaybook]:
     """The playbooks named on the command line, else the inventory's `patches:`, found along its search path; a
     bad entry in `patches:` is an error at its file:line."""
-    dirs = search_path(inventory)
+    dirs = search_path(inventory.playbook_dirs)
     if names:
         return load_playbooks(names, dirs)
     books = []
@@ -228,7 +227,7 @@ def playbooks_defining(patch_ids: Iterable[str], inventory: Inventory | None = N
     wanted = set(patch_ids)
     if not wanted:
         return []
-    dirs = search_path(inventory)
+    dirs = search_path(inventory.playbook_dirs if inventory is not None else ())
     paths = [p for p in (inventory.patches if inventory is not None else ()) if looks_like_playbook_path(p)]
     books = [load_playbook(p) for p in paths] + [load_playbook(name, dirs) for name in list_playbooks(dirs)]
     found: dict[str, PatchPlaybook] = {}

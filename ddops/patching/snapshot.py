@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddops.patching import journal as journal_mod
-from ddops.patching.kinds import ADD_MODULE, AMBIGUOUS, BLOCKED, DRIFTED, ERROR, MODIFIED
+from ddops.patching.kinds import ADD_MODULE, AMBIGUOUS, BLOCKED, DRIFTED, ERROR, MODIFIED, PatchState
 from ddops.patching.plan import HostPlan, Planner
 from ddops.patching.plan_store import default_store
 from ddops.patching.playbook import Patch, PatchPlaybook
@@ -78,7 +78,7 @@ class Snapshot:
         entries = journal_mod.parse_journal(self.journal)
         active = {(a.patch, a.file) for a in journal_mod.active_applications(entries)}
         written = journal_mod.last_written_by_file(entries)
-        return {f: written[f] for pid, f in modules if (pid, f) in active and written.get(f)}
+        return {f: sha for pid, f in modules if (pid, f) in active and (sha := written.get(f))}
 
 
 def with_host_python(python: str, command: str) -> str:
@@ -102,7 +102,7 @@ def patch_states(plan: HostPlan, patches: Sequence[Patch], snap: Snapshot) -> di
             if path in snap.errors:
                 state = ERROR
             elif (patch.id, path) in active and path in modified:
-                state = journal_mod.effective_state(state, journal_mod.MODIFIED)
+                state = journal_mod.effective_state(PatchState(state), journal_mod.MODIFIED)
         states[patch.id] = state
     return states
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddops.errors import UsageError
-from ddops.fleet import FAILED, OK, TaskOutcome
+from ddops.fleet import FAILED, OK, HostStatus, TaskOutcome
 from ddops.inventory import Host
 from ddops.jsonvalue import JsonValue
 from ddops.resources import remote_dir
@@ -120,8 +120,10 @@ def guard_source() -> str:
     """remote/exec_guard.py without its docstrings and comments (it goes on every command line)."""
     tree = ast.parse((remote_dir() / "exec_guard.py").read_text())
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue  # only these hold docstrings
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and \
                 isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
     return ast.unparse(tree)
@@ -258,7 +260,7 @@ def exec_host(host: Host, session: Any, spec: ExecSpec, on_line: LineSink | None
     return TaskOutcome(*outcome_of(spec, host, output), output)
 
 
-def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[str, str]:
+def outcome_of(spec: ExecSpec, host: Host, output: ExecOutput) -> tuple[HostStatus, str]:
     """(status, message) of one host's run: ok on exit 0, failed otherwise, saying why in one line."""
     if output.exit_code == 0:
         return OK, "exit 0"

@@ -48,6 +48,7 @@ from ddops.inventory import Host, Inventory
 from ddops.patching.journal import JournalState
 from ddops.patching.kinds import PatchState
 from ddops.patching.playbook import playbooks_defining
+from ddops.patching.reports import StatusReport
 from ddops.patching.snapshot import make_planner
 from ddops.pins import Pin, Pins
 from ddops.tasks.base import AgentSession, default_actor
@@ -67,6 +68,7 @@ def required_patch_states(host: Host, session: AgentSession, patch_ids: Sequence
     states: dict[str, str] = {}
     if books:
         outcome = status_host(host, session, books, planner=planner)
+        assert isinstance(outcome.report, StatusReport)  # what status_host always reports
         states = {pid: s for pid, s in outcome.report.patches.items() if pid in patch_ids}
     journal = patch_states_from_journal([p for p in patch_ids if p not in states], facts)
     return {pid: states.get(pid) or (PatchState.APPLIED if journal[pid] == JournalState.APPLIED

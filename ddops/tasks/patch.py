@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ddops import __version__
@@ -110,7 +111,7 @@ def _patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
         checks = [c for p in touching for c in p.checks_for(f.path)]
         # Pure, so once per distinct (before, after) content in a run, like the plan itself; not once per host.
         results += planner.memo(("checks", f.path, f.before_sha, f.after_sha, tuple(checks)),
-                                lambda f=f, checks=checks: run_checks(f.path, snap.files[f.path], f.new or b"", checks))
+                                partial(run_checks, f.path, snap.files[f.path], f.new or b"", checks))
         for c in host_checks(checks, f.path):
             command = with_host_python(host.python, c.run or "")
             post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command,
@@ -204,7 +205,8 @@ def after_lost_commit(host: Host, session: AgentSession, changing: Sequence[Any]
             states.append(f"{f.path} changed by someone else (sha256 {found})" if found else f"{f.path} missing")
     report = replace(report, written=tuple(patched))
     if running:
-        who = f"pid {holder.get('pid')} for {holder.get('actor')} since {holder.get('since')}"
+        lock = holder or {}
+        who = f"pid {lock.get('pid')} for {lock.get('actor')} since {lock.get('since')}"
         return TaskOutcome(FAILED, f"{late}; a commit is still running on the host ({who}): so far "
                                    f"{', '.join(states)}; `ddops status` shows how it ends", report, reason=reason)
     if checks_unknown and len(patched) == len(changing):

@@ -8,7 +8,7 @@ from typing import Any
 
 from ddops.bench.environment import host_versions, torch_cell
 from ddops.bench.gpus import gpu_issues, gpu_summary, gpus_of
-from ddops.fleet import TaskOutcome
+from ddops.fleet import OK, TaskOutcome
 from ddops.inventory import Host
 
 # How long the login shell takes before running a command: with the rc files vs without (bash only).
@@ -71,4 +71,4 @@ def ping_task(host: Host, session: Any) -> TaskOutcome:
     report = PingReport(round(rtt, 4), None if overhead is None else round(overhead, 4), facts, issues)
     # Facts only in the message, never a measure (the rc files' cost has its column): hosts alike must read alike.
     notes = [*issues, *([str(facts["gpu_error"])] if facts.get("gpu_error") else [])]
-    return TaskOutcome("ok", "; ".join(notes), report)
+    return TaskOutcome(OK, "; ".join(notes), report)

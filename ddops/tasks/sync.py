@@ -267,7 +267,7 @@ def prepare_sync(inventory: Inventory, hosts: Sequence[Host], options: SyncOptio
         options = replace(options, actor=default_actor())
     pins = Pins(rev=options.rev, from_clone=options.from_clone)
     pins.resolve_all(hosts)
-    run = SyncRun(options, pins, inventory.patches, search_path(inventory))
+    run = SyncRun(options, pins, inventory.patches, search_path(inventory.playbook_dirs))
     if run.reapply:
         run.playbooks()  # a broken playbook is a usage error (exit 2) before any host is touched
     return run
@@ -285,7 +285,7 @@ class Step(JsonValue):
     patches: Mapping[str, str] | None
 
     @classmethod
-    def of(cls, outcome: TaskOutcome) -> Step:
+    def from_outcome(cls, outcome: TaskOutcome) -> Step:
         return cls(outcome.status, outcome.message, getattr(outcome.report, "patches", None))
 
 
@@ -470,7 +470,7 @@ def _reapply(host: Host, session: AgentSession, run: SyncRun, patch_ids: Sequenc
     """Apply the inventory's patches again at the new commit."""
     playbooks = run.playbooks()
     again = patch_host(host, session, playbooks, planner=run.planner(), actor=run.actor)
-    report = replace(report, reapply=Step.of(again))
+    report = replace(report, reapply=Step.from_outcome(again))
     if again.status in FAILING:
         return TaskOutcome(FAILED, f"{moved}, but re-applying {', '.join(run.patches)} failed ({again.status}): "
                                    f"{again.message} — the host is at {short(report.commit)} WITHOUT those patches",
@@ -503,7 +503,7 @@ def _bring_in(host: Host, session: AgentSession, run: SyncRun, verb: str, commit
 def _call_bringing(host: Host, session: AgentSession, run: SyncRun, verb: str, commit: str, source: str | None,
                    staging: str | None) -> tuple[dict[str, Any], int]:
     """(the verb's answer, bytes uploaded): in push mode the run's bundle goes to the host first."""
-    payload = {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
+    payload: dict[str, Any] = {"repo": host.repo, "commit": commit, "repo_url": host.repo_url, "actor": run.actor,
                "ddops_version": ddops.__version__, "fetch_timeout": run.fetch_timeout(host),
                "source": source or "remote"}
     uploaded = 0
@@ -521,6 +521,7 @@ def _call_bringing(host: Host, session: AgentSession, run: SyncRun, verb: str, c
 def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     """Sync to the pin, apply the inventory's patches, verify them: a new GPU host ready in one call."""
     synced = sync_host(host, session, run, deploying=True)
+    assert isinstance(synced.report, SyncReport)  # what sync_host always reports
     report = DeployReport(synced.report)
     if synced.status in FAILING:
         return TaskOutcome(FAILED, synced.message, report, reason=synced.reason)
@@ -531,7 +532,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
         return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", report)
     playbooks = run.playbooks()
     patched = patch_host(host, session, playbooks, planner=run.planner(), check=run.options.check, actor=run.actor)
-    report = replace(report, patch=Step.of(patched))
+    report = replace(report, patch=Step.from_outcome(patched))
     if patched.status in FAILING:
         return TaskOutcome(FAILED, f"{synced.message}; patching failed ({patched.status}): {patched.message}", report,
                            reason=patched.reason)
@@ -539,7 +540,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     if run.options.check:
         return TaskOutcome(status, f"{synced.message}; {patched.message or patched.status}", report)
     verified = verify_host(host, session, playbooks, planner=run.planner())
-    report = replace(report, verify=Step.of(verified))
+    report = replace(report, verify=Step.from_outcome(verified))
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
                                    f"{verified.message}", report, reason=verified.reason)

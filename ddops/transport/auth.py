@@ -190,7 +190,8 @@ class KeyRing:
             if not answer:
                 break
             try:
-                key = paramiko.PKey.from_path(expanded, answer.encode())
+                # cryptography takes the password as bytes (paramiko's annotation says str)
+                key = paramiko.PKey.from_path(expanded, answer.encode())  # type: ignore[arg-type]
             except (paramiko.SSHException, ValueError, TypeError):
                 continue
             return KeyFile(path, key.asbytes(), key, encrypted=True)
@@ -226,7 +227,7 @@ class OpenSshOrder(AuthStrategy):
 
     def __init__(self, host: Host, agent_keys: tuple[paramiko.AgentKey, ...], files: list[KeyFile],
                  agent: paramiko.Agent | None = None) -> None:
-        super().__init__(ssh_config=None)
+        super().__init__(ssh_config=paramiko.SSHConfig())  # the inventory already applied the user's ssh_config
         self.host, self.agent_keys, self.files, self._agent = host, agent_keys, files, agent
 
     def close(self) -> None:
@@ -239,7 +240,8 @@ class OpenSshOrder(AuthStrategy):
         named = {f.public_blob: f for f in self.files if f.public_blob is not None}
         first = [k for k in self.agent_keys if k.asbytes() in named]
         rest = [k for k in self.agent_keys if k.asbytes() not in named]
-        offered = [(f"ssh-agent's copy of {named[k.asbytes()].path}", k) for k in first]
+        offered: list[tuple[str, paramiko.PKey]] = [(f"ssh-agent's copy of {named[k.asbytes()].path}", k)
+                                                    for k in first]
         if not self.host.identities_only:  # IdentitiesOnly: the agent's other keys stay unoffered, as with ssh
             offered += [(f"ssh-agent key {k.get_name()} {k.fingerprint}", k) for k in rest]
         in_agent = {k.asbytes() for k in self.agent_keys}

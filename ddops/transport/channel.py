@@ -125,7 +125,7 @@ def send_all(channel: paramiko.Channel, data: bytes, deadline: float, host_name:
         if time.monotonic() > deadline:
             raise CommandTimeout("timed out sending input", host=host_name)
         if channel.send_ready():
-            sent = channel.send(view[:READ_CHUNK])
+            sent = channel.send(view[:READ_CHUNK])  # type: ignore[arg-type]  # paramiko takes any buffer
             view = view[sent:]
         else:
             select.select([], [], [], 0.01)
@@ -165,8 +165,9 @@ class ChannelReader:
         self.channel = channel
         self.share = Share(host_name)  # what out and err hold (release() gives it back)
         self._arrivals = _Arrivals()
-        channel.in_buffer.set_event(self._arrivals)
-        channel.in_stderr_buffer.set_event(self._arrivals)
+        # BufferedPipe only calls set() and clear() on its event (the stubs ask for a threading.Event).
+        channel.in_buffer.set_event(self._arrivals)  # type: ignore[arg-type]
+        channel.in_stderr_buffer.set_event(self._arrivals)  # type: ignore[arg-type]
         self._max_out = max_out  # stdout (and stderr, unless max_err keeps its end) beyond this: too_much()
         self._too_much = too_much
         self._on_output = on_output  # streamed: each chunk goes there as it arrives and is not kept
@@ -235,7 +236,8 @@ class ChannelReader:
     def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
         channel = self.channel
-        self.read_until(lambda: channel.eof_received and channel.exit_status_ready(), deadline, timed_out, cancel)
+        self.read_until(lambda: bool(channel.eof_received) and channel.exit_status_ready(), deadline, timed_out,
+                        cancel)
 
     def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
         """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""
@@ -247,7 +249,7 @@ class ChannelReader:
                 nonlocal scanned, end
                 end = self.out.find(b"\n", scanned)
                 scanned = len(self.out)
-                return end >= 0 or self.channel.eof_received
+                return end >= 0 or bool(self.channel.eof_received)
 
             self.read_until(line_or_eof, deadline, timed_out)  # either way, `end` is from a last look at `out`
         if end < 0:

@@ -48,7 +48,10 @@ class Session:
     @property
     def transport(self) -> paramiko.Transport:
         """The SSH transport under this session (jump hosts open channels on it)."""
-        return self._client.get_transport()
+        transport = self._client.get_transport()
+        if transport is None:
+            raise TransportError("the connection is closed", host=self.host.name)
+        return transport
 
     # -- commands ---------------------------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
@@ -202,7 +205,7 @@ class Session:
                 raise connection_lost(self.host, EOFError("the connection closed while the agent ran"))
             return parse_agent_reply(self.host.name, verb, result)
         reply = decode_agent_reply(self.host.name, verb, CommandResult(0, line, "", time.monotonic() - started))
-        if agent.resident_key is not None:
+        if agent.resident_key is not None and self._residents is not None:
             note_resident(self._residents, agent.resident_key, reply)
             agent.resident_key = None
         return agent_result(self.host.name, verb, reply)
@@ -211,7 +214,7 @@ class Session:
                           deadline: float) -> dict[str, Any]:
         """The call again through an agent started for it: the resident went away before it took the request (it
         closes without its greeting only then, e.g. killed as we connected), so nothing of the request ran."""
-        if agent.book_key is not None:
+        if agent.book_key is not None and self._residents is not None:
             self._residents.forget(agent.book_key)
         return self.call_agent(verb, payload, timeout=max(1.0, deadline - time.monotonic()))
 
