@@ -7,14 +7,8 @@ from collections.abc import Iterable
 from statistics import fmean
 from typing import Any, Literal, overload
 
-from ddops.bench.summary import (
-    Divergence,
-    MethodSummary,
-    ResultFileError,
-    add_verify_paths,
-    finite_number,
-    output_digest,
-)
+from ddops.bench.summary import (Divergence, MethodSummary, ResultFileError, add_verify_paths, finite_number,
+                                 output_digest)
 
 BASELINE = "baseline"
 _TREE = re.compile(r"ddtree_tb(\d+)\Z")

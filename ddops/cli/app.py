@@ -10,16 +10,8 @@ import typer
 from ddops import __version__
 from ddops.cli import hosts as hosts_cmds
 from ddops.cli import testbed as testbed_cmds
-from ddops.cli.options import (
-    JSON_FLAG,
-    AcceptNewOpt,
-    AllRowsOpt,
-    AskKeyPassphraseOpt,
-    ForksOpt,
-    InventoryOpt,
-    JsonOpt,
-    VerboseOpt,
-)
+from ddops.cli.options import (JSON_FLAG, AcceptNewOpt, AllRowsOpt, AskKeyPassphraseOpt, ForksOpt, InventoryOpt,
+                               JsonOpt, VerboseOpt)
 from ddops.cli.render import err_console, escape, hinted, write_document
 from ddops.cli.state import AppState, current_state
 from ddops.errors import EXIT_USAGE, DdopsError

@@ -340,18 +340,8 @@ def report(ctx: typer.Context,
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
     from ddops.bench.collect import collected_run_ids, load_collected
     from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, verdicts
-    from ddops.bench.report import (
-        BY,
-        DEFAULT_VIEWS,
-        aggregate,
-        build_report,
-        group_columns,
-        groups_markdown,
-        pooling_note,
-        report_title,
-        to_csv,
-        to_json,
-    )
+    from ddops.bench.report import (BY, DEFAULT_VIEWS, aggregate, build_report, group_columns, groups_markdown,
+                                    pooling_note, report_title, to_csv, to_json)
     from ddops.bench.runs import check_run_id, results_root
     from ddops.errors import UsageError
 

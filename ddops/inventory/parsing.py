@@ -12,22 +12,9 @@ from typing import Any
 
 from ddops import settings
 from ddops.errors import InventoryError, UsageError
-from ddops.inventory.schema import (
-    BUILTIN_DEFAULTS,
-    DEFAULT_INVENTORY,
-    DEFAULT_KNOWN_HOSTS,
-    DEFAULT_SSH_CONFIG,
-    GROUP_KEYS,
-    HOST_SCHEMA,
-    SSH_ONLY_KEYS,
-    TOP_KEYS,
-    Host,
-    HostKey,
-    Inventory,
-    is_type,
-    looks_like_playbook_path,
-    valid_name,
-)
+from ddops.inventory.schema import (BUILTIN_DEFAULTS, DEFAULT_INVENTORY, DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_CONFIG,
+                                    GROUP_KEYS, HOST_SCHEMA, SSH_ONLY_KEYS, TOP_KEYS, Host, HostKey, Inventory, is_type,
+                                    looks_like_playbook_path, valid_name)
 from ddops.ownership import UNTRUSTED_PLAYBOOKS, untrusted_in
 from ddops.slurm_options import SlurmOptions
 from ddops.sshconfig import OpenSshConfig, SshConfig, jump_hops, jump_problem, load_ssh_config, split_hop

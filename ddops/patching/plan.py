@@ -17,21 +17,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ddops import settings
-from ddops.patching.kinds import (
-    ADD_MODULE,
-    AMBIGUOUS,
-    APPLIED,
-    BLOCKED,
-    DRIFTED,
-    ERROR,
-    FAILED_STATES,
-    MODIFIED,
-    PARTIAL,
-    PENDING,
-    TEXT_KINDS,
-    Outcome,
-    describe,
-)
+from ddops.patching.kinds import (ADD_MODULE, AMBIGUOUS, APPLIED, BLOCKED, DRIFTED, ERROR, FAILED_STATES, MODIFIED,
+                                  PARTIAL, PENDING, TEXT_KINDS, Outcome, describe)
 from ddops.patching.playbook import Patch, TransformSpec, fingerprint
 from ddops.patching.text import text_replace, utf8_error
 

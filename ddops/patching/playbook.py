@@ -21,18 +21,8 @@ from ddops import settings
 from ddops.errors import PlaybookError
 from ddops.inventory import Inventory, looks_like_playbook_path
 from ddops.ownership import UNTRUSTED_PLAYBOOKS, untrusted_in
-from ddops.patching.kinds import (
-    ADD_MODULE,
-    CHECK_COMMON,
-    CHECK_KINDS,
-    DEFAULT_COMMAND_TIMEOUT,
-    SINGLE_SITE_KINDS,
-    TEXT_KINDS,
-    TRANSFORM_KINDS,
-    Param,
-    substitute_placeholders,
-    syntax_problem,
-)
+from ddops.patching.kinds import (ADD_MODULE, CHECK_COMMON, CHECK_KINDS, DEFAULT_COMMAND_TIMEOUT, SINGLE_SITE_KINDS,
+                                  TEXT_KINDS, TRANSFORM_KINDS, Param, substitute_placeholders, syntax_problem)
 from ddops.yamlsrc import YamlDoc, describe, dotted, load_yaml_file, suggest, type_name
 
 TOP_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "description": str, "kind": str, "patches": list}

@@ -19,29 +19,10 @@ from typing import Any
 
 from ddops.bench.collect import DEFAULT_MAX_FILE_BYTES, host_manifest, oversized, safe_relpath, sha256_file
 from ddops.bench.plan import BenchPlan, expand_runs
-from ddops.bench.preflight import (
-    EnvironmentCheck,
-    environment_check,
-    facts_request,
-    host_values,
-    patch_states_from_journal,
-    preflight_problems,
-    provenance_of,
-    run_spec,
-)
-from ddops.bench.runs import (
-    NO_RUN_KINDS,
-    CollectReport,
-    HostRun,
-    LaunchReport,
-    LogReport,
-    PreflightReport,
-    RunEntry,
-    RunList,
-    RunReport,
-    RunStatus,
-    StopReport,
-)
+from ddops.bench.preflight import (EnvironmentCheck, environment_check, facts_request, host_values,
+                                   patch_states_from_journal, preflight_problems, provenance_of, run_spec)
+from ddops.bench.runs import (NO_RUN_KINDS, CollectReport, HostRun, LaunchReport, LogReport, PreflightReport, RunEntry,
+                              RunList, RunReport, RunStatus, StopReport)
 from ddops.errors import AgentError, DdopsError, TransportError
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED, HostResult, TaskOutcome, close_quietly
 from ddops.inventory import Host, Inventory

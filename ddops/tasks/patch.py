@@ -26,25 +26,10 @@ from ddops.patching.kinds import ADD_MODULE, APPLIED, CHANGING_STATES, PARTIAL, 
 from ddops.patching.kinds import DRIFTED as PLAN_DRIFTED
 from ddops.patching.plan import Planner
 from ddops.patching.playbook import CheckSpec, PatchPlaybook
-from ddops.patching.reports import (
-    PatchReport,
-    Refusal,
-    RollbackReport,
-    SavedCopy,
-    StatusReport,
-    VerifyCheck,
-    VerifyReport,
-    file_reports,
-)
-from ddops.patching.snapshot import (
-    Snapshot,
-    all_files,
-    all_patches,
-    make_planner,
-    patch_states,
-    plan_problems,
-    with_host_python,
-)
+from ddops.patching.reports import (PatchReport, Refusal, RollbackReport, SavedCopy, StatusReport, VerifyCheck,
+                                    VerifyReport, file_reports)
+from ddops.patching.snapshot import (Snapshot, all_files, all_patches, make_planner, patch_states, plan_problems,
+                                     with_host_python)
 from ddops.pins import PIN_NOT_ASKED, PIN_UNKNOWN, PinSummary, host_pins
 from ddops.tasks.base import AgentSession, default_actor, shell_path
 from ddops.tasks.journal_status import JournalReport, journal_and_files

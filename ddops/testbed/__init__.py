@@ -20,18 +20,8 @@ from ddops import settings
 from ddops.errors import TestbedError, UsageError
 from ddops.testbed import namespace as _namespace
 from ddops.testbed import rootdir
-from ddops.testbed.common import (
-    ENGINES,
-    STATE_FILE,
-    TESTBED_ROOT_LINE,
-    Testbed,
-    TestbedHost,
-    check_loopback,
-    load_testbed,
-    make_key,
-    write_inventory,
-    write_known_hosts,
-)
+from ddops.testbed.common import (ENGINES, STATE_FILE, TESTBED_ROOT_LINE, Testbed, TestbedHost, check_loopback,
+                                  load_testbed, make_key, write_inventory, write_known_hosts)
 from ddops.testbed.containers import ContainerEngine
 from ddops.testbed.namespace import SSHD_CANDIDATES, NamespaceEngine, _descendants, _in_mount_namespace
 

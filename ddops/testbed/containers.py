@@ -32,16 +32,8 @@ from pathlib import Path
 
 from ddops import settings
 from ddops.errors import TestbedError
-from ddops.testbed.common import (
-    Testbed,
-    TestbedHost,
-    answering_ssh,
-    host_key_path,
-    make_key,
-    run_tool,
-    sshd_config,
-    wait_for_ssh,
-)
+from ddops.testbed.common import (Testbed, TestbedHost, answering_ssh, host_key_path, make_key, run_tool, sshd_config,
+                                  wait_for_ssh)
 
 CONTAINERFILE = Path(__file__).with_name("Containerfile")
 DEBIAN_IMAGE = "docker.io/library/debian:bookworm-slim"

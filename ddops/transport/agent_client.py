@@ -19,14 +19,8 @@ import paramiko
 from ddops.errors import AgentError, AgentNoAnswer, CommandTimeout
 from ddops.inventory import Host
 from ddops.transport.answers import check_answer
-from ddops.transport.channel import (
-    READ_CHUNK,
-    ChannelReader,
-    CommandResult,
-    max_agent_answer,
-    output_too_large,
-    send_all,
-)
+from ddops.transport.channel import (READ_CHUNK, ChannelReader, CommandResult, max_agent_answer, output_too_large,
+                                     send_all)
 from ddops.transport.resident import Resident, ResidentBook, resident_key
 from ddops.transport.streamlocal import OPEN_ADMINISTRATIVELY_PROHIBITED, open_unix_socket_channel
 

@@ -17,14 +17,8 @@ from ddops.errors import HostKeyError, TransportError
 from ddops.inventory import Host
 from ddops.sshconfig import jump_hops, split_hop
 from ddops.transport.auth import KeyRing, OpenSshOrder, PassphrasePrompt
-from ddops.transport.hostkeys import (
-    HostKeyPolicy,
-    KnownHosts,
-    host_key_name,
-    known_hosts_name,
-    revoked_message,
-    system_known_hosts,
-)
+from ddops.transport.hostkeys import (HostKeyPolicy, KnownHosts, host_key_name, known_hosts_name, revoked_message,
+                                      system_known_hosts)
 from ddops.transport.local import LocalSession
 from ddops.transport.resident import ResidentBook
 from ddops.transport.session import Session

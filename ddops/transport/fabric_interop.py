@@ -12,14 +12,8 @@ from typing import Any
 
 from ddops.errors import HostKeyError, UsageError
 from ddops.inventory import Host, Inventory
-from ddops.transport.hostkeys import (
-    HostKeyEntries,
-    KnownHosts,
-    host_key_name,
-    known_hosts_name,
-    revoked_message,
-    system_known_hosts,
-)
+from ddops.transport.hostkeys import (HostKeyEntries, KnownHosts, host_key_name, known_hosts_name, revoked_message,
+                                      system_known_hosts)
 
 try:
     import fabric

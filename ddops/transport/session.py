@@ -13,14 +13,8 @@ import paramiko
 from ddops.errors import Cancelled, CommandTimeout, ConnectionLost, DdopsError, TransportError
 from ddops.inventory import Host
 from ddops.transport.agent import agent_request
-from ddops.transport.agent_client import (
-    AgentChannel,
-    agent_result,
-    decode_agent_reply,
-    note_resident,
-    open_agent,
-    parse_agent_reply,
-)
+from ddops.transport.agent_client import (AgentChannel, agent_result, decode_agent_reply, note_resident, open_agent,
+                                          parse_agent_reply)
 from ddops.transport.channel import ChannelReader, CommandResult, max_command_output, output_too_large, send_all
 from ddops.transport.resident import ResidentBook
 

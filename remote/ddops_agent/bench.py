@@ -38,46 +38,13 @@ import time
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import requested_facts
-from ddops_agent.files import (
-    atomic_write,
-    check_relpath,
-    current_sha,
-    file_kind,
-    is_inside,
-    make_private_dir,
-    open_repo,
-    read_regular,
-    resolve_target,
-    write_all,
-)
+from ddops_agent.files import (atomic_write, check_relpath, current_sha, file_kind, is_inside, make_private_dir,
+                               open_repo, read_regular, resolve_target, write_all)
 from ddops_agent.journal import ends_without_newline, ensure_state_dir, now_iso, read_journal, state_dir
-from ddops_agent.procs import (
-    RUN_TAG_DIR,
-    RUN_TAG_ID,
-    descendants,
-    end_processes,
-    group_alive,
-    group_is_the_runs,
-    is_run_process,
-    process_record,
-    records_of,
-    signal_quietly,
-    spawn_agent,
-    tagged_pids,
-)
-from ddops_agent.protocol import (
-    AgentFault,
-    b64_text,
-    bad_request,
-    check_deadline,
-    describe_error,
-    optional_number,
-    optional_str,
-    require_list,
-    require_object,
-    require_str,
-    verb,
-)
+from ddops_agent.procs import (RUN_TAG_DIR, RUN_TAG_ID, descendants, end_processes, group_alive, group_is_the_runs,
+                               is_run_process, process_record, records_of, signal_quietly, spawn_agent, tagged_pids)
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, check_deadline, describe_error, optional_number,
+                                  optional_str, require_list, require_object, require_str, verb)
 from ddops_agent.servers import PORT_ENV, Servers, reap_server
 
 RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"

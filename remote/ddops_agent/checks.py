@@ -4,14 +4,8 @@ import os
 import subprocess
 import time
 
-from ddops_agent.protocol import (
-    optional_number,
-    optional_str,
-    require_list,
-    require_object,
-    require_str,
-    within_deadline,
-)
+from ddops_agent.protocol import (optional_number, optional_str, require_list, require_object, require_str,
+                                  within_deadline)
 
 CHECK_OUTPUT_BYTES = 4096
 DEFAULT_CHECK_TIMEOUT = 60.0

@@ -10,20 +10,8 @@ import uuid
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import current_user, user_name
-from ddops_agent.files import (
-    STATE_DIR,
-    TEMP_SUFFIX,
-    atomic_write,
-    current_sha,
-    make_private_dir,
-    read_regular,
-    remove_file,
-    resolve_target,
-    sha256_hex,
-    verify_written,
-    write_all,
-    write_like,
-)
+from ddops_agent.files import (STATE_DIR, TEMP_SUFFIX, atomic_write, current_sha, make_private_dir, read_regular,
+                               remove_file, resolve_target, sha256_hex, verify_written, write_all, write_like)
 from ddops_agent.protocol import AgentFault, fault_hook, fault_point, optional_number, within_deadline
 
 DEFAULT_LOCK_TIMEOUT = 10.0

@@ -7,43 +7,13 @@ import stat
 from ddops_agent.checks import parse_post_checks, run_check
 from ddops_agent.facts import collect_facts, requested_versions
 from ddops_agent.files import MAX_FILE_BYTES, current_sha, open_repo, read_regular, resolve_target, sha256_hex
-from ddops_agent.journal import (
-    RepoLock,
-    append_journal,
-    compact_quietly,
-    ensure_state_dir,
-    journal_entries,
-    journalled_write,
-    live_entries,
-    lock_holder,
-    lock_timeout,
-    read_backup_bytes,
-    read_journal,
-    refuse_unwritable,
-    release_space,
-    remove_stale_temps,
-    reserve_space,
-    settle_pending,
-    state_dir,
-    store_backup,
-)
-from ddops_agent.protocol import (
-    AgentFault,
-    b64_text,
-    bad_request,
-    decode_b64,
-    describe_error,
-    fault_hook,
-    fault_point,
-    identity,
-    optional_sha,
-    require_list,
-    require_object,
-    require_patch_ids,
-    require_sha,
-    require_str,
-    verb,
-)
+from ddops_agent.journal import (RepoLock, append_journal, compact_quietly, ensure_state_dir, journal_entries,
+                                 journalled_write, live_entries, lock_holder, lock_timeout, read_backup_bytes,
+                                 read_journal, refuse_unwritable, release_space, remove_stale_temps, reserve_space,
+                                 settle_pending, state_dir, store_backup)
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, decode_b64, describe_error, fault_hook,
+                                  fault_point, identity, optional_sha, require_list, require_object, require_patch_ids,
+                                  require_sha, require_str, verb)
 
 Change = collections.namedtuple("Change", "path target patch_ids expected new_bytes new_sha")
 Restore = collections.namedtuple("Restore", "path target patch_ids expected restore force")

@@ -22,15 +22,8 @@ import subprocess
 import time
 
 from ddops_agent.journal import now_iso
-from ddops_agent.procs import (
-    descendants,
-    end_processes,
-    pids_carrying,
-    process_record,
-    records_of,
-    same_process,
-    spawn_agent,
-)
+from ddops_agent.procs import (descendants, end_processes, pids_carrying, process_record, records_of, same_process,
+                               spawn_agent)
 from ddops_agent.protocol import require_str, verb
 
 SERVER_TAG = "DDOPS_SERVER"

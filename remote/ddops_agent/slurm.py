@@ -26,35 +26,14 @@ import subprocess
 import sys
 import time
 
-from ddops_agent.bench import (
-    DEFAULT_POLL_BYTES,
-    MAX_POLL_BYTES,
-    SERVER_FAILED_EXIT_CODE,
-    bench_files,
-    initial_state,
-    log_size,
-    open_new_run,
-    open_run,
-    parse_spec,
-    read_json_file,
-    read_log_range,
-    require_run_id,
-    write_json_file,
-)
+from ddops_agent.bench import (DEFAULT_POLL_BYTES, MAX_POLL_BYTES, SERVER_FAILED_EXIT_CODE, bench_files, initial_state,
+                               log_size, open_new_run, open_run, parse_spec, read_json_file, read_log_range,
+                               require_run_id, write_json_file)
 from ddops_agent.files import atomic_write, open_repo, write_all
 from ddops_agent.journal import now_iso
 from ddops_agent.procs import RUN_TAG_DIR, RUN_TAG_ID, signal_quietly
-from ddops_agent.protocol import (
-    AgentFault,
-    b64_text,
-    bad_request,
-    optional_number,
-    optional_str,
-    require_list,
-    require_str,
-    shipped_bundle,
-    verb,
-)
+from ddops_agent.protocol import (AgentFault, b64_text, bad_request, optional_number, optional_str, require_list,
+                                  require_str, shipped_bundle, verb)
 from ddops_agent.servers import PORT_ENV, Servers
 
 SLURM_COMMAND_TIMEOUT = 30

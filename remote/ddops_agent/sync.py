@@ -15,19 +15,8 @@ import uuid
 from ddops_agent.checks import kill_group
 from ddops_agent.files import STATE_DIR, check_relpath, make_private_dir, open_repo, unsafe_path, write_all
 from ddops_agent.journal import RepoLock, ensure_state_dir, lock_timeout, now_iso, read_journal, state_dir
-from ddops_agent.protocol import (
-    AgentFault,
-    bad_request,
-    identity,
-    is_hex,
-    optional_number,
-    optional_str,
-    require_list,
-    require_object,
-    require_sha,
-    require_str,
-    verb,
-)
+from ddops_agent.protocol import (AgentFault, bad_request, identity, is_hex, optional_number, optional_str,
+                                  require_list, require_object, require_sha, require_str, verb)
 
 LOG_NAME = "sync.jsonl"
 BUNDLE_NAME_PATTERN = r"(?:[0-9a-f]{40}|[0-9a-f]{64})-[0-9a-f]{8,32}\.bundle"

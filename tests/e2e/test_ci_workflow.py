@@ -12,15 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import (
-    CONTAINER_ENGINE,
-    MINI_DDTREE,
-    REPO_ROOT,
-    _fresh_prefix,
-    container_engine_unavailable,
-    git_seed,
-    requires_sshd,
-)
+from tests.conftest import (CONTAINER_ENGINE, MINI_DDTREE, REPO_ROOT, _fresh_prefix, container_engine_unavailable,
+                            git_seed, requires_sshd)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.containers, requires_sshd]
 

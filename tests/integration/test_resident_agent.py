@@ -14,17 +14,8 @@ from pathlib import Path
 import pytest
 
 from ddops.testbed import start_host, stop_host
-from tests.conftest import (
-    MINI_DDTREE,
-    both_engines,
-    exited,
-    files_patched_by,
-    host_processes,
-    requires_sshd,
-    resident_agents,
-    run_ddops,
-    wait_until,
-)
+from tests.conftest import (MINI_DDTREE, both_engines, exited, files_patched_by, host_processes, requires_sshd,
+                            resident_agents, run_ddops, wait_until)
 
 pytestmark = [pytest.mark.sshd, requires_sshd]
 

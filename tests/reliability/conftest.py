@@ -15,16 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
-    MINI_DDTREE,
-    agent_program_with_faults,
-    files_patched_by,
-    git_seed,
-    host_processes,
-    resident_agents,
-    run_ddops,
-    testbeds,
-)
+from tests.conftest import (MINI_DDTREE, agent_program_with_faults, files_patched_by, git_seed, host_processes,
+                            resident_agents, run_ddops, testbeds)
 
 PLAYBOOKS = ("cpu-timing", "hybrid-cache", "crop-relative")
 # The files these specs watch; the playbooks also patch model/dflash.py (PATCHED_FILES).

@@ -11,20 +11,8 @@ import pytest
 
 from ddops.errors import UsageError
 from ddops.inventory import Host
-from ddops.tasks.adhoc import (
-    MAX_LINE_CHARS,
-    STOP_LINE,
-    ExecOutput,
-    ExecSpec,
-    LineSplitter,
-    group_outputs,
-    guard_source,
-    outcome_of,
-    remote_command,
-    sudo_refusal,
-    timed_out,
-    with_watchdog,
-)
+from ddops.tasks.adhoc import (MAX_LINE_CHARS, STOP_LINE, ExecOutput, ExecSpec, LineSplitter, group_outputs,
+                               guard_source, outcome_of, remote_command, sudo_refusal, timed_out, with_watchdog)
 from tests.conftest import wait_until
 
 ROOT = Host(name="a", address="127.0.0.2", repo="/root/my repo", command_timeout=120.0)

@@ -6,19 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.unit.test_agent import (
-    ORIGINAL,
-    PATCHED,
-    PATCHED_AGAIN,
-    change,
-    commit_payload,
-    fails,
-    journal,
-    ok,
-    repo,
-    rollback_payload,
-    sha,
-)
+from tests.unit.test_agent import (ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, fails, journal, ok, repo,
+                                   rollback_payload, sha)
 
 __all__ = ["repo"]  # the fixture, shared with test_agent.py
 

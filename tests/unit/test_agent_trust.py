@@ -13,18 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddops.transport.agent import agent_program, build_program
-from tests.unit.test_agent import (
-    ORIGINAL,
-    PATCHED,
-    PATCHED_AGAIN,
-    change,
-    commit_payload,
-    fails,
-    journal,
-    ok,
-    repo,
-    run_agent,
-)
+from tests.unit.test_agent import (ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, fails, journal, ok, repo,
+                                   run_agent)
 
 __all__ = ["repo"]  # the fixture, imported for these tests
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddops.errors import DdopsError
-from ddops.patching.journal import (
-    JOURNAL_APPLIED,
-    MODIFIED,
-    NOT_APPLIED,
-    active_applications,
-    effective_state,
-    last_written,
-    modified_files,
-    patch_state,
-    plan_rollback,
-)
+from ddops.patching.journal import (JOURNAL_APPLIED, MODIFIED, NOT_APPLIED, active_applications, effective_state,
+                                    last_written, modified_files, patch_state, plan_rollback)
 from tests.unit.test_agent import ORIGINAL, PATCHED, PATCHED_AGAIN, change, commit_payload, ok, sha
 
 

@@ -11,12 +11,8 @@ import pytest
 from ddops.errors import TransportError, UsageError
 from ddops.inventory import load_inventory
 from ddops.transport import Connector
-from ddops.transport.channel import (
-    DEFAULT_MAX_AGENT_ANSWER,
-    DEFAULT_MAX_COMMAND_OUTPUT,
-    max_agent_answer,
-    max_command_output,
-)
+from ddops.transport.channel import (DEFAULT_MAX_AGENT_ANSWER, DEFAULT_MAX_COMMAND_OUTPUT, max_agent_answer,
+                                     max_command_output)
 from tests.conftest import MINI_DDTREE, git_seed, run_ddops_json
 
 

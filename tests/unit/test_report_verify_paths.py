@@ -12,16 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddops.bench.report import (
-    Labeled,
-    aggregate,
-    build_report,
-    group_columns,
-    groups_markdown,
-    report_columns,
-    to_csv,
-    to_json,
-)
+from ddops.bench.report import (Labeled, aggregate, build_report, group_columns, groups_markdown, report_columns,
+                                to_csv, to_json)
 from ddops.bench.summarize_ddtree import summarize_ddtree
 from ddops.bench.summary import ResultFileError
 

@@ -10,16 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import load_inventory
-from ddops.sshconfig import (
-    OpenSshConfig,
-    SshConfig,
-    SshConfigError,
-    honoured_from_ssh_g,
-    jump_hops,
-    load_ssh_config,
-    parse_ssh_g,
-    split_hop,
-)
+from ddops.sshconfig import (OpenSshConfig, SshConfig, SshConfigError, honoured_from_ssh_g, jump_hops, load_ssh_config,
+                             parse_ssh_g, split_hop)
 
 needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs an OpenSSH client (ssh -G)")
 

@@ -12,17 +12,8 @@ from pathlib import Path
 import pytest
 
 from ddops.inventory import Host
-from ddops.pins import (
-    PIN_AT,
-    PIN_NO_REPO,
-    PIN_NONE,
-    PIN_OFF,
-    PIN_UNRESOLVED,
-    SyncError,
-    pick_ref,
-    pin_state,
-    resolve_pin,
-)
+from ddops.pins import (PIN_AT, PIN_NO_REPO, PIN_NONE, PIN_OFF, PIN_UNRESOLVED, SyncError, pick_ref, pin_state,
+                        resolve_pin)
 from ddops.tasks.sync import Bundles, classify_dirty, make_bundle, plan_move
 from ddops.transport.agent import agent_program
 from tests.conftest import GIT_ENV, git

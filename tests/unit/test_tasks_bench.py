@@ -14,18 +14,8 @@ from ddops.bench.plan import BenchPlan, load_bench_plan
 from ddops.bench.runs import RunStatus
 from ddops.fleet import CHANGED, FAILED, OK, SKIPPED
 from ddops.inventory import Host
-from ddops.tasks.bench import (
-    Follower,
-    HostUpdate,
-    LogText,
-    check_task,
-    collect_task,
-    launch_task,
-    list_task,
-    manifest_entries,
-    status_task,
-    stop_task,
-)
+from ddops.tasks.bench import (Follower, HostUpdate, LogText, check_task, collect_task, launch_task, list_task,
+                               manifest_entries, status_task, stop_task)
 from ddops.transport.local import LocalSession
 from tests.conftest import wait_until
 
