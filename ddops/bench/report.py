@@ -117,10 +117,6 @@ class Report:
     rows: tuple[ReportRow, ...]
 
     @property
-    def lossy_rows(self) -> tuple[ReportRow, ...]:
-        return tuple(r for r in self.rows if r.lossy)
-
-    @property
     def faster_but_lossy(self) -> tuple[ReportRow, ...]:
         """The rows whose speedup is not a lossless speedup: what a reader must not quote."""
         return tuple(r for r in self.rows if r.lossy and r.speedup is not None and r.speedup > 1)
@@ -533,31 +529,6 @@ def _csv_cell(row: Any, field: str) -> Any:
     return "" if value is None else value
 
 
-def report_columns(report: Report) -> tuple[list[str], list[list[str]]]:
-    """Headers and string cells for a table; Model and Run columns only when they tell rows apart."""
-    show_model = len({r.model for r in report.rows}) > 1
-    keys = [(r.host, r.model, r.dataset, r.temperature, r.method) for r in report.rows]
-    show_run = len(set(keys)) < len(keys)
-    codes = code_ids(report.rows)
-    show_code = len(codes) > 1
-    show_verify = any(r.verify_paths for r in report.rows)
-    headers = ["Host"] + (["Run"] if show_run else []) + (["Code"] if show_code else []) + (
-        ["Model"] if show_model else []) + ["Dataset", "T", "Method"] + (["Verify"] if show_verify else []) + [
-        "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "Flags"]
-    rows = []
-    for r in report.rows:
-        cells = [r.host] + ([r.run] if show_run else []) + ([code_label(r.code, codes)] if show_code else []) + (
-            [_short_model(r.model)] if show_model else []) + [
-            _s(r.dataset), _num(r.temperature, "g"), r.method] + ([verify_cell(r.verify_paths) or "—"]
-                                                                  if show_verify else []) + [
-            _num(r.tokens_per_s, ".1f"),
-            _num(r.speedup, ".2f", "x"), _num(r.acceptance_length, ".2f"),
-            _num(None if r.mean_ttft_s is None else r.mean_ttft_s * 1000, ".1f", " ms"), str(r.n_responses),
-            _fidelity_cell(r), ", ".join(r.flags)]
-        rows.append(cells)
-    return headers, rows
-
-
 def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells for aggregated rows: each number as mean ± std over its n runs (n shown once per row)."""
     show_model = len({_short_model(g.model) for g in groups}) > 1  # engines name one target by different paths
@@ -633,14 +604,6 @@ def note_label(row: Any) -> str:
     where = row.host if row.host != "all" else "all hosts"
     model = f" {_short_model(row.model)}" if row.model else ""
     return f"{where}{model} {row.dataset} {row.method}"
-
-
-def to_markdown(report: Report) -> str:
-    """A GitHub-flavoured table, best budgets in bold, lossy rows flagged, and the notes below."""
-    headers, rows = report_columns(report)
-    text = md_table(headers, rows, report.rows)
-    notes = [f"- {r.host} {r.dataset} {r.method}: {r.note}" for r in report.rows if r.note]
-    return text + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:

@@ -111,10 +111,6 @@ class KnownHosts:
         self._index: _LineIndex | None = None
         self._error: str | None = None
 
-    def keys_for(self, host: Host, name: str) -> list[tuple[str, paramiko.PKey]]:
-        """(key type, key) of every plain entry for `name` ("address" or "[address]:port")."""
-        return list(self.entries_for(host, name).trusted)
-
     def entries_for(self, host: Host, name: str) -> HostKeyEntries:
         """Every entry for `name`: plain keys, revoked keys and certificate authorities."""
         with self._lock:

@@ -67,11 +67,6 @@ class ResidentBook:
             return None
         return Resident(path, bytes.fromhex(secret))
 
-    def socket_for(self, key: str) -> str | None:
-        """The socket a resident for `key` was last said to listen on (with a secret to check it by)."""
-        resident = self.resident_for(key)
-        return resident.socket if resident else None
-
     def may_linger(self, key: str) -> bool:
         """False while the host is known to refuse unix-socket channels."""
         with self._lock:

@@ -114,21 +114,6 @@ class Session:
             self._sftp = self._client.open_sftp()
         return self._sftp
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int | None = None) -> None:
-        """Write a remote file atomically (temp name, then rename)."""
-        sftp = self._sftp_client()
-        temp = f"{remote_path}.ddops-tmp-{os.getpid()}-{threading.get_ident()}"
-        self.round_trips += 1
-        try:
-            with sftp.open(temp, "wb") as fh:
-                fh.set_pipelined(True)
-                fh.write(data)
-            if mode is not None:
-                sftp.chmod(temp, mode)
-            sftp.posix_rename(temp, remote_path)
-        except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"cannot write {remote_path}: {exc}", host=self.host.name) from None
-
     def put_file(self, local_path: str | os.PathLike[str], remote_path: str,
                  callback: Callable[[int, int], None] | None = None) -> None:
         """Stream a local file to the host (never held in memory whole)."""

@@ -187,7 +187,8 @@ def test_shell_metacharacters_in_repo_path_never_reach_a_shell(make_testbed, tmp
     with Connector(inv.known_hosts).connect(replace(host, repo=hostile)) as session:
         facts = session.call_agent("facts", {"repo": hostile})
         assert facts["repo_exists"] is False
-        session.put_bytes(b"data", "/root/ddtree/" + "a'b;$(x)")
+        (tmp_path / "data").write_bytes(b"data")
+        session.put_file(tmp_path / "data", "/root/ddtree/" + "a'b;$(x)")
         assert session.run(f"cat {shlex.quote('/root/ddtree/' + chr(39).join(['a', 'b;$(x)']))}").stdout == "data"
     assert not marker.exists()
 

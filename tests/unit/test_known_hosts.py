@@ -26,7 +26,7 @@ def public_key(tmp_path_factory) -> str:
 
 
 def keys(path: Path, name: str = NAME) -> list[str]:
-    return [key_type for key_type, _ in KnownHosts(path).keys_for(HOST, name)]
+    return [key_type for key_type, _ in KnownHosts(path).entries_for(HOST, name).trusted]
 
 
 def test_plain_listed_and_hashed_names_match_as_in_openssh(tmp_path, public_key):
@@ -150,4 +150,4 @@ def test_a_host_finds_its_entries_among_thousands_in_file_order_with_patterns_st
     # Its own two lines and the two pattern lines, in file order; none of the 5000 other hosts' lines.
     assert seen == ["10.0.0.*", NAME, NAME.upper(), f"*,!{NAME}"]
     assert [k for k, _ in entries.trusted] == ["ssh-ed25519"] and entries.revoked[0][1] == f"{path}:5003"
-    assert [k for k, _ in known.keys_for(HOST, "10.1.3.7")] == ["ssh-ed25519"] * 2  # its line and `*`
+    assert [k for k, _ in known.entries_for(HOST, "10.1.3.7").trusted] == ["ssh-ed25519"] * 2  # its line and `*`

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddops.bench.report import Labeled, build_report, report_columns, to_csv, to_json, to_markdown
+from ddops.bench.report import (Labeled, aggregate, build_report, group_columns, groups_markdown, to_csv,
+                                to_json)
 from ddops.bench.results import summarize_file
 from ddops.bench.summarize_vllm import summarize_vllm
 from ddops.bench.summary import MethodSummary
@@ -69,7 +70,7 @@ def test_the_fastest_tree_budget_is_marked_per_host_and_dataset():
 
 def test_a_faster_method_whose_greedy_output_differs_is_flagged_not_lossless():
     report = build_report(fleet())
-    (lossy,) = report.lossy_rows
+    (lossy,) = [r for r in report.rows if r.lossy]
     assert (lossy.host, lossy.method, lossy.fidelity) == ("h2", "ddtree_tb64", 0.75)
     assert report.faster_but_lossy == (lossy,)
     assert lossy.flags == ("NOT LOSSLESS",)
@@ -80,7 +81,7 @@ def test_sampled_runs_are_not_flagged_when_outputs_differ():
     items = [Labeled("h1", "r", summary("baseline", 0.03, temperature=1.0)),
              Labeled("h1", "r", summary("dflash", 0.01, temperature=1.0, fidelity=0.0))]
     report = build_report(items)
-    assert report.lossy_rows == () and rows_by(report)["h1", "gsm8k", 1.0, "dflash"].fidelity == 0.0
+    assert not any(r.lossy for r in report.rows) and rows_by(report)["h1", "gsm8k", 1.0, "dflash"].fidelity == 0.0
 
 
 def test_with_two_runs_the_fastest_baseline_is_the_reference():
@@ -92,8 +93,8 @@ def test_with_two_runs_the_fastest_baseline_is_the_reference():
     assert rows["sdpa", "ddtree_tb32"].speedup == pytest.approx(2.5)
     assert rows["sdpa", "baseline"].speedup == pytest.approx(0.025 / 0.030)
     assert rows["flash", "dflash"].speedup == pytest.approx(2.0)
-    headers, _ = report_columns(build_report(items))
-    assert "Run" in headers  # two baselines on one host and dataset: the run tells them apart
+    headers, _ = group_columns(aggregate(build_report(items), "run"))
+    assert "Run" in headers  # two baselines on one host and dataset: --by run tells them apart
 
 
 def test_a_vllm_mtp_run_sits_beside_ddtree_and_is_compared_with_vllms_own_baseline():
@@ -133,28 +134,30 @@ def test_csv_has_a_header_and_one_line_per_row_with_empty_unknowns():
 
 
 def test_table_columns_are_strings_and_omit_columns_that_do_not_vary():
-    headers, cells = report_columns(build_report(fleet()))
-    assert headers == ["Host", "Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "N", "Fidelity", "Flags"]
-    assert cells[3] == ["h1", "gsm8k", "0", "ddtree_tb64", "100.0", "3.00x", "6.00", "100.0 ms", "4", "100%", "best"]
-    assert cells[6][-2:] == ["75.0%", "NOT LOSSLESS"]
+    headers, cells = group_columns(aggregate(build_report(fleet()), "host"))
+    assert headers == ["Host", "Dataset", "T", "Method", "tok/s", "Speedup", "τ", "TTFT", "n", "Resp", "Fidelity",
+                       "Flags"]
+    assert cells[3] == ["h1", "gsm8k", "0", "ddtree_tb64", "100.0", "3.00x", "6.00", "100.0 ms", "1", "4",
+                        "100% (4/4)", "best"]
+    assert cells[6][-2:] == ["75.0% (3/4)", "NOT LOSSLESS"]
     assert cells[0][6] == "—"  # no tau for the baseline
     assert all(isinstance(c, str) for row in cells for c in row)
 
 
 def test_markdown_bolds_the_best_budget_and_flags_the_lossy_row_with_a_note():
-    md = to_markdown(build_report(fleet()))
+    md = groups_markdown(aggregate(build_report(fleet()), "host"))
     lines = md.splitlines()
     assert lines[0].startswith("| Host | Dataset | T | Method |") and lines[1].startswith("|---|")
     assert "| **ddtree_tb64** | 100.0 | 3.00x |" in md
     assert "⚠ NOT LOSSLESS" in lines[8]
-    assert lines[-1] == "- h2 gsm8k ddtree_tb64: NOT LOSSLESS: 2.50x faster than baseline but only 75.0% of " \
-                        "outputs match at T=0"
+    assert lines[-1] == "- h2 Qwen3-8B gsm8k ddtree_tb64: NOT LOSSLESS: 2.50x faster than baseline but only 75.0% " \
+                        "of outputs match at T=0"
 
 
 def test_an_empty_report_formats_without_error():
     report = build_report([])
     assert report.rows == () and json.loads(to_json(report))["rows"] == []
-    assert to_csv(report).startswith("host,run,") and to_markdown(report).count("\n") == 2
+    assert to_csv(report).startswith("host,run,") and groups_markdown(aggregate(report, "host")).count("\n") == 2
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -207,7 +210,7 @@ def test_pt_files_from_two_hosts_become_the_report_computed_by_hand(tmp_path):
     assert h2_tree.speedup == pytest.approx(2.0) and h2_tree.tokens_per_s == pytest.approx(200.0)
     assert h2_tree.fidelity == 0.5 and h2_tree.lossy and not h2_tree.best_budget  # never best when NOT LOSSLESS
     assert h2_tree.acceptance_length == pytest.approx(3.0) and h2_tree.n_responses == 2
-    assert "NOT LOSSLESS" in to_markdown(build_report(items))
+    assert "NOT LOSSLESS" in groups_markdown(aggregate(build_report(items), "host"))
 
 
 def test_vllm_summaries_from_json_feed_the_report(tmp_path):
@@ -234,7 +237,7 @@ def test_sampled_runs_show_no_output_match_rate_in_the_table():
 
 # --- different code is never pooled -----------------------------------------------------------------------------------
 
-from ddops.bench.report import CodeId, aggregate, group_columns, pooling_note  # noqa: E402
+from ddops.bench.report import CodeId, pooling_note  # noqa: E402
 
 PLAIN = CodeId("73068c9d16b7" + "0" * 28, (), (("torch", "2.13.0"), ("transformers", "5.23.0"), ("python", "3.11")))
 VERIFIED = CodeId(PLAIN.commit, (("hybrid-tree-verify", "ab" * 32),), PLAIN.versions)

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddops.bench.report import (Labeled, aggregate, build_report, group_columns, groups_markdown, report_columns,
-                                to_csv, to_json)
+from ddops.bench.report import Labeled, aggregate, build_report, group_columns, groups_markdown, to_csv, to_json
 from ddops.bench.summarize_ddtree import summarize_ddtree
 from ddops.bench.summary import ResultFileError
 
@@ -44,7 +43,7 @@ def test_a_method_that_only_took_the_one_forward_path_shows_it_and_is_not_flagge
     report = report_of({"one-forward": 12}, {"one-forward": 9})
     tree = next(r for r in report.rows if r.method == "ddtree_tb8")
     assert "REFERENCE PATH" not in tree.flags and tree.note == ""
-    headers, cells = report_columns(report)
+    headers, cells = group_columns(aggregate(report, "host"))
     assert headers[headers.index("Method") + 1] == "Verify"
     assert [row[headers.index("Verify")] for row in cells] == ["—", "one-forward"]
 
@@ -79,7 +78,7 @@ def test_every_round_on_the_reference_path_says_so():
 
 def test_results_without_verify_paths_show_no_verify_column():
     report = report_of(None, None)
-    assert "Verify" not in report_columns(report)[0]
+    assert "Verify" not in group_columns(aggregate(report, "host"))[0]
     assert all(r["verify_paths"] is None for r in json.loads(to_json(report))["rows"])
 
 

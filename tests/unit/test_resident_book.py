@@ -16,6 +16,12 @@ KEY = resident_key("root", "10.0.0.7", 22, "python3", "ab" * 32)
 SECRET = "5e" * 32
 
 
+
+def socket_for(book: ResidentBook, key: str) -> str | None:
+    """The socket a resident for `key` was last said to listen on."""
+    resident = book.resident_for(key)
+    return resident.socket if resident else None
+
 def test_a_recorded_socket_and_its_secret_are_found_by_the_next_command_and_kept_private(tmp_path):
     book = ResidentBook(tmp_path / "cache" / "residents.json")
     book.record(KEY, "/root/.cache/ddops/run/agent-x.sock", SECRET)
@@ -69,7 +75,7 @@ def test_forgetting_a_gone_resident_removes_it(tmp_path):
     book.save()
     book.forget(KEY)
     book.save()
-    assert ResidentBook(tmp_path / "residents.json").socket_for(KEY) is None
+    assert socket_for(ResidentBook(tmp_path / "residents.json"), KEY) is None
     assert ResidentBook(tmp_path / "residents.json").may_linger(KEY)
 
 
@@ -78,7 +84,7 @@ def test_a_host_that_refuses_socket_channels_is_not_asked_to_linger_for_a_day(tm
     book.forget(KEY, prohibited=True)
     book.save()
     again = ResidentBook(tmp_path / "residents.json")
-    assert not again.may_linger(KEY) and again.socket_for(KEY) is None
+    assert not again.may_linger(KEY) and socket_for(again, KEY) is None
     later = time.time() + resident.PROHIBITED_RETRY_SECONDS + 1
     monkeypatch.setattr(resident.time, "time", lambda: later)
     assert again.may_linger(KEY)
@@ -88,13 +94,13 @@ def test_saving_merges_with_what_another_command_wrote_meanwhile(tmp_path):
     path = tmp_path / "residents.json"
     mine, theirs = ResidentBook(path), ResidentBook(path)
     other_key = resident_key("root", "10.0.0.8", 22, "python3", "ab" * 32)
-    mine.socket_for(KEY)  # loaded before the other command saved
+    socket_for(mine, KEY)  # loaded before the other command saved
     theirs.record(other_key, "/theirs", SECRET)
     theirs.save()
     mine.record(KEY, "/mine", SECRET)
     mine.save()
     final = ResidentBook(path)
-    assert final.socket_for(KEY) == "/mine" and final.socket_for(other_key) == "/theirs"
+    assert socket_for(final, KEY) == "/mine" and socket_for(final, other_key) == "/theirs"
 
 
 def test_a_damaged_or_foreign_file_is_only_a_missed_hint(tmp_path):
@@ -104,7 +110,7 @@ def test_a_damaged_or_foreign_file_is_only_a_missed_hint(tmp_path):
         path.write_text(content)
         path.chmod(0o600)
         book = ResidentBook(path)
-        assert book.socket_for(KEY) is None and book.may_linger(KEY)
+        assert socket_for(book, KEY) is None and book.may_linger(KEY)
 
 
 def test_an_unwritable_cache_costs_nothing_but_the_hint(tmp_path):
@@ -113,7 +119,7 @@ def test_an_unwritable_cache_costs_nothing_but_the_hint(tmp_path):
     book = ResidentBook(blocker / "residents.json")
     book.record(KEY, "/s", SECRET)
     book.save()  # no exception
-    assert book.socket_for(KEY) == "/s"
+    assert socket_for(book, KEY) == "/s"
 
 
 def test_the_book_keeps_the_newest_entries_once_full(tmp_path, monkeypatch):
