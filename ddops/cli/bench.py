@@ -21,6 +21,7 @@ from ddops.cli.state import current_state, state
 from ddops.safe_text import csv_safe, printable
 
 if TYPE_CHECKING:
+    from ddops.bench.document import ReportDocument
     from ddops.fleet import HostResult
     from ddops.inventory import Inventory, Selection
 
@@ -338,72 +339,51 @@ def report(ctx: typer.Context,
                                                         "against the best chain method).", show_default=False)] = None,
            results_dir: ResultsDirOpt = None) -> None:
     """One comparison table over collected runs: speedup, acceptance length, fidelity per host and method."""
-    from ddops.bench.collect import collected_run_ids, load_collected
-    from ddops.bench.compare import ENGINE_VIEW, engine_columns, engines_csv, engines_markdown, side_by_side, verdicts
-    from ddops.bench.report import (BY, DEFAULT_VIEWS, aggregate, build_report, group_columns, groups_markdown,
-                                    pooling_note, report_title, to_csv, to_json)
+    from ddops.bench.document import report_document
     from ddops.bench.runs import check_run_id, results_root
-    from ddops.errors import UsageError
 
-    st = state(ctx)
-    if st.json:
-        fmt = "json"
-    if fmt not in ("table", "json", "csv", "md"):
-        raise UsageError(f"--format {fmt}: use table, json, csv or md")
-    if by is not None and by not in (*BY, ENGINE_VIEW):
-        raise UsageError(f"--by {by}: use {', '.join((*BY, ENGINE_VIEW))}")
-    root = results_root(results_dir)
-    ids = [check_run_id(r) for r in run_ids or []]
-    if not ids:
-        newest = collected_run_ids(root)[:1]
-        if not newest:
-            raise UsageError(f"nothing collected under {root}: run `ddops bench collect RUN` first")
-        ids = newest
-    collected = load_collected(root, ids)
-    rep = build_report(collected.items)
-    views = [by] if by else [ENGINE_VIEW] if len({r.engine for r in rep.rows}) > 1 else list(DEFAULT_VIEWS)
-    tables = side_by_side(rep) if ENGINE_VIEW in views or fmt == "json" or by == ENGINE_VIEW else ()
-    title = report_title(rep.rows, ids)
-    problems = [*collected.problems, *(g.line for g in collected.gaps)]
-    note = pooling_note(rep)
-    if note and fmt != "json":
-        err_console.print(escape(note))
-    code = 1 if problems or not rep.rows else 0
+    fmt = "json" if state(ctx).json else fmt
+    doc = report_document(results_root(results_dir), [check_run_id(r) for r in run_ids or []], by, fmt)
+    if doc.note and fmt != "json":
+        err_console.print(escape(doc.note))
     if fmt == "json":
-        import json
+        write_document(doc.exit_code, doc.to_json())
+    elif fmt in ("csv", "md"):
+        sys.stdout.write(csv_safe(doc.csv(by)) if fmt == "csv" else printable(doc.markdown()))
+    else:
+        _report_tables(doc)
+    _report_plot_and_problems(doc, plot)
+    if doc.exit_code:
+        raise typer.Exit(1)
 
-        write_document(code, {"run_ids": ids, "title": title,
-                              **json.loads(to_json(rep, [v for v in views if v != ENGINE_VIEW])),
-                              "views": views, "comparisons": [t.to_json() for t in tables], "problems": problems,
-                              "gaps": [g.to_json() for g in collected.gaps], **({"note": note} if note else {})})
-    elif fmt == "csv":  # --by: the aggregated rows of that table; without it, every result row
-        sys.stdout.write(csv_safe(engines_csv(tables) if by == ENGINE_VIEW else to_csv(rep, by)))
-    elif fmt == "md":
-        sys.stdout.write(printable(f"**{title}**\n\n" + "\n".join(
-            engines_markdown(tables) if view == ENGINE_VIEW else groups_markdown(aggregate(rep, view))
-            for view in views)))
-    elif rep.rows:
-        for view in views:
-            if view == ENGINE_VIEW:
-                _report_table(*engine_columns(tables), [r.group for t in tables for r in t.rows],
-                              f"{title}: engines side by side, per host (mean ± std over n runs)", collected.caption)
-                for line in verdicts(tables):
-                    console.print(escape(line))
-            else:
-                groups = aggregate(rep, view)
-                _report_table(*group_columns(groups), groups,
-                              f"{title}: {_SCOPES[view]} (mean ± std over n runs)", collected.caption)
-    if plot is not None and rep.rows:
+
+def _report_tables(doc: ReportDocument) -> None:
+    from ddops.bench.compare import ENGINE_VIEW, engine_columns, verdicts
+    from ddops.bench.report import aggregate, group_columns
+
+    for view in doc.views if doc.report.rows else ():
+        if view == ENGINE_VIEW:
+            _report_table(*engine_columns(doc.comparisons), [r.group for t in doc.comparisons for r in t.rows],
+                          f"{doc.title}: engines side by side, per host (mean ± std over n runs)",
+                          doc.collected.caption)
+            for line in verdicts(doc.comparisons):
+                console.print(escape(line))
+        else:
+            groups = aggregate(doc.report, view)
+            _report_table(*group_columns(groups), groups, f"{doc.title}: {_SCOPES[view]} (mean ± std over n runs)",
+                          doc.collected.caption)
+
+
+def _report_plot_and_problems(doc: ReportDocument, plot: Path | None) -> None:
+    if plot is not None and doc.report.rows:
         from ddops.bench.plot import plot_report
 
-        written = plot_report(rep, plot, title=title, caption=collected.caption)
+        written = plot_report(doc.report, plot, title=doc.title, caption=doc.collected.caption)
         err_console.print(f"plot: {escape(str(written))}")
-    for problem in [*collected.problems, *collected.caption.splitlines()]:  # one line each, never wrapped
+    for problem in [*doc.collected.problems, *doc.collected.caption.splitlines()]:  # one line each, never wrapped
         err_console.print(f"[bold red]ddops: error:[/] {escape(problem)}", soft_wrap=True)
-    if code:
-        if not rep.rows:
-            err_console.print("no result rows")
-        raise typer.Exit(1)
+    if doc.exit_code and not doc.report.rows:
+        err_console.print("no result rows")
 
 
 _SCOPES = {"host": "per host", "run": "per run and host", "patchset": "per patch set, all hosts",
