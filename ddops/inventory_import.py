@@ -15,9 +15,10 @@ import shlex
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ddops.errors import InventoryError
+from ddops.errors import InventoryError, UsageError
 from ddops.inventory import HOST_SCHEMA, SSH_ONLY_KEYS, TOP_KEYS, HostKey
 from ddops.sshconfig import OpenSshConfig, SshConfig
 from ddops.yamlsrc import YamlDoc
@@ -65,6 +66,42 @@ class Imported:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     not_imported: tuple[str, ...] = ()
     ssh_config: str | None = None  # the config file to name in the inventory (its ProxyJump aliases live there)
+
+
+def import_ansible_file(path: Path) -> Imported:
+    """An Ansible inventory file, INI or YAML (told apart by suffix, else by its first line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if _is_yaml(path, text):
+        from ddops.yamlsrc import load_yaml_file
+
+        groups = parse_ansible_yaml(load_yaml_file(path, InventoryError))
+    else:
+        groups = parse_ansible_ini(text, str(path))
+    return from_ansible(groups, str(path))
+
+
+def _is_yaml(path: Path, text: str) -> bool:
+    if path.suffix in (".yaml", ".yml", ".json"):
+        return True
+    first = next((line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith(
+        ("#", ";"))), "")
+    return first.endswith(":") and not first.startswith("[")
+
+
+def import_ssh_config_file(config_file: Path, patterns: Iterable[str]) -> Imported:
+    """The Host aliases of an ssh_config that match the patterns (globs, comma-separated too)."""
+    from ddops.sshconfig import host_aliases, load_ssh_config
+
+    config_path = config_file.expanduser()
+    if not config_path.is_file():
+        raise UsageError(f"--ssh-config-file {config_file}: no such file")
+    default = config_path.resolve() == Path("~/.ssh/config").expanduser().resolve()
+    return from_ssh_config(load_ssh_config(config_path), host_aliases(config_path),
+                           [p.strip() for pattern in patterns for p in pattern.split(",")],
+                           str(config_file), None if default else str(config_path.resolve()))
 
 
 # --- Ansible, INI -------------------------------------------------------------------------------------------------

@@ -42,28 +42,8 @@ def import_inventory(
 
     if (ansible is None) == (not ssh_config):
         raise UsageError("say what to import: --ansible FILE or --ssh-config 'PATTERN'")
-    if ansible is not None:
-        try:
-            text = ansible.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InventoryError(f"{ansible}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-        if _is_yaml(ansible, text):
-            from ddops.yamlsrc import load_yaml_file
-
-            groups = imp.parse_ansible_yaml(load_yaml_file(ansible, InventoryError))
-        else:
-            groups = imp.parse_ansible_ini(text, str(ansible))
-        imported = imp.from_ansible(groups, str(ansible))
-    else:
-        from ddops.sshconfig import host_aliases, load_ssh_config
-
-        config_path = ssh_config_file.expanduser()
-        if not config_path.is_file():
-            raise UsageError(f"--ssh-config-file {ssh_config_file}: no such file")
-        default = config_path.resolve() == Path("~/.ssh/config").expanduser().resolve()
-        imported = imp.from_ssh_config(load_ssh_config(config_path), host_aliases(config_path),
-                                       [p.strip() for pattern in ssh_config or () for p in pattern.split(",")],
-                                       str(ssh_config_file), None if default else str(config_path.resolve()))
+    imported = (imp.import_ansible_file(ansible) if ansible is not None
+                else imp.import_ssh_config_file(ssh_config_file, ssh_config or ()))
     if not imported.hosts:
         raise InventoryError(f"{imported.source}: no host to import")
     what = "--ansible" if ansible is not None else "--ssh-config " + " ".join(ssh_config or ())
@@ -89,14 +69,6 @@ def init(ctx: typer.Context, output: OutputOpt = None, force: ForceOpt = False) 
         write_document(0, {"written": str(path)})
         return
     console.print(f"wrote {escape(str(path))}: edit its hosts, then `ddops -i {escape(str(path))} inventory check`")
-
-
-def _is_yaml(path: Path, text: str) -> bool:
-    if path.suffix in (".yaml", ".yml", ".json"):
-        return True
-    first = next((line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith(
-        ("#", ";"))), "")
-    return first.endswith(":") and not first.startswith("[")
 
 
 def _write_checked(ctx: typer.Context, output: Path | None, force: bool, text: str) -> Path:
