@@ -263,8 +263,11 @@ def test_a_lost_run_whose_guard_died_too_has_its_server_ended_when_the_agent_rea
 
 
 def test_a_server_that_dies_between_its_groups_runs_is_started_again_for_the_next(host, session, tmp_path):
-    # The first run ends the server it was given; the second, of the same group, gets a new one.
-    plan = serve_plan(tmp_path, "ok", command="kill $(cat server.pid) && echo {mode} {temperature}")
+    # The first run ends the server it was given, and waits for it to be gone (a zombie the runner reaps once the run
+    # ends): the second, of the same group, gets a new one.
+    plan = serve_plan(tmp_path, "ok", command="p=$(cat server.pid) && kill $p && until ! test -e /proc/$p || grep -q "
+                                              "'^State:.Z' /proc/$p/status; do sleep 0.05; done && echo {mode} "
+                                              "{temperature}")
     assert launch_task(plan, "r-again")(host, session).status == CHANGED
     wait_until(lambda: ended(host, session, "r-again"), timeout=60, interval=0.2)
     final = state(host, "r-again")
