@@ -162,8 +162,15 @@ class Server:
                 return "not ready within %gs (probe: %s on port %d)" % (deadline - self.started, ready, self.port)
             time.sleep(PROBE_INTERVAL)
 
-    def alive(self):
-        return self.process.poll() is None
+    def why_not_reusable(self):
+        """None while the server runs and still answers its readiness probe; else why not. The probe matters: a
+        server on its way out (ended by a run, or hung) may not have exited yet."""
+        code = self.process.poll()
+        if code is not None:
+            return "exited (code %s)" % code
+        if not is_ready(self.port, self.spec.get("ready") or "tcp"):
+            return "stopped answering its readiness probe"
+        return None
 
     def stop(self, grace=STOP_GRACE):
         """End the server's processes (its whole tree, found by its tag) and its guard; record how it ended."""
@@ -197,10 +204,10 @@ class Servers:
         the run that needs it, if it was not running); (None, why not) when it is not; (None, None) when the run
         needs none."""
         if self.current is not None and spec is not None and spec.get("group") == self.current.group:
-            if self.current.alive():
+            why_not = self.current.why_not_reusable()
+            if why_not is None:
                 return self.current.port, None
-            self.log("=== ddops server %d exited (code %s); starting it again ===\n"
-                     % (self.current.number, self.current.process.poll()))
+            self.log("=== ddops server %d %s; starting it again ===\n" % (self.current.number, why_not))
         self.stop()
         if spec is None:
             return None, None

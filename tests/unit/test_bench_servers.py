@@ -276,3 +276,16 @@ def test_a_server_that_dies_between_its_groups_runs_is_started_again_for_the_nex
     # The server's shell, after the kill: 143 (dash waits for its command) or -15 (a shell that exec'd it).
     assert re.search(r"=== ddops server 1 exited \(code (143|-15)\); starting it again ===", log), log
     assert nothing_left("r-again", [s["port"] for s in final["servers"]])
+
+
+def test_a_server_that_hangs_between_its_groups_runs_is_not_reused(host, session, tmp_path):
+    # The first run freezes its server (SIGSTOP): alive, holding its port, answering nothing. The second run of the
+    # group must not be handed it: the runner probes before reuse, ends it and starts another.
+    plan = serve_plan(tmp_path, "ok", command="kill -STOP $(cat server.pid) && echo {mode} {temperature}")
+    assert launch_task(plan, "r-hung")(host, session).status == CHANGED
+    wait_until(lambda: ended(host, session, "r-hung"), timeout=120, interval=0.2)
+    final = state(host, "r-hung")
+    assert final["status"] == "completed" and [s["group"] for s in final["servers"]] == [0, 0]
+    log = (run_dir(host, "r-hung") / "log").read_text()
+    assert "=== ddops server 1 stopped answering its readiness probe; starting it again ===" in log, log
+    assert nothing_left("r-hung", [s["port"] for s in final["servers"]])
