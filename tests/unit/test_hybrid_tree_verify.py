@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 MINI = REPO / "examples" / "mini-ddtree"
 NAME = "hybrid-tree-verify"
 FILES = ("ddtree.py", "dflash.py", "model/dflash.py")
-SITES = {"ddtree.py": 4, "dflash.py": 3, "model/dflash.py": 2}  # the playbook's patches that touch each file
+SITES = {"ddtree.py": 5, "dflash.py": 4, "model/dflash.py": 3}  # the playbook's patches that touch each file
 
 
 def patches(name: str, path: str = "ddtree.py") -> list:
