@@ -566,9 +566,8 @@ def _verify_chain_by_rerun(target, cache, input_ids, past_length, kwargs):
 
 def _forward(target, input_ids, **kwargs):
     """target(input_ids, **kwargs) over the cache in kwargs; one token at a time where a multi-token forward would
-    restart the linear layers from zero state (a modeling module's own cache, 5.2-5.4): a one-token forward reads
-    the cached states."""
-    if input_ids.shape[1] == 1 or not getattr(kwargs.get("past_key_values"), "_ddops_stepwise", False):
+    restart the linear layers from zero state: a one-token forward reads the cached states."""
+    if input_ids.shape[1] == 1 or not _restarts_multi_token(target, kwargs.get("past_key_values")):
         return target(input_ids, **kwargs)
     positions = kwargs.pop("position_ids", None)
     steps = [target(input_ids[:, step:step + 1], **kwargs,
@@ -579,3 +578,17 @@ def _forward(target, input_ids, **kwargs):
         logits=torch.cat([out.logits for out in steps], dim=1),
         hidden_states=None if hidden is None else tuple(
             torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in steps), strict=True)))
+
+
+def _restarts_multi_token(target, cache):
+    """Whether a multi-token forward over cache starts the target's linear layers from zero state: on a modeling
+    module's own cache (5.2-5.4), and wherever the layer hands its chunked rule initial_state=None (5.2-5.6)."""
+    if getattr(cache, "_ddops_stepwise", False):
+        return True
+    for module in target.modules():
+        if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None:
+            try:
+                return "initial_state=None" in inspect.getsource(_plain(type(module).forward))
+            except (OSError, TypeError):  # no source to read: as 5.7+ do, the forward reads the cached state
+                return False
+    return False
