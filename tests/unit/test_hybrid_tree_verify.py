@@ -522,6 +522,16 @@ def test_a_batch_of_more_than_one_is_verified_by_the_reference(torch_, hybrid):
 
 
 @pytest.mark.torch
+def test_the_target_cache_stays_the_one_built_where_transformers_cache_serves_the_model(torch_, hybrid):
+    # Only a release whose Qwen3.5 brings its own cache class (5.2-5.4, tests/unit/test_hybrid_matrix.py) gets
+    # another one: this one's DynamicCache has what the linear layers read.
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hybrid.config)
+    assert inserted_helpers().target_cache(hybrid, cache) is cache
+
+
+@pytest.mark.torch
 def test_without_linear_layers_the_original_calls_run_untouched(torch_):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
