@@ -9,6 +9,8 @@ along each node's path and the ancestor mask for the causal mask, and its short 
 The cache keeps the pre-verify recurrent state; the commit folds it along the accepted path (no second forward).
 DFlash's block is the chain case. Where the layers cannot be routed (verify_route says why) the reference method
 runs instead, and every verify is counted by the path it took (verify_paths) so that a benchmark can say which.
+On releases whose hybrid brings its own cache class (5.2-5.4), target_cache gives the prefill one of those, read
+like transformers' cache.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def commit_tree(target, cache, past_length, accepted, input_ids, compact):
     if state == "paths":  # the reference verified on a copy: the accepted chain on the untouched cache
         index = torch.tensor(accepted, dtype=torch.long, device=input_ids.device)
         positions = past_length + torch.arange(len(accepted), device=input_ids.device).unsqueeze(0)
-        target(input_ids.index_select(1, index), position_ids=positions, past_key_values=cache, use_cache=True,
-               logits_to_keep=1)
+        _forward(target, input_ids.index_select(1, index), position_ids=positions, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1)
     _trim_recording(cache)
 
 
@@ -102,6 +104,17 @@ def verify_chain(target, cache):
     return verify
 
 
+def target_cache(target, cache):
+    """The cache the target's prefill is to fill: cache itself, unless the target's linear layers read a cache class
+    of their modeling module's own that cache is not (5.2-5.4's Qwen3_5DynamicCache: transformers' DynamicCache has
+    no has_previous_state there). Then an empty one of that class, which also reads like transformers' cache."""
+    own = _own_cache_class(target)
+    if own is None or isinstance(cache, own) or hasattr(cache, "has_previous_state"):
+        return cache
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    return _adapted(own)(config)
+
+
 def verify_paths(cache):
     """{path: verify rounds} for the run on cache ("one-forward", or "reference: <why>"); None when none ran."""
     return dict(vars(cache).get("_ddops_verify_paths", {})) or None
@@ -114,8 +127,9 @@ def _count(cache, route):
 
 
 # --- the cache, across transformers releases ----------------------------------------------------------------------
-# A linear layer holds its states as tensors (5.5-5.13) or as {state index: tensor} (5.14+); has_previous_state is a
-# bool, then a dict; 5.25 also counts its tokens (cumulative_length_linear) and keeps recurrent states for crops.
+# A linear layer holds its states as tensors (5.2-5.13; on 5.2-5.4 through the adapter below) or as {state index:
+# tensor} (5.14+); has_previous_state is a bool, then a dict; 5.25 also counts its tokens (cumulative_length_linear)
+# and keeps recurrent states for crops.
 
 def linear_layers(cache):
     """The cache's linear-attention (recurrent) layers by index: the layers a tree attention mask cannot reach."""
@@ -158,6 +172,82 @@ def _trim_recording(cache):
     """Drop the conv windows a recording cache keeps for crops (crop(0) on 5.14+): nothing here is rolled back."""
     if any(getattr(layer, "record_past", False) for layer in cache.layers):
         cache.crop(0)
+
+
+# --- a modeling module's own cache (5.2-5.4): the same reads ---------------------------------------------------
+# Qwen3_5DynamicCache keeps lists (key_cache, value_cache, conv_states, recurrent_states, one entry per layer), has no
+# crop, and its linear layers read cached state in a one-token forward only: a multi-token forward over it restarts
+# them from zero state. The adapter gives it transformers' layer view and crop; the references step token by token.
+
+def _own_cache_class(target):
+    """The cache class the modeling module of the target's linear-attention layers defines, if any."""
+    for module in target.modules():
+        if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None:
+            home = sys.modules.get(type(module).__module__)
+            found = [value for name, value in vars(home).items() if name.endswith("DynamicCache")
+                     and isinstance(value, type) and value.__module__ == home.__name__
+                     and hasattr(value, "has_previous_state") and hasattr(value, "update")] if home else []
+            return found[0] if found else None
+    return None
+
+
+@functools.cache
+def _adapted(own):
+    """own, with transformers' cache.layers view and crop."""
+    return type(own.__name__, (own,), {
+        "__doc__": f"{own.__name__}, read like transformers' DynamicCache (ddops_hybrid_verify).",
+        "layers": property(lambda self: [_LinearLayer(self, index) if kind == "linear_attention"
+                                         else _AttentionLayer(self, index)
+                                         for index, kind in enumerate(self.layer_types)]),
+        "crop": _crop_own,
+        # A multi-token forward restarts the linear layers from zero state: the references step token by token.
+        "_ddops_stepwise": True,
+    })
+
+
+def _crop_own(cache, max_length):
+    """transformers' DynamicCache.crop on the attention layers (a negative count removes that many tokens). The
+    linear layers' states cannot be taken back: the verify restores them itself."""
+    length = int(cache.get_seq_length())
+    kept = length - abs(max_length) if max_length < 0 else max_length
+    if kept >= length:
+        return
+    for index, keys in enumerate(cache.key_cache):
+        if keys is not None:
+            cache.key_cache[index] = keys[..., :kept, :]
+            cache.value_cache[index] = cache.value_cache[index][..., :kept, :]
+
+
+class _ListView:
+    """One layer of a list-keeping cache, its attributes read from and written to the cache's lists."""
+
+    _names: dict = {}
+
+    def __init__(self, cache, index):
+        object.__setattr__(self, "_cache", cache)
+        object.__setattr__(self, "_index", index)
+
+    def __getattr__(self, name):
+        if name not in self._names:
+            raise AttributeError(name)
+        return getattr(self._cache, self._names[name])[self._index]
+
+    def __setattr__(self, name, value):
+        if name not in self._names:
+            raise AttributeError(f"{type(self).__name__} has no {name}")
+        getattr(self._cache, self._names[name])[self._index] = value
+
+
+class _AttentionLayer(_ListView):
+    _names = {"keys": "key_cache", "values": "value_cache"}
+
+
+class _LinearLayer(_ListView):
+    _names = {"conv_states": "conv_states", "recurrent_states": "recurrent_states"}
+
+    @property
+    def has_previous_state(self):
+        return self.recurrent_states is not None and self.conv_states is not None
 
 
 # --- the route: may the tree go through this target's Gated DeltaNet layers in one forward? ---------------------
@@ -237,7 +327,7 @@ def _swaps(module, forward, home):
     """Where this layer's forward finds its conv and its chunked rule: [(owner, name, "conv" | "rule")], or why not.
 
     5.14-5.24 call module-level causal_conv1d_fn and torch_chunk_gated_delta_rule; 5.25 calls causal_conv1d_forward,
-    which calls causal_conv1d_fn; 5.5-5.13 call the instance's causal_conv1d_fn (None without the kernel package:
+    which calls causal_conv1d_fn; 5.2-5.13 call the instance's causal_conv1d_fn (None without the kernel package:
     then the layer's own nn.Conv1d runs) and chunk_gated_delta_rule."""
     loaded, attributes = _names(forward)
     name = type(module).__name__
@@ -436,8 +526,8 @@ def _verify_tree_by_paths(target, input_ids, position_ids, cache, parents):
     batch_positions = (position_ids[0, :1] + torch.arange(width, device=device)).expand(len(paths), width)
     batch_cache = copy.deepcopy(cache)
     batch_cache.reorder_cache(torch.zeros(len(paths), dtype=torch.long, device=device))
-    output = target(batch_ids, position_ids=batch_positions, past_key_values=batch_cache, use_cache=True,
-                    output_hidden_states=True)
+    output = _forward(target, batch_ids, position_ids=batch_positions, past_key_values=batch_cache, use_cache=True,
+                      output_hidden_states=True)
     row_index = torch.tensor(row_of, dtype=torch.long, device=device)
     depth_index = torch.tensor(depth_of, dtype=torch.long, device=device)
     return SimpleNamespace(
@@ -451,7 +541,7 @@ def _verify_chain_by_rerun(target, cache, input_ids, past_length, kwargs):
     saved = {index: copy.deepcopy(layer) if not _holds_state(layer)
              else (_state(layer, "recurrent_states").clone(), _state(layer, "conv_states").clone())
              for index, layer in linear_layers(cache).items()}
-    output = target(input_ids, **kwargs)
+    output = _forward(target, input_ids, **kwargs)
     positions = kwargs.get("position_ids")
 
     def commit(length):
@@ -467,8 +557,38 @@ def _verify_chain_by_rerun(target, cache, input_ids, past_length, kwargs):
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys, layer.values = layer.keys[..., :past_length, :], layer.values[..., :past_length, :]
         kept = length - past_length
-        target(input_ids[:, :kept], position_ids=None if positions is None else positions[:, :kept],
-               past_key_values=cache, use_cache=True, logits_to_keep=1)
+        _forward(target, input_ids[:, :kept], position_ids=None if positions is None else positions[:, :kept],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1)
         _trim_recording(cache)
 
     return output, commit
+
+
+def _forward(target, input_ids, **kwargs):
+    """target(input_ids, **kwargs) over the cache in kwargs; one token at a time where a multi-token forward would
+    restart the linear layers from zero state: a one-token forward reads the cached states."""
+    if input_ids.shape[1] == 1 or not _restarts_multi_token(target, kwargs.get("past_key_values")):
+        return target(input_ids, **kwargs)
+    positions = kwargs.pop("position_ids", None)
+    steps = [target(input_ids[:, step:step + 1], **kwargs,
+                    position_ids=None if positions is None else positions[..., step:step + 1])
+             for step in range(input_ids.shape[1])]
+    hidden = steps[0].hidden_states
+    return SimpleNamespace(
+        logits=torch.cat([out.logits for out in steps], dim=1),
+        hidden_states=None if hidden is None else tuple(
+            torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in steps), strict=True)))
+
+
+def _restarts_multi_token(target, cache):
+    """Whether a multi-token forward over cache starts the target's linear layers from zero state: on a modeling
+    module's own cache (5.2-5.4), and wherever the layer hands its chunked rule initial_state=None (5.2-5.6)."""
+    if getattr(cache, "_ddops_stepwise", False):
+        return True
+    for module in target.modules():
+        if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None:
+            try:
+                return "initial_state=None" in inspect.getsource(_plain(type(module).forward))
+            except (OSError, TypeError):  # no source to read: as 5.7+ do, the forward reads the cached state
+                return False
+    return False

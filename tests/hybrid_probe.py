@@ -43,11 +43,12 @@ def tiny_target(layer_types, seed=0):
     return Qwen3_5ForCausalLM(config).eval()
 
 
-def target_cache(target, prompt, record):
-    """The target cache as the playbooks leave it after the prefill (crop-relative records from there on)."""
+def target_cache(target, prompt, record, module):
+    """The target cache as the playbooks leave it after the prefill: hybrid-cache's, which hybrid-tree-verify
+    replaces where the release's model brings its own cache class (crop-relative records from there on)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=target.config)
+    cache = module.target_cache(target, DynamicCache(config=target.config))
     target(prompt, past_key_values=cache, use_cache=True)
     if record and hasattr(cache, "activate_past_recording"):
         import inspect
@@ -121,7 +122,7 @@ def probe_route(module_path):
         for record in (False, True):
             sequence = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(7))
             with torch.inference_mode():
-                cache = target_cache(target, sequence, record)
+                cache = target_cache(target, sequence, record, module)
                 for round_, size in enumerate((17, 8, 66, 5)):
                     past = sequence.shape[1]
                     chain = round_ % 2 == 1
@@ -141,7 +142,7 @@ def probe_route(module_path):
                     else:
                         module.commit_tree(target, cache, past, accepted, ids, compact=None)
                     sequence = torch.cat([sequence, ids[:, accepted]], dim=1)
-                    fresh = target_cache(target, sequence, False)
+                    fresh = target_cache(target, sequence, False, module)
                     report["state_gap"] = max(report["state_gap"], gap(states(cache, module), states(fresh, module)))
                     report["rounds"] += 1
                 for label, count in (module.verify_paths(cache) or {}).items():

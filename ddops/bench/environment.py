@@ -81,7 +81,7 @@ class Support:
     def verdict(self, version: str | None) -> tuple[bool, str]:
         """(covered, words): `transformers 5.24.0 (tested)`, `5.17.2 (its release line is tested: 5.17.0)`,
         `5.3.0 (not supported by the hybrid playbooks: why)`, `5.26.0 (untested: the hybrid playbooks are tested
-        with 5.5.4-5.25.0)`."""
+        with 5.2.0-5.25.0)`."""
         if version is None:
             return False, "transformers is not installed"
         line = _line(version)

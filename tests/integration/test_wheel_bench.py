@@ -62,8 +62,8 @@ def test_a_pipx_install_seeds_a_testbed_and_bench_says_what_to_install_where(pip
             assert host["data"]["problems"] == [
                 f"torch is not installed, plan needs >=2.4 (install it for {python}: {python} -m pip install "
                 "'torch>=2.4')",
-                f"transformers is not installed, plan needs >=5.5.4,<5.26 (install it for {python}: {python} -m pip "
-                "install 'transformers>=5.5.4,<5.26')"], host
+                f"transformers is not installed, plan needs >=5.2.0,<5.26 (install it for {python}: {python} -m pip "
+                "install 'transformers>=5.2.0,<5.26')"], host
     finally:
         down = run_installed(pipx_like, "ddops", "-i", str(inventory), "testbed", "down", cwd=tmp_path)
     assert down.returncode == 0, down.stdout + down.stderr

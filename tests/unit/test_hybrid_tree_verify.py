@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 MINI = REPO / "examples" / "mini-ddtree"
 NAME = "hybrid-tree-verify"
 FILES = ("ddtree.py", "dflash.py", "model/dflash.py")
-SITES = {"ddtree.py": 4, "dflash.py": 3, "model/dflash.py": 2}  # the playbook's patches that touch each file
+SITES = {"ddtree.py": 5, "dflash.py": 4, "model/dflash.py": 3}  # the playbook's patches that touch each file
 
 
 def patches(name: str, path: str = "ddtree.py") -> list:
@@ -519,6 +519,16 @@ def test_a_batch_of_more_than_one_is_verified_by_the_reference(torch_, hybrid):
     want = chain_reference(torch_, hybrid, expected, ids, positions, 4, True)
     assert (output.logits[:, :4] - want).abs().max().item() <= 1e-4
     assert_states_close(cache, expected)
+
+
+@pytest.mark.torch
+def test_the_target_cache_stays_the_one_built_where_transformers_cache_serves_the_model(torch_, hybrid):
+    # Only a release whose Qwen3.5 brings its own cache class (5.2-5.4, tests/unit/test_hybrid_matrix.py) gets
+    # another one: this one's DynamicCache has what the linear layers read.
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hybrid.config)
+    assert inserted_helpers().target_cache(hybrid, cache) is cache
 
 
 @pytest.mark.torch
