@@ -626,16 +626,9 @@ def _text(value: Any) -> str:
 
 def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str = "results") -> list[RunSpec]:
     """One RunSpec per point of the matrix (cartesian product, YAML order); values: matrix > host > plan vars."""
-    base: dict[str, Any] = {}
-    for key, value in plan.vars.items():
-        if value is not None:
-            base[key] = value
-    for key, value in host_vars.items():
-        if key in RUN_BUILTINS:
-            continue
-        if value is None:
-            continue
-        base[key] = tuple(value) if isinstance(value, list) else value
+    base: dict[str, Any] = {k: v for k, v in plan.vars.items() if v is not None}
+    base.update((k, tuple(v) if isinstance(v, list) else v) for k, v in host_vars.items()
+                if k not in RUN_BUILTINS and v is not None)
     base.update(plan.overrides)
     base["result_dir"] = result_dir
     base[SERVER_PORT] = ShellWord(f'"${SERVER_PORT_ENV}"')
@@ -645,9 +638,7 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
     seen: dict[str, int] = {}
     axes = [entries for _, entries in plan.matrix]
     for index, combo in enumerate(itertools.product(*axes)):
-        params: dict[str, Value] = {}
-        for entry in combo:
-            params.update(entry)
+        params: dict[str, Value] = {k: v for entry in combo for k, v in entry.items()}
         values = {**base, **params, "run_index": index}
         for name in needed:
             if name not in values:

@@ -166,11 +166,7 @@ def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str)
 
 def last_written_by_file(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> dict[str, str | None]:
     """Every file's last written sha256 (None where that write removed it), in one pass over the journal."""
-    written: dict[str, str | None] = {}
-    for e in parse_journal(journal):
-        if e.event in WRITING_EVENTS:
-            written[e.file] = e.after
-    return written
+    return {e.file: e.after for e in parse_journal(journal) if e.event in WRITING_EVENTS}
 
 
 def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str, file: str,
@@ -246,11 +242,7 @@ class RollbackPlan:
     @property
     def patches(self) -> tuple[str, ...]:
         """Patches being rolled back."""
-        seen: dict[str, None] = {}
-        for r in self.restores:
-            for p in r.patches:
-                seen.setdefault(p)
-        return tuple(seen)
+        return tuple(dict.fromkeys(p for r in self.restores for p in r.patches))
 
 
 def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_sha_by_file: Mapping[str, str | None],

@@ -373,10 +373,7 @@ class Planner:
         change that was not made. `ours`: path -> what ddops last wrote there for an add_module still applied.
         """
         ours = ours or {}
-        paths: dict[str, None] = {}
-        for p in patches:
-            for f in p.files:
-                paths.setdefault(f)
+        paths = dict.fromkeys(f for p in patches for f in p.files)
         blocked: dict[str, str] = {}
         while True:
             plans = tuple(self.plan_file(path, files.get(path), [p for p in patches if path in p.files], blocked,

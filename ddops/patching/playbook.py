@@ -146,11 +146,7 @@ class PatchPlaybook:
     @property
     def files(self) -> tuple[str, ...]:
         """Every file any patch touches, in first-mention order."""
-        seen: dict[str, None] = {}
-        for p in self.patches:
-            for f in p.files:
-                seen.setdefault(f)
-        return tuple(seen)
+        return tuple(dict.fromkeys(f for p in self.patches for f in p.files))
 
 
 # Folders (separated by ':') searched for playbooks and bench plans after the inventory's `playbook_dirs:` and

@@ -31,11 +31,7 @@ def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:
 
 
 def all_files(patches: Iterable[Patch]) -> list[str]:
-    seen: dict[str, None] = {}
-    for p in patches:
-        for f in p.files:
-            seen.setdefault(f)
-    return list(seen)
+    return list(dict.fromkeys(f for p in patches for f in p.files))
 
 
 @dataclass(frozen=True, slots=True)
