@@ -265,8 +265,7 @@ def pin_summary(host: Host, head: str | None, pin: Pin | None) -> PinSummary:
                       pin.resolved_in if pin.commit else None, pin.error or None)
 
 
-def host_pins(hosts: Sequence[Host], heads: Sequence[str | None], pins: Pins | None = None
-              ) -> dict[str, PinSummary]:
+def host_pins(hosts: Sequence[Host], heads: Sequence[str | None], pins: Pins | None = None) -> dict[str, PinSummary]:
     """host name -> pin_summary, each distinct pin resolved once on the controller (what `ddops status` shows)."""
     # A table must not wait a minute for an unreachable forge: its pin then shows as unresolved, with why.
     pins = pins or Pins(timeout=STATUS_GIT_TIMEOUT)

@@ -102,8 +102,7 @@ def parse_ssh_config(text: str) -> SshConfig:
     return SshConfig(tuple(entries))
 
 
-def load_ssh_config(path: str | os.PathLike[str] | None, *,
-                    ssh: str | None = "ssh") -> SshConfig | OpenSshConfig:
+def load_ssh_config(path: str | os.PathLike[str] | None, *, ssh: str | None = "ssh") -> SshConfig | OpenSshConfig:
     """An ssh_config file as OpenSSH reads it when `ssh` is an installed client, else as the small parser does; a
     missing or empty file is an empty config (and costs no process)."""
     if path is None:

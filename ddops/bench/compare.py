@@ -176,8 +176,7 @@ def pair(a: GroupRow, b: GroupRow) -> Paired | str:
     faster = sum(1 for r in ratios if r < 1)
     slower = sum(1 for r in ratios if r > 1)
     low, high = bootstrap_median_interval(ratios)
-    return Paired(a.method, b.method, len(ratios), faster, slower, median(ratios), low, high,
-                  sign_test(faster, slower))
+    return Paired(a.method, b.method, len(ratios), faster, slower, median(ratios), low, high, sign_test(faster, slower))
 
 
 def sign_test(wins: int, losses: int) -> float:

@@ -211,8 +211,7 @@ def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: M
     }
 
 
-def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin: Pin | None = None
-                  ) -> dict[str, Any]:
+def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin: Pin | None = None) -> dict[str, Any]:
     """What to keep about the host as it was at launch: hardware, software, commit, patches in place."""
     gpus = facts.get("gpus") or []
     versions = facts.get("versions") or {}

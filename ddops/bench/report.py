@@ -429,8 +429,7 @@ def _mark_best(groups: list[GroupRow], by: str) -> list[GroupRow]:
     for g in groups:
         if g.tree_budget is None or g.tokens_per_s is None or g.lossy:
             continue
-        key = (g.host if by in ("host", "run") else None, g.run_id, g.code, g.model, g.dataset, g.temperature,
-               g.engine)
+        key = (g.host if by in ("host", "run") else None, g.run_id, g.code, g.model, g.dataset, g.temperature, g.engine)
         if key not in best or g.tokens_per_s.mean > best[key].tokens_per_s.mean:  # type: ignore[union-attr]
             best[key] = g
     chosen = {id(g) for g in best.values()}
@@ -502,8 +501,7 @@ def to_csv(report: Report, by: str | None = None) -> str:
     return buf.getvalue()
 
 
-def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()
-               ) -> str:
+def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()) -> str:
     """Aggregated rows, each spread as its mean and std columns, then the `extra` columns given per row."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

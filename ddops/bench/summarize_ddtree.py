@@ -62,8 +62,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             if prompt is not None:
                 prompt_lengths.setdefault(i, int(prompt))
     if BASELINE in per_method:
-        baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token")
-                              for i, v in per_method[BASELINE])
+        baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token") for i, v in per_method[BASELINE])
         for i, v in per_method[BASELINE]:
             tokens = _tokens(source, i, BASELINE, v)
             if tokens is not None:

@@ -90,6 +90,5 @@ def restore(ctx: typer.Context, host: HostArg, which: WhichArg, yes: YesOpt = Fa
     if not yes and sys.stdin.isatty() and not run.json:
         if not typer.confirm(f"Put the saved edit {which} back on {run.hosts[0].name}?"):
             raise typer.Exit(1)
-    results = run.run(lambda h, s: restore_backup_host(h, s, which, lock_timeout=lock_timeout),
-                      title="backups restore")
+    results = run.run(lambda h, s: restore_backup_host(h, s, which, lock_timeout=lock_timeout), title="backups restore")
     run.finish(results, title="ddops backups restore")

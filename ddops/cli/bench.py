@@ -123,8 +123,7 @@ def _show_check(results: Sequence[HostResult]) -> None:
     ready = [r for r in results if isinstance(r.report, PreflightReport) and r.report.commands]
     for commands, group in group_identical(ready, key=lambda r: r.report.commands):
         who = hosts_cell([r.host for r in group], among=len(results))
-        console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}",
-                     align="left")
+        console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}", align="left")
         for line in commands:
             console.print(escape(line), soft_wrap=True, highlight=False)
 
@@ -390,8 +389,7 @@ _SCOPES = {"host": "per host", "run": "per run and host", "patchset": "per patch
            "method": "per method, all hosts"}
 
 
-def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[Any], title: str,
-                  caption: str) -> None:
+def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[Any], title: str, caption: str) -> None:
     """Aggregated rows as a rich table, lossy rows red, a note under it for each flagged row; the caption names
     what produced nothing."""
     from rich.table import Table

@@ -94,8 +94,7 @@ def down(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")
     engine = testbed.load_testbed(where).engine
     stopped = testbed.down(where)
     if state(ctx).json:
-        write_document(0, {"testbed": {"root": str(where), "engine": engine},
-                                           "stopped": len(stopped)})
+        write_document(0, {"testbed": {"root": str(where), "engine": engine}, "stopped": len(stopped)})
         return
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
     console.print(f"testbed down: {escape(str(where))}: stopped {len(stopped)} {what[len(stopped) != 1]}")

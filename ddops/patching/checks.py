@@ -119,8 +119,7 @@ def _run_one(path: str, before_lines: list[str] | None, after: bytes, after_line
     if kind == "unchanged":
         if before_lines is None:
             ok = bool(matched)
-            return result(ok, "present (no earlier version to compare)" if ok else f"{path}: {what} not found",
-                          matched)
+            return result(ok, "present (no earlier version to compare)" if ok else f"{path}: {what} not found", matched)
         was, _ = find(before_lines, check.text)
         if not was:
             return result(False, f"{path}: {what} was not there before the patch either", matched)

@@ -54,8 +54,7 @@ class SampleReport(JsonValue):
 
     @property
     def ok(self) -> bool:
-        return (all(f.ok for f in self.findings) and all(c.ok for c in self.checks)
-                and not self.second_pass_changes)
+        return all(f.ok for f in self.findings) and all(c.ok for c in self.checks) and not self.second_pass_changes
 
     def to_json(self) -> dict[str, Any]:
         return {"sample": self.sample, "target": self.target, "ok": self.ok,

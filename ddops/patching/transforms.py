@@ -391,8 +391,7 @@ class InsertStatement(SiteTransformer):
                 out.append(stmt)
         return out
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
-                            updated_node: cst.IndentedBlock) -> cst.BaseSuite:
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.BaseSuite:
         if self.anchor is None or not self.in_scope():
             return updated_node
         new_body = self._insert(original_node.body, updated_node.body, module_level=False)
@@ -452,8 +451,7 @@ class WrapStatementInIf(SiteTransformer):
                 self._guarded.add(id(node.body))
         return True
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
-                            updated_node: cst.IndentedBlock) -> cst.BaseSuite:
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.BaseSuite:
         if not self.in_scope():
             return updated_node
         guarded = id(original_node) in self._guarded

@@ -526,8 +526,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     if synced.status in FAILING:
         return TaskOutcome(FAILED, synced.message, report, reason=synced.reason)
     if not run.patches:
-        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch",
-                           report)
+        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch", report)
     if run.options.check and synced.status == CHANGED:
         return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", report)
     playbooks = run.playbooks()
@@ -544,8 +543,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
                                    f"{verified.message}", report, reason=verified.reason)
-    return TaskOutcome(status, f"{synced.message}; {', '.join(b.name for b in playbooks)} applied and verified",
-                       report)
+    return TaskOutcome(status, f"{synced.message}; {', '.join(b.name for b in playbooks)} applied and verified", report)
 
 
 def _now() -> str:

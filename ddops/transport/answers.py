@@ -67,8 +67,7 @@ def _names(types: tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(_kind(t() if t is not type(None) else None) for t in types))
 
 
-def _check(value: Any, parts: list[str], where: str, types: tuple[type, ...], required: bool,
-           fail: Any) -> None:
+def _check(value: Any, parts: list[str], where: str, types: tuple[type, ...], required: bool, fail: Any) -> None:
     if not parts:
         if not _allowed(value, types):
             fail(f"`{where}` must be {_names(types)}, not {_kind(value)}")

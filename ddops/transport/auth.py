@@ -271,5 +271,4 @@ class OpenSshOrder(AuthStrategy):
                     "the inventory (or IdentityFile in ~/.ssh/config), or load a key with `ssh-add`")
         detail = "; not tried: " + ", ".join(skipped + unusable) if skipped or unusable else ""
         reason = "" if isinstance(exc, AuthFailure) else f" ({exc})"
-        return (f"authentication failed for {who}: the host accepted none of {', '.join(tried)}"
-                f"{detail}{reason}")
+        return f"authentication failed for {who}: the host accepted none of {', '.join(tried)}{detail}{reason}"

@@ -236,8 +236,7 @@ class ChannelReader:
     def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
         channel = self.channel
-        self.read_until(lambda: bool(channel.eof_received) and channel.exit_status_ready(), deadline, timed_out,
-                        cancel)
+        self.read_until(lambda: bool(channel.eof_received) and channel.exit_status_ready(), deadline, timed_out, cancel)
 
     def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
         """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""

@@ -169,8 +169,7 @@ def runner_environment(run_id, run_dir, spec):
 
 def spawn_runner(run_dir, repo, run_id, env):
     """Start `bench_runner` detached (procs.spawn_agent); returns its pid."""
-    process = spawn_agent(run_dir, "runner", {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}},
-                          env)
+    process = spawn_agent(run_dir, "runner", {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}, env)
     # Keep Python from reaping (or warning about) a child we deliberately leave running.
     process.returncode = 0
     return process.pid
@@ -582,8 +581,7 @@ def bench_stop(payload):
         write_all(fd, ("\n=== ddops run %s stopped at %s ===\n" % (run_id, now)).encode("utf-8"))
     finally:
         os.close(fd)
-    return {"run_id": run_id, "status": "stopped", "killed": killed, "remaining": remaining,
-            "already_ended": False}
+    return {"run_id": run_id, "status": "stopped", "killed": killed, "remaining": remaining, "already_ended": False}
 
 
 # -- files and provenance ---------------------------------------------------------------------------------------

@@ -226,8 +226,7 @@ class Servers:
         self.not_ready[spec.get("group")] = problem
         self.stop()
         tail = log_tail(server.log_path).rstrip("\n")
-        self.log("=== ddops server %s; the end of %s: ===\n%s\n" % (problem, os.path.basename(server.log_path),
-                                                                     tail))
+        self.log("=== ddops server %s; the end of %s: ===\n%s\n" % (problem, os.path.basename(server.log_path), tail))
         return None, "its server " + problem
 
     def keep_for(self, spec):
