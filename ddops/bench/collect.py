@@ -86,8 +86,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
                          "env": run.get("env") or {}, "params": run.get("params") or {},
                          "status": rec.get("status"), "exit_code": rec.get("exit_code"), "signal": rec.get("signal"),
                          "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds"),
-                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {}),
-                         **served_by(run, rec, servers)})
+                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {}), **served_by(run, rec, servers)})
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),

@@ -118,8 +118,7 @@ class SideBySide:
 
     def to_json(self) -> dict:
         return {"host": self.host, "model": self.model, "dataset": self.dataset, "temperature": self.temperature,
-                "engines": list(self.engines), "best_chain": self.best_chain,
-                "rows": [r.to_json() for r in self.rows]}
+                "engines": list(self.engines), "best_chain": self.best_chain, "rows": [r.to_json() for r in self.rows]}
 
 
 def method_name(g: GroupRow) -> str:

@@ -364,8 +364,7 @@ class SlurmQuery:
         sacct_from = "sacct" if out("sacct") else "sacct_completions"
         return cls(job_id=str(slurm.get("job_id") or ""), total=int(slurm.get("total") or 0),
                    labels=tuple(slurm.get("labels") or ()), squeue=out("squeue"), scontrol=out("scontrol"),
-                   sacct=out(sacct_from), records=records, squeue_format=fmt("squeue"),
-                   sacct_fields=fmt(sacct_from))
+                   sacct=out(sacct_from), records=records, squeue_format=fmt("squeue"), sacct_fields=fmt(sacct_from))
 
     def tasks(self) -> tuple[TaskState, ...]:
         return task_states(self.total, self.job_id, squeue=self.squeue, squeue_format=self.squeue_format,

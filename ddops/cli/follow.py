@@ -29,8 +29,7 @@ def hints(run_id: str, detached: bool) -> None:
                       f"  status:     {ddops_line(f'bench status {run_id}')}\n"
                       f"  stop it:    {ddops_line(f'bench stop {run_id}')}\n"
                       f"  results:    {ddops_line(f'bench collect {run_id}')} && "
-                      f"{ddops_line(f'bench report {run_id}')}",
-                      highlight=False, markup=False)
+                      f"{ddops_line(f'bench report {run_id}')}", highlight=False, markup=False)
 
 
 def _elapsed_column() -> Any:

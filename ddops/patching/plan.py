@@ -429,5 +429,4 @@ def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePla
 
 
 __all__ = ["APPLIED", "AMBIGUOUS", "BLOCKED", "DRIFTED", "ERROR", "PARTIAL", "PENDING", "DiffGroup", "FilePlan",
-           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256",
-           "unified_diff", "worst"]
+           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256", "unified_diff", "worst"]

@@ -148,8 +148,7 @@ def check_task(plan: BenchPlan, pins: Pins | None = None, inventory: Inventory |
         return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}{checked.said}",
                            PreflightReport(checked.states, checked.pin.described if checked.pin else None,
                                            commands=tuple(r.command for r in runs),
-                                           environment=environment.seen or None,
-                                           warnings=environment.warnings or None))
+                                           environment=environment.seen or None, warnings=environment.warnings or None))
 
     return task
 

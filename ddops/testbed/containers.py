@@ -380,8 +380,7 @@ def _loopback_rule(bridge: str, testbed: Testbed) -> list[str]:
     its published port come back from the bridge addressed to a loopback address too (conntrack has them as
     ESTABLISHED)."""
     return ["-i", bridge, "-d", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "ESTABLISHED,RELATED",
-            "-m", "comment", "--comment",
-            f"ddops-testbed-{_testbed_id(Path(testbed.root))}", "-j", "DROP"]
+            "-m", "comment", "--comment", f"ddops-testbed-{_testbed_id(Path(testbed.root))}", "-j", "DROP"]
 
 
 def _testbed_id(root: Path) -> str:
