@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -320,7 +321,7 @@ class OpenSshConfig:
         import json
 
         path = self._cache_path()
-        try:
+        with suppress(OSError):  # only a cache: the next run asks ssh again
             try:
                 data = json.loads(path.read_text())
                 data = data if isinstance(data, dict) else {}
@@ -330,8 +331,6 @@ class OpenSshConfig:
             from ddops.cache import write_private
 
             write_private(path, json.dumps(data, sort_keys=True).encode())
-        except OSError:
-            pass  # only a cache: the next run asks ssh again
 
     def aliases(self) -> set[str]:
         return self.parsed.aliases()

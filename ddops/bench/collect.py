@@ -9,6 +9,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -137,12 +138,10 @@ def write_manifest(root: Path, run_id: str, entries: Mapping[str, Mapping[str, A
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"run_id": run_id, "hosts": {}}
     if path.is_file():
-        try:
+        with suppress(ValueError):
             old = json.loads(path.read_text())
             if isinstance(old, dict) and isinstance(old.get("hosts"), dict):
                 doc = old
-        except ValueError:
-            pass
     for host, entry in entries.items():
         doc["hosts"][host] = dict(entry)
     hosts = list(doc["hosts"].values())

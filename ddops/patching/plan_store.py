@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from contextlib import suppress
 from pathlib import Path
 
 from ddops import settings
@@ -73,10 +74,8 @@ class PlanStore:
         raw = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha, "diff": plan.diff,
                "new_b64": base64.b64encode(plan.new).decode() if plan.changed and plan.new is not None else None,
                "results": [{"patch_id": r.patch_id, **r.outcome.to_dict()} for r in plan.results]}
-        try:
+        with suppress(OSError):  # a cache that cannot be written only costs speed
             write_private(self._file(key), json.dumps(raw).encode())  # 0600 in 0700 folders: diffs of host files
-        except OSError:
-            pass  # a cache that cannot be written only costs speed
 
 
 def default_store() -> PlanStore | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 from ddops.errors import TestbedError
@@ -30,10 +31,8 @@ def claim(path: str | os.PathLike[str], *, closed: int = PRIVATE, what: str = "t
     path = Path(os.path.abspath(os.path.expanduser(path)))
     _check_folders_above(path, what)
     for folder in (*reversed(path.parents), path):
-        try:
+        with suppress(FileExistsError):
             os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
     _check_folders_above(path, what)  # again: one another user made meanwhile is refused now
     return trusted(path, closed=closed, what=what)
 

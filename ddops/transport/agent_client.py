@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import time
+from contextlib import suppress
 from typing import Any
 
 import paramiko
@@ -114,10 +115,8 @@ class AgentChannel:
 
     def close(self) -> None:
         self.reader.release()
-        try:
+        with suppress(Exception):  # the channel may already be gone with its connection
             self.channel.close()
-        except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
-            pass
 
 
 def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBook | None,

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from ddops.errors import AgentError, AgentNoAnswer, Cancelled, CommandTimeout, TransportError
@@ -95,11 +96,9 @@ class LocalSession:
                                 cwd=os.path.expanduser("~"))
         try:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-            try:
+            with suppress(OSError):  # it did not read its input: its exit status says the rest
                 proc.stdin.write(stdin or b"")
                 proc.stdin.close()
-            except OSError:
-                pass  # it did not read its input: its exit status says the rest
             names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
             with selectors.DefaultSelector() as selector:
                 for fd in names:
@@ -124,18 +123,14 @@ class LocalSession:
         except Cancelled:
             # TERM first: a command under ddops' exec guard runs in a session of its own, which only the guard (on
             # this TERM) ends; a KILL here would end the guard and leave the command running.
-            try:
+            with suppress(OSError, subprocess.TimeoutExpired):
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=CANCEL_GRACE)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
             raise
         finally:
             if proc.poll() is None:
-                try:
+                with suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
                 proc.wait()
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
@@ -175,12 +170,10 @@ class LocalSession:
             self.agent_mode = "started"
             request = source + request
         agent = self._agent
-        try:
+        with suppress(OSError):  # the agent is gone: its stderr says why, below
             assert agent.stdin is not None
             agent.stdin.write(request)
             agent.stdin.flush()
-        except OSError:
-            pass  # the agent is gone: its stderr says why, below
         line = self._read_line(agent, deadline, timeout)
         if line is None:
             code = agent.wait()

@@ -15,6 +15,7 @@ import re
 import stat
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +107,7 @@ class ResidentBook:
             self._changes = {}
             newest = sorted(entries.items(), key=lambda item: _stamp(item[1]))
             entries = self._entries = dict(newest[-MAX_ENTRIES:])
-            try:
+            with suppress(OSError):  # only a hint: the next command starts agents the usual way
                 private_dirs(self.path.parent)
                 temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -114,8 +115,6 @@ class ResidentBook:
                 with os.fdopen(fd, "w") as handle:
                     json.dump(entries, handle, indent=0, sort_keys=True)
                 os.replace(temp, self.path)
-            except OSError:
-                pass  # only a hint: the next command starts agents the usual way
 
 
 def _read_private(path: Path) -> str:

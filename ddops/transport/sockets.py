@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from contextlib import suppress
 
 from ddops.errors import TransportError
 from ddops.inventory import Host
@@ -34,10 +35,8 @@ class QuickAckSocket(socket.socket):
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
-        try:
+        with suppress(OSError):
             self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        except OSError:
-            pass
         return data
 
 

@@ -35,6 +35,7 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import requested_facts
@@ -388,10 +389,8 @@ def bench_runner(payload):
         return runner.run()
     except BaseException as error:
         runner.state.update({"status": "error", "ended": now_iso(), "message": describe_error(error)})
-        try:
+        with suppress(OSError):
             runner.save()
-        except OSError:
-            pass
         raise
 
 

@@ -7,6 +7,7 @@ import os
 import stat
 import time
 import uuid
+from contextlib import suppress
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import current_user, user_name
@@ -87,11 +88,9 @@ def read_backup_bytes(state, sha):
 
 def store_backup(state, data, sha):
     """Keep `data` as backup `sha`: written once, rewritten only if the stored copy is damaged."""
-    try:
+    with suppress(AgentFault):
         read_backup_bytes(state, sha)
         return
-    except AgentFault:
-        pass
     atomic_write(backup_path(state, sha), data, 0o600)
 
 
@@ -411,10 +410,8 @@ def remove_stale_temps(directory, name=""):
         return
     for stale in names:
         if stale.startswith(prefix) and stale.endswith(TEMP_SUFFIX):
-            try:
+            with suppress(OSError):
                 os.unlink(os.path.join(directory, stale))
-            except OSError:
-                pass
 
 
 def journalled_write(state, target, rel, data, original, entries):
@@ -582,7 +579,5 @@ def reserve_space(state, size):
 def release_space(path):
     """Give back what reserve_space held."""
     if path is not None:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass

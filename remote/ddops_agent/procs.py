@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 from ddops_agent.files import atomic_write
 from ddops_agent.protocol import bad_request, shipped_bundle
@@ -186,13 +187,11 @@ def descendants(pids):
 
 def signal_quietly(pid, sig, group=False):
     """Send `sig` to a process (or its group), ignoring ones already gone."""
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def group_alive(pgid):

@@ -29,6 +29,7 @@ import socket
 import stat
 import sys
 import time
+from contextlib import suppress
 
 RESIDENT_BACKLOG = 64
 MAX_UNIX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, fewer elsewhere
@@ -262,10 +263,8 @@ def start_resident(path, secret, linger, lifetime, agent, inherited=()):
                     os.dup2(devnull, fd)
                 os.close(devnull)
                 for fd in inherited:
-                    try:
+                    with suppress(OSError):
                         os.close(fd)
-                    except OSError:
-                        pass
                 serve_resident(path, secret, linger, lifetime, agent, write_end)
         finally:
             os._exit(0)
@@ -333,11 +332,9 @@ def serve_resident(path, secret, linger, lifetime, agent, ready):
         sessions.add(fork_resident_session(server, connection, agent, secret, keep_out))
         idle_until = time.monotonic() + linger
     # Take the name away first, then serve whoever connected before that: no session is left unanswered.
-    try:
+    with suppress(OSError):
         if os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino == bound:
             os.unlink(name, dir_fd=directory)
-    except OSError:
-        pass
     server.setblocking(False)
     while True:
         try:
@@ -359,10 +356,8 @@ def bind_in(directory, name):
     umask = os.umask(0o177)
     try:
         os.fchdir(directory)
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(name)  # a socket left by a resident that was killed
-        except FileNotFoundError:
-            pass
         server.bind(name)
         server.listen(RESIDENT_BACKLOG)
         return server

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import time
 import uuid
+from contextlib import suppress
 
 from ddops_agent.checks import kill_group
 from ddops_agent.files import STATE_DIR, check_relpath, make_private_dir, open_repo, unsafe_path, write_all
@@ -226,10 +227,8 @@ def objects_bytes(repo):
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
-            try:
+            with suppress(OSError):
                 total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -270,11 +269,9 @@ def remove_stale_bundles(directory):
     for name in os.listdir(directory):
         if is_bundle_name(name) or name.endswith(".bundle.part"):
             path = os.path.join(directory, name)
-            try:
+            with suppress(OSError):
                 if os.lstat(path).st_mtime < cutoff:
                     os.unlink(path)
-            except OSError:
-                pass
 
 
 def bundle_target(raw):
@@ -290,10 +287,8 @@ def bundle_target(raw):
 def discard_bundle(payload):
     """Remove an uploaded bundle that is not needed (the commit arrived some other way)."""
     if isinstance(payload.get("bundle"), dict):
-        try:
+        with suppress(AgentFault, OSError):
             os.unlink(bundle_target(payload["bundle"]))
-        except (AgentFault, OSError):
-            pass
 
 
 def check_bundle(path, expected_sha):
@@ -413,10 +408,8 @@ def fetch_commit(repo, commit, payload):
             check_bundle(path, require_sha(bundle, "sha256", "bundle"))
             git_ok(repo, ["fetch", "--quiet", "--no-tags", "--", path, commit], timeout, kind="fetch_failed")
         finally:
-            try:
+            with suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
     elif source == "remote":
         url = git_operand(require_str(payload, "repo_url"), "repo_url")
         if remote_url(repo) == url:
