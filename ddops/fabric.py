@@ -33,9 +33,7 @@ def selected(inventory: Inventory, *, hosts: Sequence[str] = (), groups: Sequenc
 
 
 def _inventory(inventory: Inventory | str | None) -> Inventory:
-    if isinstance(inventory, Inventory):
-        return inventory
-    return load_inventory(inventory_path(inventory))
+    return inventory if isinstance(inventory, Inventory) else load_inventory(inventory_path(inventory))
 
 
 __all__ = ["RefuseUnknownHostKey", "connection", "connections", "group", "selected", "threading_group"]

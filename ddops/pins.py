@@ -82,9 +82,7 @@ class Pin:
     @property
     def described(self) -> str:
         """`main@73068c9 (resolved in the clone /src/ddtree)`; a commit id as is."""
-        if self.via in ("clone", "ls-remote"):
-            return f"{self.shown} (resolved in {self.resolved_in})"
-        return self.shown
+        return f"{self.shown} (resolved in {self.resolved_in})" if self.via in ("clone", "ls-remote") else self.shown
 
 
 # -- pure helpers ---------------------------------------------------------------------------------------------------

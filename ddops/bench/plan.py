@@ -540,9 +540,7 @@ def _is_scalar(value: Any) -> bool:
 def _is_type(value: Any, expected: type | tuple[type, ...]) -> bool:
     if value is None and expected in (dict, list):
         return True
-    if isinstance(value, bool):
-        return expected is bool
-    return isinstance(value, expected)
+    return expected is bool if isinstance(value, bool) else isinstance(value, expected)
 
 
 # --- templates ---------------------------------------------------------------------------------------------------

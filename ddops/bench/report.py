@@ -144,9 +144,7 @@ def reference_note(paths: Sequence[tuple[str, int]]) -> str:
 def verify_cell(paths: Sequence[tuple[str, int]]) -> str:
     """Which verify path ran: `one-forward`, `reference: <reason>`, or each with its rounds when they were mixed."""
     ran = [(label, rounds) for label, rounds in paths if rounds]
-    if len(ran) == 1:
-        return ran[0][0]
-    return ", ".join(f"{label} ({rounds} rounds)" for label, rounds in ran)
+    return ran[0][0] if len(ran) == 1 else ", ".join(f"{label} ({rounds} rounds)" for label, rounds in ran)
 
 
 def _add_paths(rows: Iterable[Any]) -> tuple[tuple[str, int], ...]:
@@ -342,9 +340,7 @@ class GroupRow:
 
     @property
     def fidelity(self) -> float | None:
-        if not self.compared_responses:
-            return None
-        return (self.equal_responses or 0) / self.compared_responses
+        return (self.equal_responses or 0) / self.compared_responses if self.compared_responses else None
 
     @property
     def lossy(self) -> bool:
@@ -610,9 +606,7 @@ def _num(value: float | None, fmt: str, suffix: str = "") -> str:
 
 def _fidelity_cell(row: ReportRow) -> str:
     """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
-    if row.temperature not in (None, 0) and row.method != "baseline":
-        return "— (sampled)"
-    return _pct(row.fidelity)
+    return "— (sampled)" if row.temperature not in (None, 0) and row.method != "baseline" else _pct(row.fidelity)
 
 
 def _pct(value: float | None) -> str:

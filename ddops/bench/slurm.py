@@ -42,9 +42,7 @@ TASK_BOOT = (
 
 def time_limit(options: SlurmOptions, plan_minutes: float) -> str:
     """--time: the inventory's, else the plan's timeout rounded up to whole minutes."""
-    if options.time:
-        return options.time
-    return str(max(1, math.ceil(plan_minutes)))
+    return options.time or str(max(1, math.ceil(plan_minutes)))
 
 
 def sbatch_args(options: SlurmOptions, *, run_id: str, total: int, run_dir: str, plan_minutes: float) -> list[str]:

@@ -21,9 +21,7 @@ def method_order(method: str) -> tuple[int, int, str]:
     if method == "dflash":
         return (1, 0, "")
     m = _TREE.match(method)
-    if m:
-        return (2, int(m.group(1)), "")
-    return (3, 0, method)
+    return (2, int(m.group(1)), "") if m else (3, 0, method)
 
 
 def tree_budget(method: str) -> int | None:
@@ -143,9 +141,7 @@ def _args(args: Any) -> dict[str, Any]:
 
 
 def _field(source: str, i: int, method: str, value: Any, name: str) -> Any:
-    if isinstance(value, dict):
-        return value.get(name, _MISSING)
-    return getattr(value, name, _MISSING)
+    return value.get(name, _MISSING) if isinstance(value, dict) else getattr(value, name, _MISSING)
 
 
 _MISSING = object()

@@ -31,9 +31,7 @@ def _code_version() -> str:
 
 def default_cache_dir() -> Path | None:
     """$DDOPS_CACHE_DIR/plans or ~/.cache/ddops/plans; None when DDOPS_PLAN_CACHE=0."""
-    if settings.PLAN_CACHE.value() == "0":
-        return None
-    return cache_root() / "plans"
+    return None if settings.PLAN_CACHE.value() == "0" else cache_root() / "plans"
 
 
 class PlanStore:

@@ -83,9 +83,7 @@ class CheckSpec:
         if self.kind == "command":
             return f"command {self.run!r}"
         pattern = f"/{self.regex}/" if self.regex is not None else repr(self.text)
-        if self.kind == "count":
-            return f"count {pattern} == {self.count}"
-        return f"{self.kind} {pattern}"
+        return f"count {pattern} == {self.count}" if self.kind == "count" else f"{self.kind} {pattern}"
 
     @property
     def runs_on_host(self) -> bool:

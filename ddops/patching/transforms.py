@@ -120,9 +120,7 @@ def parse_anchor(text: str) -> tuple[Statement, bool]:
 
 
 def _single_small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        return stmt.body[0]
-    return None
+    return stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,9 +32,7 @@ class AppliedPatch(JsonValue):
 
     @property
     def state(self) -> str:
-        if self.missing:
-            return MISSING
-        return MODIFIED if self.changed_since else APPLIED
+        return MISSING if self.missing else MODIFIED if self.changed_since else APPLIED
 
     def to_json(self) -> dict[str, Any]:
         return {**JsonValue.to_json(self), "state": self.state}

@@ -37,9 +37,7 @@ def preflight() -> str:
 
 def engine_for(testbed: Testbed):
     """The engine that runs this testbed's hosts."""
-    if testbed.engine == "namespace":
-        return NamespaceEngine()
-    return ContainerEngine.named(testbed.engine)
+    return NamespaceEngine() if testbed.engine == "namespace" else ContainerEngine.named(testbed.engine)
 
 
 def stop_host(testbed: Testbed, name: str) -> None:

@@ -58,9 +58,7 @@ def _kind(value: Any) -> str:
 
 
 def _allowed(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in types
-    return isinstance(value, types)
+    return bool in types if isinstance(value, bool) else isinstance(value, types)
 
 
 def _names(types: tuple[type, ...]) -> str:

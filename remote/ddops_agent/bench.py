@@ -431,9 +431,7 @@ def read_log_range(path, start, end):
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, start))
-            if end is None:
-                return handle.read()
-            return handle.read(max(0, end - start))
+            return handle.read() if end is None else handle.read(max(0, end - start))
     except OSError:
         return b""
 

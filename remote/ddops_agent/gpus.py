@@ -50,9 +50,7 @@ def value_of(text, kind):
     if text in UNSUPPORTED or text.startswith("[") or text == "Unknown Error":
         return None
     try:
-        if kind == "hex":
-            return int(text, 16)
-        return kind(text)
+        return int(text, 16) if kind == "hex" else kind(text)
     except ValueError:
         return None
 

@@ -107,9 +107,7 @@ class DeadlinePassed(BaseException):
 
 def time_left():
     """Seconds until the current request's deadline (0 once past), or None when it has none."""
-    if DEADLINE[0] is None:
-        return None
-    return max(0.0, DEADLINE[0] - time.monotonic())
+    return None if DEADLINE[0] is None else max(0.0, DEADLINE[0] - time.monotonic())
 
 
 def within_deadline(seconds):
