@@ -172,9 +172,7 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
         group_rows: list[ReportRow] = []
         for m in members:
             s = m.summary
-            speedup = None
-            if reference_tpot is not None and s.mean_tpot_s:
-                speedup = reference_tpot / s.mean_tpot_s
+            speedup = reference_tpot / s.mean_tpot_s if reference_tpot is not None and s.mean_tpot_s else None
             fidelity = s.fidelity
             if fidelity is None and s.output_digests:
                 fidelity = _digest_fidelity(s, [b.summary for b in baselines])

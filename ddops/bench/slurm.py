@@ -291,9 +291,7 @@ def run_message(job_id: str, tasks: Sequence[TaskState]) -> str:
     """`job 42: 2 pending (Resources), 1 running on node7, 1 completed`."""
     counts: dict[str, int] = {}
     for t in tasks:
-        key = t.state
-        if t.state == "PENDING" and t.reason and t.reason != "None":
-            key = f"PENDING ({t.reason})"
+        key = f"PENDING ({t.reason})" if t.state == "PENDING" and t.reason and t.reason != "None" else t.state
         counts[key] = counts.get(key, 0) + 1
     return f"job {job_id}: " + ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
 

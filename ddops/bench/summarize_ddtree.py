@@ -90,9 +90,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
                 add_verify_paths(paths, {k: _scalar(n) for k, n in raw.items()} if isinstance(raw, dict) else raw,
                                  f"{source}: responses[{i}].{method}")
 
-        speedup = None
-        if baseline_tpot is not None and mean_tpot:
-            speedup = baseline_tpot / mean_tpot
+        speedup = baseline_tpot / mean_tpot if baseline_tpot is not None and mean_tpot else None
 
         fidelity, divergence = None, None
         compared = [(i, t, baseline_outputs[i]) for (i, _), t in zip(items, tokens_list)

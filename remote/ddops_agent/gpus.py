@@ -129,9 +129,7 @@ def parse_xids(text, uptime=None):
         if not found:
             continue
         stamp = KERNEL_TIME.search(line)
-        age = None
-        if stamp and uptime is not None:
-            age = max(0.0, round(uptime - float(stamp.group(1)), 1))
+        age = max(0.0, round(uptime - float(stamp.group(1)), 1)) if stamp and uptime is not None else None
         events.append({"bus_id": found.group(1).lower(), "xid": int(found.group(2)),
                        "detail": (found.group(3) or "").strip()[:200], "age_s": age})
     return events[-MAX_XIDS:]
