@@ -21,8 +21,7 @@ def private_dirs(path: Path) -> Path:
     """`path` as a folder only this user can enter (0700), like every folder between the cache root and it.
 
     What ddops keeps here shows the hosts' files (plans hold their diffs): folders an older ddops left 0755 are
-    closed too, where they are ours.
-    """
+    closed too, where they are ours."""
     root = cache_root()
     for folder in reversed((path, *path.parents)):
         with suppress(FileExistsError):

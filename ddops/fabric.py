@@ -6,8 +6,7 @@
 
 Connections get the inventory's address, port, user, identity file and jump host (as a gateway Connection), and
 ddops' host-key policy: keys are checked against the inventory's known_hosts and an unknown key is refused, where
-Fabric would add it silently.
-"""
+Fabric would add it silently."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A branch or tag means what the controller sees: the local clone given with --from (its HEAD, branches and tags, as
 that clone has them) or, without one, the host's `repo_url` (`git ls-remote`). Never the host's own refs: a host's
-local `main` is whatever it was when it last fetched. sync, deploy, status and the bench preflight all ask `Pins`.
-"""
+local `main` is whatever it was when it last fetched. sync, deploy, status and the bench preflight all ask `Pins`."""
 
 from __future__ import annotations
 
@@ -114,8 +113,7 @@ def pick_ref(ls_remote: str, rev: str) -> str | None:
 def pin_state(host: Host, head_commit: str | None, resolved: str | None = None) -> PinState:
     """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
 
-    `resolved` is the commit a branch or tag pin names (see Pins); a full sha pin needs none.
-    """
+    `resolved` is the commit a branch or tag pin names (see Pins); a full sha pin needs none."""
     if not host.commit and resolved is None:
         return PIN_NONE
     if head_commit is None:

@@ -5,8 +5,7 @@ UserKnownHostsFile (its first file). With an `ssh` client, OpenSSH itself resolv
 `=` syntax: everything): one `ssh -G` per distinct name, all at once, only for names the config can affect,
 remembered on disk until a file it read changes. Without one, the small parser below reads `Host` blocks with
 patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks and `Include`
-are skipped.
-"""
+are skipped."""
 
 from __future__ import annotations
 
@@ -255,8 +254,7 @@ class OpenSshConfig:
     """A config file resolved by OpenSSH itself (`ssh -G -F FILE NAME`), each name once (then from disk, see _load).
 
     Only names the file can affect cost a process: all of them when it has `Include` or `Match` lines (`wide_open`),
-    else those with a matching `Host` block that sets an honoured option (the parser's lookup says which).
-    """
+    else those with a matching `Host` block that sets an honoured option (the parser's lookup says which)."""
 
     path: Path
     ssh: str

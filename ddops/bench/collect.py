@@ -1,6 +1,5 @@
 """Collecting a run: result files to results/<run-id>/<host>/ (sha256-checked, resumable) and a provenance manifest;
-then reading them back, through the safe loader and the summarizers, as rows for the report.
-"""
+then reading them back, through the safe loader and the summarizers, as rows for the report."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ throughput against the best chain method, and per-prompt paired statistics again
 bootstrap 95% interval, an exact sign test); pure, standard library only.
 
 The question this answers is the project's: does DDTree's tree walk beat the chain verification a team already has
-(DFlash, vLLM's MTP or n-gram)? Rows of different engines or code are never pooled; only compared.
-"""
+(DFlash, vLLM's MTP or n-gram)? Rows of different engines or code are never pooled; only compared."""
 
 from __future__ import annotations
 

@@ -683,8 +683,7 @@ def narrow_plan(plan: BenchPlan, variables: Mapping[str, str] | None = None,
     """The plan with --var values set for every run and its matrix cut to the --only values (a smoke run).
 
     --var NAME=VALUE sets a placeholder the plan uses (beating the plan's and the host's vars); a matrix axis is
-    chosen with --only instead. --only NAME=V1,V2 keeps the matrix entries whose NAME is one of the values.
-    """
+    chosen with --only instead. --only NAME=V1,V2 keeps the matrix entries whose NAME is one of the values."""
     variables, only = dict(variables or {}), {k: tuple(v) for k, v in (only or {}).items()}
     matrix_names = {n for _, entries in plan.matrix for e in entries for n in e}
     usable = set(plan.placeholders) | set(plan.vars)

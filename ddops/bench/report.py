@@ -29,8 +29,7 @@ DEFAULT_VIEWS = ("host", "method")
 class CodeId:
     """What code produced a result, from the run's manifest: the commit, the patches in place, library versions.
 
-    Results of different code are never averaged together as if they were repeats.
-    """
+    Results of different code are never averaged together as if they were repeats."""
 
     commit: str | None = None
     patches: tuple[tuple[str, str | None], ...] = ()  # (patch id, sha256 of the patched file), sorted

@@ -74,8 +74,7 @@ def check_archive(data: bytes, path: str | Path, max_bytes: int = MAX_RESULT_BYT
     """ResultFileError when a torch.save zip archive's directory declares more inflated bytes than the budget.
 
     Read from the central directory alone, before anything is inflated: torch's reader allocates what each entry
-    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran.
-    """
+    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran."""
     if not data.startswith(b"PK"):
         return  # the legacy (pre-1.6) torch.save format is a bare pickle: nothing in it inflates
     try:
@@ -98,8 +97,7 @@ def check_reach(obj: Any, budget: int, path: str | Path, torch: Any) -> None:
     A tensor may claim more elements than its storage holds (a stride-0 or overlapping view: 1e8 elements over one
     stored number), and pickle memo references let one list appear a thousand times in a list that appears a
     thousand times. Every item a genuine file reaches costs it at least one opcode byte, and every tensor element
-    at least one storage byte, so a file that reaches more items than it has bytes is multiplying work, not data.
-    """
+    at least one storage byte, so a file that reaches more items than it has bytes is multiplying work, not data."""
     reached = 0
     stack = [obj]
     while stack:
@@ -188,8 +186,7 @@ def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RE
     """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's.
 
     Whatever a hostile file makes the reader run out of (memory, stack) is that file's ResultFileError, so the
-    report goes on with the other files.
-    """
+    report goes on with the other files."""
     if summarizer not in ("ddtree", "vllm", "metrics"):
         raise ValueError(f"unknown summarizer {summarizer!r}")
     try:

@@ -3,8 +3,7 @@ job array, and what squeue, scontrol and sacct print turned into one state per a
 
 No SSH and no subprocess here: the host agent (remote/ddops_agent/slurm.py) runs the Slurm commands and hands back their
 raw output; ddops/tasks/slurm.py drives it per host. A run is one job array, one task per run of the plan's
-grid; each task is wrapped by the agent (`slurm_task`) so it records its own start, end, exit, node and GPU ids.
-"""
+grid; each task is wrapped by the agent (`slurm_task`) so it records its own start, end, exit, node and GPU ids."""
 
 from __future__ import annotations
 

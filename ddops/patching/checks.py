@@ -1,7 +1,6 @@
 """Grep-style checks over a file's bytes after a patch: contains, absent, unchanged, count, compiles.
 
-Pure: `command` checks are only carried here (CheckSpec.runs_on_host); the host agent runs them after the write.
-"""
+Pure: `command` checks are only carried here (CheckSpec.runs_on_host); the host agent runs them after the write."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The vocabulary of patching without libcst: transform kinds and their params, check kinds, outcome states.
 
 playbook.py validates YAML against these tables, and the CLI renders the outcome values, without importing libcst;
-only transforms.py (and what imports it) pays for the parser.
-"""
+only transforms.py (and what imports it) pays for the parser."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ FAILED_STATES = (DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
 class Outcome:
     """What one transform found in one file: a state, why, and where.
 
-    Lines are 1-based, in the file as the patches before this one in the same plan left it.
-    """
+    Lines are 1-based, in the file as the patches before this one in the same plan left it."""
 
     state: str
     message: str

@@ -3,8 +3,7 @@ patches, without a host.
 
 The planner's own plan_file and the pure checks on the samples' bytes. A sample passes when every patch finds its
 sites (pending, applied or partial), the checks hold on the result, and a second pass changes nothing (the
-guard-first contract every transform keeps).
-"""
+guard-first contract every transform keeps)."""
 
 from __future__ import annotations
 

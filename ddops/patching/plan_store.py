@@ -1,7 +1,6 @@
 """Plans kept on disk between runs (the controller's cache dir), keyed by content, patches and the planning code.
 
-The disk side of ddops/patching/plan.py, which stays pure: a Planner is handed a PlanStore (or none).
-"""
+The disk side of ddops/patching/plan.py, which stays pure: a Planner is handed a PlanStore (or none)."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def default_cache_dir() -> Path | None:
 class PlanStore:
     """FilePlans on disk, keyed by (content sha256, patches, planning code): reruns skip libcst entirely.
 
-    Entries are our own (written by this user) but still checked: a corrupt or mismatching entry is recomputed.
-    """
+    Entries are our own (written by this user) but still checked: a corrupt or mismatching entry is recomputed."""
 
     def __init__(self, root: Path) -> None:
         self.root = root / _code_version()

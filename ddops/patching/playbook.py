@@ -1,7 +1,6 @@
 """Patch playbooks: YAML files of patches (files, one transform, checks), validated with `file:line:` errors.
 
-No libcst here: transform params are checked against the libcst-free registry in ddops.patching.kinds.
-"""
+No libcst here: transform params are checked against the libcst-free registry in ddops.patching.kinds."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A host's files as the agent's `snapshot` verb returned them, and what a plan over them means per patch.
 
-Pure: the tasks layer (ddops/tasks/patch.py) takes the snapshot and commits; everything it decides with lives here.
-"""
+Pure: the tasks layer (ddops/tasks/patch.py) takes the snapshot and commits; everything it decides with lives here."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Each transformer walks the whole module, recognises every site in its patched form (counted as applied, left
 alone) or its unpatched form (counted as pending, rewritten), and `decide` turns the two counts and the
 playbook's `expect` into an Outcome. The rewritten tree is kept only when the outcome says so; every byte that is
-not part of a site (comments, blank lines, layout, CRLF, tabs) is kept by libcst's lossless tree.
-"""
+not part of a site (comments, blank lines, layout, CRLF, tabs) is kept by libcst's lossless tree."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def matches(pattern: Any, node: Any, bindings: dict[str, cst.BaseExpression] | N
             header_only: bool = False) -> bool:
     """True when node is pattern up to layout; `$name` placeholders in pattern bind (consistently) in bindings.
 
-    header_only compares a compound statement's header alone (`def f(x):`, decorators only if the pattern has any).
-    """
+    header_only compares a compound statement's header alone (`def f(x):`, decorators only if the pattern has any)."""
     if bindings is None:
         bindings = {}
     if isinstance(pattern, cst.Name) and isinstance(node, cst.BaseExpression):

@@ -2,8 +2,7 @@
 
 Every patch ddops applied on the host and has not rolled back, its state (`applied`, or `modified` when one of its
 files changed since ddops last wrote it, `missing` when the file is gone), and those files. No playbook is
-needed: the journal names the patches and the hashes ddops wrote.
-"""
+needed: the journal names the patches and the hashes ddops wrote."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Per-host patch, verify, rollback and status: snapshot (1 agent call), plan locally, commit (1 agent call).
 
 Each function is a fleet task body: `(host, session, ...) -> TaskOutcome`. The session is an AgentSession; what
-the plan means lives in ddops/patching/ (pure), so these functions only ask the host and act on the answer.
-"""
+the plan means lives in ddops/patching/ (pure), so these functions only ask the host and act on the answer."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Per host, a sync that changes nothing costs one agent round trip (`sync_inspect`). Moving the commit:
 inspect → [save foreign edits] → [fetch, roll ddops' patches back] → checkout (fetching or unbundling the commit)
 → [re-apply the patches]. The host never loses work: tracked files changed by anyone but ddops stop the sync
-(or, with force, go into a git stash first); files ddops patched are rolled back and patched again.
-"""
+(or, with force, go into a git stash first); files ddops patched are rolled back and patched again."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
 def make_bundle(source: str | os.PathLike[str], commit: str, out: Path, scratch: Path) -> Bundle:
     """A git bundle of `commit` and its history from the clone at `source`, written without touching the clone.
 
-    `git bundle` needs a ref to record: a scratch bare repo borrowing the clone's objects (alternates) holds it.
-    """
+    `git bundle` needs a ref to record: a scratch bare repo borrowing the clone's objects (alternates) holds it."""
     try:
         local_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=source)
     except SyncError:

@@ -3,8 +3,7 @@
 Two engines: `namespace` (the default: one sshd per host in its own mount namespace; fast, needs root) and the
 container engines `podman` / `docker` (a real container per host from an image with sshd and python3, its port
 published on loopback). Either way every host has the same paths (the repo path, e.g. /root/ddtree) over a
-directory of its own, and `shared_home` gives them all one home directory.
-"""
+directory of its own, and `shared_home` gives them all one home directory."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Inside a host's namespace the repo path (e.g. /root/ddtree) is a bind mount of that host's own directory, so every
 host has the same paths and a separate filesystem. Each host also gets its own ~/.cache/ddops, as separate machines
 would have; with shared_home every host instead sees one common directory as the user's home (its own repo still),
-as containers with a common home volume do. Fast (no image), needs root.
-"""
+as containers with a common home volume do. Fast (no image), needs root."""
 
 from __future__ import annotations
 

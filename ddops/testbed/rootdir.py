@@ -5,8 +5,7 @@ A root is accepted only when it is a folder of this user's (not a symlink), clos
 it is this user's or root's and lets no one else rename what it holds (not writable by others, or sticky as /tmp
 is). An absent root is made so; an existing one is never taken over (another user made /tmp/ddops-testbed first:
 refused, as OpenSSH's StrictModes refuses a key in a folder others may write). The default root is a fresh
-private folder (mkdtemp), remembered in ddops' private cache for `down` and `status`.
-"""
+private folder (mkdtemp), remembered in ddops' private cache for `down` and `status`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The controller's side of the agent protocol: one JSON request per line in, one JSON answer per line out.
 
 The agent is either the host's resident (a unix-socket channel, no Python start) or one started for the session
-(an exec channel with the agent source on stdin); see docs/internals.md, "The remote agent protocol".
-"""
+(an exec channel with the agent source on stdin); see docs/internals.md, "The remote agent protocol"."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 error naming the verb and the field, never a TypeError deep in a task.
 
 Each verb's fields the controller reads, as (path, allowed types, required): a path's parts are keys, `*` is every
-item of a list or value of an object; a field that is absent is checked only when required.
-"""
+item of a list or value of an object; a field that is absent is checked only when required."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 No sshd, no root, no network. It is what the Connector opens for a `connection: local` host (a checkout on the
 controller itself: patch, verify, rollback, status, sync and bench work there as on a remote host, through the same
-agent and journal), and what task unit tests use. It is an AgentSession (ddops/tasks/base.py), as the SSH Session is.
-"""
+agent and journal), and what task unit tests use. It is an AgentSession (ddops/tasks/base.py), as the SSH Session is."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ A host's agent, started with a linger, stays on after the session and says where
 secret (remote/README.md, "The resident agent"). The next command reaches it through sshd without starting Python,
 and believes only a resident that proves it knows that secret. The book is only a hint: a socket that is gone (or a
 resident that cannot prove itself) costs one channel and the agent is started the usual way. It holds secrets, so it
-is written mode 0600 in a 0700 folder, and read only when it is a file of ours that nobody else may read.
-"""
+is written mode 0600 in a 0700 folder, and read only when it is a file of ours that nobody else may read."""
 
 from __future__ import annotations
 

@@ -144,8 +144,7 @@ class Session:
 
         The first call starts the agent (source shipped on stdin, `--serve`); later calls of the session send their
         request on the same channel, so a snapshot and the commit that follows cost one Python start on the host,
-        not two.
-        """
+        not two."""
         timeout = self.host.command_timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout

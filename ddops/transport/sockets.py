@@ -30,8 +30,7 @@ class QuickAckSocket(socket.socket):
     sshd leaves Nagle's algorithm on for sessions without a tty, and right after authentication it sends a
     hostkeys-00@openssh.com notice that a client never answers: the kernel holds back its ACK (delayed ACK, 40 ms),
     and sshd holds back its next small packet, the confirmation of our first channel, until that ACK arrives. So the
-    first command on every connection cost a delayed ACK more than the later ones; with this it costs the same.
-    """
+    first command on every connection cost a delayed ACK more than the later ones; with this it costs the same."""
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)

@@ -21,8 +21,7 @@ appended, with a header and a footer per run), exit-<index> (each run's exit cod
 save), bootstrap.py + runner.in (the detached runner: the shipped bootstrap and bundle, written to disk, running
 `bench_runner`),
 runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked), and for a
-plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard).
-"""
+plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard)."""
 
 import datetime
 import fnmatch
@@ -588,8 +587,7 @@ def hash_file(path):
     """(sha256, size) of a regular file opened without following a symlink.
 
     O_NONBLOCK: opening a FIFO for reading waits for a writer, for ever (a FIFO swapped in after the listing's
-    lstat); opened so, it is refused by the fstat below instead.
-    """
+    lstat); opened so, it is refused by the fstat below instead."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     digest = hashlib.sha256()
     size = 0
@@ -643,8 +641,7 @@ def walk_results(result_dir, segments):
     """(relative parts, is symlink) of every entry below result_dir that the pattern reaches, in sorted order.
 
     Never follows a symlink (a link to `.` twice over makes a `**` walk exponential: glob listed 85k paths in 10 s
-    and went on), visits at most MAX_RESULT_ENTRIES entries, and stops at the request's deadline.
-    """
+    and went on), visits at most MAX_RESULT_ENTRIES entries, and stops at the request's deadline."""
     found = []
     visited = 0
     pending = [()]

@@ -174,8 +174,7 @@ def atomic_write(path, data, mode, owner=None, durable=True):
     """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix.
 
     durable: fsync the file and its directory, so that the new bytes survive a crash (not needed for notes that a
-    crash makes moot anyway; each fsync costs a disk flush).
-    """
+    crash makes moot anyway; each fsync costs a disk flush)."""
     directory, name = os.path.split(path)
     fd, temp = make_temp(directory, name)
     try:

@@ -2,8 +2,7 @@
 
 Only parsing and asking here: what counts as busy, throttled or unhealthy is decided on the controller
 (ddops/bench/gpus.py). Field names are those `nvidia-smi --help-query-gpu` and `--help-query-compute-apps` document;
-every query uses `--format=csv,noheader,nounits`, where an unsupported value reads `[N/A]` or `[Not Supported]`.
-"""
+every query uses `--format=csv,noheader,nounits`, where an unsupported value reads `[N/A]` or `[Not Supported]`."""
 
 import re
 import shutil

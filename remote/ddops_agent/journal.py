@@ -187,8 +187,7 @@ def read_journal(state):
     The entries of a write whose agent was cut off after the rename but before its journal line are included, as
     that write's pending note describes them (see journalled_write), so readers see the file as it is. Entries of
     events a newer ddops may write are skipped; a malformed entry of a known event is refused (fault `bad_journal`,
-    naming its line), never half read.
-    """
+    naming its line), never half read."""
     landed = [entry for _, entries in pending_notes(state) for entry in entries]  # before the journal: no gap
     entries, corrupt = read_journal_lines(state)
     known = set(entry.get("id") for entry in entries if isinstance(entry.get("id"), str))
@@ -206,8 +205,7 @@ def salvage_torn_line(text):
     """The complete `"key": value` pairs at the start of a cut-off JSON object line, as a dict ({} if none).
 
     Our lines are written by json.dumps(sort_keys=True): a line cut short (a power cut after a partial append)
-    still holds every pair before the cut, and an apply's file, patch and hashes say which backup undoes it.
-    """
+    still holds every pair before the cut, and an apply's file, patch and hashes say which backup undoes it."""
     decoder = json.JSONDecoder()
     pairs = {}
     position = text.find("{") + 1
@@ -233,8 +231,7 @@ def read_journal_lines(state):
     """(entries, corrupt): the journal file's objects, and {line, error} for lines that do not parse.
 
     A torn line whose pairs still make a whole entry (see salvage_torn_line) is read as that entry, marked `torn`,
-    and listed among the corrupt lines all the same (`salvaged`), so that status says so.
-    """
+    and listed among the corrupt lines all the same (`salvaged`), so that status says so."""
     entries, corrupt = [], []
     try:
         handle = open(journal_path(state), "rb")
@@ -288,8 +285,7 @@ def live_entries(entries):
     unreadable-line marker.
 
     Replayed, they give what the whole journal gives to ddops/patching/journal.py: the same active applications, in
-    the same order, and the same last written hash per file.
-    """
+    the same order, and the same last written hash per file."""
     active, last_write, always = {}, {}, []
     for index, entry in enumerate(entries):
         event, rel = entry.get("event"), entry.get("file")
@@ -315,8 +311,7 @@ def compact_journal(state):
 
     Every stage leaves a journal that says the same: before the rename the old one (the rotated name is a hard link
     to it, which the next compaction drops if it was cut off), after it the checkpoint. Appends only ever happen
-    under the lock, so none can land in between.
-    """
+    under the lock, so none can land in between."""
     path = journal_path(state)
     try:
         size = os.stat(path).st_size

@@ -88,8 +88,7 @@ def verb(name, interrupt=True, bounded=True):
     where it stands when the deadline passes (answer kind `timeout`); verbs that write are registered with
     interrupt=False and stop only at their own safe points instead (time_left: the lock wait, each post check),
     never half way through a write. bounded=False: no deadline at all (a detached runner that lasts as long as its
-    plan says).
-    """
+    plan says)."""
 
     def register(function):
         if name in VERBS:

@@ -14,8 +14,7 @@ Three things keep a session from being served by the wrong process (issue 11):
 A resident tells its secret to one more kind of peer: an agent of the same user that provably sees the same
 filesystem, i.e. one started on this host by another controller (another engineer's, a CI runner's, one that lost
 its book). That agent hands it to its controller, which then uses the resident too instead of starting an agent for
-every command while this one lives. Such a peer can already read the resident's memory, so nothing is given away.
-"""
+every command while this one lives. Such a peer can already read the resident's memory, so nothing is given away."""
 
 import fcntl
 import hashlib
@@ -247,8 +246,7 @@ def start_resident(path, secret, linger, lifetime, agent, inherited=()):
     bound_resident() reads its word from.
 
     The server detaches at once (its own session, reparented, standard streams on /dev/null, the descriptors in
-    `inherited` closed) so that sshd can close the channel of the session that started it.
-    """
+    `inherited` closed) so that sshd can close the channel of the session that started it."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()

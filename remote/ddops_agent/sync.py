@@ -39,8 +39,7 @@ def git_operand(value, what):
     """A user value that goes to git as an operand (a URL), refused when git could read it as an option.
 
     `--upload-pack=CMD` as a URL runs CMD. The calls below also put `--` before such operands, which every git
-    understands (`--end-of-options` needs git 2.24): this check is the one that does not depend on the host's git.
-    """
+    understands (`--end-of-options` needs git 2.24): this check is the one that does not depend on the host's git."""
     if not isinstance(value, str) or not value or value.startswith("-") or "\0" in value or "\n" in value:
         raise bad_request("%s %r: must not be empty, start with '-' (git would read it as an option) or contain "
                           "newlines or NUL bytes" % (what, value))
@@ -51,8 +50,7 @@ def check_operands(payload):
     """(repo, commit): every operand of a sync request checked before anything runs, used by this call or not.
 
     A check made only where an operand is used depends on the repo's state (a commit already there skips the
-    fetch, and with it the URL): a bad value must be refused the same way every time.
-    """
+    fetch, and with it the URL): a bad value must be refused the same way every time."""
     repo = repo_path(payload)
     commit = require_commit(payload)
     for key in ("repo_url", "probe_url"):
@@ -363,8 +361,7 @@ def prepare_repo(repo, url):
     """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url).
 
     None when it already was one; else what to call (undo_prepare) if the sync then fails, so that an unusable
-    URL does not leave an empty `git init` where the repo should be.
-    """
+    URL does not leave an empty `git init` where the repo should be."""
     if os.path.exists(repo) and not os.path.isdir(repo):
         raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
     if os.path.isdir(repo) and is_checkout(repo):
