@@ -125,19 +125,21 @@ def parse_spec(payload):
         where = "spec.runs[%d]" % index
         require_object(run, where)
         require_str(run, "command", where)
-        env = run.get("env") or {}
-        require_object(env, where + ".env")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise bad_request("%s.env must map names to strings" % where)
-    env = spec.get("env") or {}
-    require_object(env, "spec.env")
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise bad_request("spec.env must map names to strings")
+        require_env(run, where)
+    require_env(spec, "spec")
     workdir = optional_str(spec, "workdir", ".") or "."
     if workdir != ".":
         check_relpath(workdir)
     optional_number(spec, "timeout_s", None, "spec")
     return spec
+
+
+def require_env(value, where):
+    """value["env"], when there is one, maps names to strings."""
+    env = value.get("env") or {}
+    require_object(env, where + ".env")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise bad_request("%s.env must map names to strings" % where)
 
 
 def initial_state(run_id, spec):
