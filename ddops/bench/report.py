@@ -547,6 +547,7 @@ def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]
 
 
 def _group_fidelity(g: GroupRow) -> str:
+    """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
     if g.temperature not in (None, 0) and g.method != "baseline":
         return "— (sampled)"
     if g.fidelity is None:
@@ -599,11 +600,6 @@ def note_label(row: Any) -> str:
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
-
-
-def _fidelity_cell(row: ReportRow) -> str:
-    """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
-    return "— (sampled)" if row.temperature not in (None, 0) and row.method != "baseline" else _pct(row.fidelity)
 
 
 def _pct(value: float | None) -> str:
