@@ -55,8 +55,7 @@ def when(iso: str | None) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-:--"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
+    h, rest = divmod(int(seconds), 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
