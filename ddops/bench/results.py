@@ -134,19 +134,9 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
     """A vLLM result file: one JSON object, or one per line (`--append-result`)."""
     raw = read_limited(path, max_bytes)
     try:
-        text = raw.decode("utf-8")
+        docs = _json_docs(path, raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ResultFileError(f"{path}: not valid UTF-8") from None
-    docs: list[Any] = []
-    try:
-        docs = [json.loads(text, parse_constant=_no_constant)]
-    except ValueError:
-        try:
-            docs = [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
-        except ValueError as exc:
-            raise ResultFileError(f"{path}: not JSON: {exc}") from None
-        except RecursionError:
-            raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
     except RecursionError:
         raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
     for i, doc in enumerate(docs):
