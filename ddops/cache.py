@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from pathlib import Path
 
 from ddops import settings
@@ -20,15 +21,12 @@ def private_dirs(path: Path) -> Path:
     """`path` as a folder only this user can enter (0700), like every folder between the cache root and it.
 
     What ddops keeps here shows the hosts' files (plans hold their diffs): folders an older ddops left 0755 are
-    closed too, where they are ours.
-    """
+    closed too, where they are ours."""
     root = cache_root()
     for folder in reversed((path, *path.parents)):
-        try:
+        with suppress(FileExistsError):
             folder.mkdir(mode=0o700)  # every folder made here is private, wherever it is
             continue
-        except FileExistsError:
-            pass
         if folder == path or folder == root or root in folder.parents:
             info = folder.stat()
             if info.st_uid == os.getuid() and info.st_mode & 0o077:
@@ -49,8 +47,6 @@ def write_private(path: Path, data: bytes) -> None:
             handle.write(data)
         os.replace(temp, path)
     except BaseException:
-        try:
+        with suppress(OSError):
             os.unlink(temp)
-        except OSError:
-            pass
         raise

@@ -57,9 +57,7 @@ class HostError(DdopsError):
 def message_for(host: str, exc: BaseException) -> str:
     """exc's text in a result of `host`, which shows the host beside it: an error about another host (the bastion a
     jump goes through) keeps that host's name."""
-    if isinstance(exc, HostError) and exc.host == host:
-        return exc.message
-    return str(exc)
+    return exc.message if isinstance(exc, HostError) and exc.host == host else str(exc)
 
 
 class TransportError(HostError):

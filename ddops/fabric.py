@@ -6,8 +6,7 @@
 
 Connections get the inventory's address, port, user, identity file and jump host (as a gateway Connection), and
 ddops' host-key policy: keys are checked against the inventory's known_hosts and an unknown key is refused, where
-Fabric would add it silently.
-"""
+Fabric would add it silently."""
 
 from __future__ import annotations
 
@@ -33,9 +32,7 @@ def selected(inventory: Inventory, *, hosts: Sequence[str] = (), groups: Sequenc
 
 
 def _inventory(inventory: Inventory | str | None) -> Inventory:
-    if isinstance(inventory, Inventory):
-        return inventory
-    return load_inventory(inventory_path(inventory))
+    return inventory if isinstance(inventory, Inventory) else load_inventory(inventory_path(inventory))
 
 
 __all__ = ["RefuseUnknownHostKey", "connection", "connections", "group", "selected", "threading_group"]

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -189,10 +190,8 @@ def close_quietly(session: Any) -> None:
     """Close a session whatever state it is in (None: there is none)."""
     if session is None:
         return
-    try:
+    with suppress(Exception):  # closing a dead connection may raise; the result stands
         session.close()
-    except Exception:  # noqa: BLE001 - closing a dead connection may raise; the result stands
-        pass
 
 
 def _serialised(on_event: Callable[[FleetEvent], None] | None) -> Callable[[FleetEvent], None]:

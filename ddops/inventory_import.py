@@ -3,8 +3,7 @@ Host blocks, and the commented starting file `ddops inventory init` writes.
 
 Pure where it can be: the Ansible readers take text, the ssh_config reader takes a config resolved by OpenSSH
 (ddops.sshconfig). Whatever has no ddops key is reported, never dropped silently. The caller writes the text and
-loads it back with load_inventory before it replaces anything.
-"""
+loads it back with load_inventory before it replaces anything."""
 
 from __future__ import annotations
 

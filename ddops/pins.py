@@ -2,8 +2,7 @@
 
 A branch or tag means what the controller sees: the local clone given with --from (its HEAD, branches and tags, as
 that clone has them) or, without one, the host's `repo_url` (`git ls-remote`). Never the host's own refs: a host's
-local `main` is whatever it was when it last fetched. sync, deploy, status and the bench preflight all ask `Pins`.
-"""
+local `main` is whatever it was when it last fetched. sync, deploy, status and the bench preflight all ask `Pins`."""
 
 from __future__ import annotations
 
@@ -82,9 +81,7 @@ class Pin:
     @property
     def described(self) -> str:
         """`main@73068c9 (resolved in the clone /src/ddtree)`; a commit id as is."""
-        if self.via in ("clone", "ls-remote"):
-            return f"{self.shown} (resolved in {self.resolved_in})"
-        return self.shown
+        return f"{self.shown} (resolved in {self.resolved_in})" if self.via in ("clone", "ls-remote") else self.shown
 
 
 # -- pure helpers ---------------------------------------------------------------------------------------------------
@@ -116,8 +113,7 @@ def pick_ref(ls_remote: str, rev: str) -> str | None:
 def pin_state(host: Host, head_commit: str | None, resolved: str | None = None) -> PinState:
     """PIN_AT / PIN_OFF / PIN_NONE / PIN_NO_REPO / PIN_UNRESOLVED for a host whose HEAD is head_commit.
 
-    `resolved` is the commit a branch or tag pin names (see Pins); a full sha pin needs none.
-    """
+    `resolved` is the commit a branch or tag pin names (see Pins); a full sha pin needs none."""
     if not host.commit and resolved is None:
         return PIN_NONE
     if head_commit is None:
@@ -265,8 +261,7 @@ def pin_summary(host: Host, head: str | None, pin: Pin | None) -> PinSummary:
                       pin.resolved_in if pin.commit else None, pin.error or None)
 
 
-def host_pins(hosts: Sequence[Host], heads: Sequence[str | None], pins: Pins | None = None
-              ) -> dict[str, PinSummary]:
+def host_pins(hosts: Sequence[Host], heads: Sequence[str | None], pins: Pins | None = None) -> dict[str, PinSummary]:
     """host name -> pin_summary, each distinct pin resolved once on the controller (what `ddops status` shows)."""
     # A table must not wait a minute for an unreachable forge: its pin then shows as unresolved, with why.
     pins = pins or Pins(timeout=STATUS_GIT_TIMEOUT)

@@ -3,8 +3,7 @@
 A host's answer, a command's output or a result file's strings may hold escape sequences (`ESC ] 0 ; title BEL`,
 `ESC [ 2 J`, OSC 52 clipboard writes, C1 CSI): shown raw, a hostile host could clear the screen, draw a fake recap or
 write the clipboard. The CLI passes every such string through `printable` where it renders (rich markup, plain
-lines, report tables) and CSV output through `csv_safe`.
-"""
+lines, report tables) and CSV output through `csv_safe`."""
 
 from __future__ import annotations
 

@@ -98,8 +98,7 @@ def managed_option(option: str) -> str | None:
 
     sbatch reads options with getopt_long: a long option may be abbreviated to any prefix (`--arr=` is
     `--array=`; an ambiguous prefix is an error, which is refused here too), and short options cluster
-    (`-Qo/x` is `-Q -o /x`).
-    """
+    (`-Qo/x` is `-Q -o /x`)."""
     if option == "--":
         return "the end of sbatch's options"
     if option.startswith("--"):

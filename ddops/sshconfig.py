@@ -5,8 +5,7 @@ UserKnownHostsFile (its first file). With an `ssh` client, OpenSSH itself resolv
 `=` syntax: everything): one `ssh -G` per distinct name, all at once, only for names the config can affect,
 remembered on disk until a file it read changes. Without one, the small parser below reads `Host` blocks with
 patterns (`*`, `?`, `!negation`); as in OpenSSH the first value obtained for a key wins; `Match` blocks and `Include`
-are skipped.
-"""
+are skipped."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,8 +102,7 @@ def parse_ssh_config(text: str) -> SshConfig:
     return SshConfig(tuple(entries))
 
 
-def load_ssh_config(path: str | os.PathLike[str] | None, *,
-                    ssh: str | None = "ssh") -> SshConfig | OpenSshConfig:
+def load_ssh_config(path: str | os.PathLike[str] | None, *, ssh: str | None = "ssh") -> SshConfig | OpenSshConfig:
     """An ssh_config file as OpenSSH reads it when `ssh` is an installed client, else as the small parser does; a
     missing or empty file is an empty config (and costs no process)."""
     if path is None:
@@ -255,8 +254,7 @@ class OpenSshConfig:
     """A config file resolved by OpenSSH itself (`ssh -G -F FILE NAME`), each name once (then from disk, see _load).
 
     Only names the file can affect cost a process: all of them when it has `Include` or `Match` lines (`wide_open`),
-    else those with a matching `Host` block that sets an honoured option (the parser's lookup says which).
-    """
+    else those with a matching `Host` block that sets an honoured option (the parser's lookup says which)."""
 
     path: Path
     ssh: str
@@ -321,7 +319,7 @@ class OpenSshConfig:
         import json
 
         path = self._cache_path()
-        try:
+        with suppress(OSError):  # only a cache: the next run asks ssh again
             try:
                 data = json.loads(path.read_text())
                 data = data if isinstance(data, dict) else {}
@@ -331,8 +329,6 @@ class OpenSshConfig:
             from ddops.cache import write_private
 
             write_private(path, json.dumps(data, sort_keys=True).encode())
-        except OSError:
-            pass  # only a cache: the next run asks ssh again
 
     def aliases(self) -> set[str]:
         return self.parsed.aliases()

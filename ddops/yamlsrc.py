@@ -126,6 +126,4 @@ def type_name(t: type | tuple[type, ...]) -> str:
 
 
 def describe(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return type_name(type(value))
+    return "nothing" if value is None else type_name(type(value))

@@ -2,8 +2,7 @@
 
 Run as `python -S -c "<this file>" N [--sha256=HEX] [--serve] [--linger=SECONDS] [--lifetime=SECONDS]
 [--probe-resident]` (or, for a bench run's detached runner, as `python -S bootstrap.py N`): stdin holds N bytes of
-agent bundle, then requests. The options and the protocol are described in remote/README.md.
-"""
+agent bundle, then requests. The options and the protocol are described in remote/README.md."""
 
 import hashlib
 import json

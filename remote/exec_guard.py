@@ -11,8 +11,7 @@ library only, Python >= 3.8, like the agent. Exits with the command's status (12
 when the timeout ended it with TERM, 137 when KILL was needed, 128+N when signal N for the guard (ddops' Ctrl-C)
 ended it the same way, and 127 or 126 when it could not be started. It never signals itself: coreutils `timeout`
 KILLed its own group, so a command that ignored TERM ended the session with a signal instead of a status, and as a
-user it could not KILL what ran under sudo.
-"""
+user it could not KILL what ran under sudo."""
 
 import errno
 import os

@@ -1,6 +1,5 @@
 """Collecting a run: result files to results/<run-id>/<host>/ (sha256-checked, resumable) and a provenance manifest;
-then reading them back, through the safe loader and the summarizers, as rows for the report.
-"""
+then reading them back, through the safe loader and the summarizers, as rows for the report."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -86,8 +86,7 @@ def host_manifest(host: Host, listing: Mapping[str, Any], files: Sequence[Mappin
                          "env": run.get("env") or {}, "params": run.get("params") or {},
                          "status": rec.get("status"), "exit_code": rec.get("exit_code"), "signal": rec.get("signal"),
                          "started": rec.get("started"), "ended": rec.get("ended"), "seconds": rec.get("seconds"),
-                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {}),
-                         **served_by(run, rec, servers)})
+                         **({"slurm": rec["slurm"]} if rec.get("slurm") else {}), **served_by(run, rec, servers)})
     return {
         "host": host.name, "address": host.address, "hostname": prov.get("hostname"),
         "run_id": listing.get("run_id"), "plan": spec.get("plan"), "summarizer": spec.get("summarizer"),
@@ -138,12 +137,10 @@ def write_manifest(root: Path, run_id: str, entries: Mapping[str, Mapping[str, A
     path.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"run_id": run_id, "hosts": {}}
     if path.is_file():
-        try:
+        with suppress(ValueError):
             old = json.loads(path.read_text())
             if isinstance(old, dict) and isinstance(old.get("hosts"), dict):
                 doc = old
-        except ValueError:
-            pass
     for host, entry in entries.items():
         doc["hosts"][host] = dict(entry)
     hosts = list(doc["hosts"].values())

@@ -3,8 +3,7 @@ throughput against the best chain method, and per-prompt paired statistics again
 bootstrap 95% interval, an exact sign test); pure, standard library only.
 
 The question this answers is the project's: does DDTree's tree walk beat the chain verification a team already has
-(DFlash, vLLM's MTP or n-gram)? Rows of different engines or code are never pooled; only compared.
-"""
+(DFlash, vLLM's MTP or n-gram)? Rows of different engines or code are never pooled; only compared."""
 
 from __future__ import annotations
 
@@ -118,8 +117,7 @@ class SideBySide:
 
     def to_json(self) -> dict:
         return {"host": self.host, "model": self.model, "dataset": self.dataset, "temperature": self.temperature,
-                "engines": list(self.engines), "best_chain": self.best_chain,
-                "rows": [r.to_json() for r in self.rows]}
+                "engines": list(self.engines), "best_chain": self.best_chain, "rows": [r.to_json() for r in self.rows]}
 
 
 def method_name(g: GroupRow) -> str:
@@ -176,8 +174,7 @@ def pair(a: GroupRow, b: GroupRow) -> Paired | str:
     faster = sum(1 for r in ratios if r < 1)
     slower = sum(1 for r in ratios if r > 1)
     low, high = bootstrap_median_interval(ratios)
-    return Paired(a.method, b.method, len(ratios), faster, slower, median(ratios), low, high,
-                  sign_test(faster, slower))
+    return Paired(a.method, b.method, len(ratios), faster, slower, median(ratios), low, high, sign_test(faster, slower))
 
 
 def sign_test(wins: int, losses: int) -> float:

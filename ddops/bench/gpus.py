@@ -3,6 +3,7 @@ a benchmark: busy, uncorrected ECC errors, Xid events, throttled, or unlike its 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -172,9 +173,7 @@ def gpu_summary(facts: Mapping[str, Any]) -> str:
     gpus = gpus_of(facts)
     if not gpus:
         return "no GPU"
-    counts: dict[str, int] = {}
-    for gpu in gpus:
-        counts[gpu.name or "?"] = counts.get(gpu.name or "?", 0) + 1
+    counts = Counter(gpu.name or "?" for gpu in gpus)
     return ", ".join(f"{n}x {name}" for name, n in counts.items())
 
 

@@ -540,9 +540,7 @@ def _is_scalar(value: Any) -> bool:
 def _is_type(value: Any, expected: type | tuple[type, ...]) -> bool:
     if value is None and expected in (dict, list):
         return True
-    if isinstance(value, bool):
-        return expected is bool
-    return isinstance(value, expected)
+    return expected is bool if isinstance(value, bool) else isinstance(value, expected)
 
 
 # --- templates ---------------------------------------------------------------------------------------------------
@@ -626,16 +624,9 @@ def _text(value: Any) -> str:
 
 def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str = "results") -> list[RunSpec]:
     """One RunSpec per point of the matrix (cartesian product, YAML order); values: matrix > host > plan vars."""
-    base: dict[str, Any] = {}
-    for key, value in plan.vars.items():
-        if value is not None:
-            base[key] = value
-    for key, value in host_vars.items():
-        if key in RUN_BUILTINS:
-            continue
-        if value is None:
-            continue
-        base[key] = tuple(value) if isinstance(value, list) else value
+    base: dict[str, Any] = {k: v for k, v in plan.vars.items() if v is not None}
+    base.update((k, tuple(v) if isinstance(v, list) else v) for k, v in host_vars.items()
+                if k not in RUN_BUILTINS and v is not None)
     base.update(plan.overrides)
     base["result_dir"] = result_dir
     base[SERVER_PORT] = ShellWord(f'"${SERVER_PORT_ENV}"')
@@ -645,9 +636,7 @@ def expand_runs(plan: BenchPlan, host_vars: Mapping[str, Any], result_dir: str =
     seen: dict[str, int] = {}
     axes = [entries for _, entries in plan.matrix]
     for index, combo in enumerate(itertools.product(*axes)):
-        params: dict[str, Value] = {}
-        for entry in combo:
-            params.update(entry)
+        params: dict[str, Value] = {k: v for entry in combo for k, v in entry.items()}
         values = {**base, **params, "run_index": index}
         for name in needed:
             if name not in values:
@@ -694,8 +683,7 @@ def narrow_plan(plan: BenchPlan, variables: Mapping[str, str] | None = None,
     """The plan with --var values set for every run and its matrix cut to the --only values (a smoke run).
 
     --var NAME=VALUE sets a placeholder the plan uses (beating the plan's and the host's vars); a matrix axis is
-    chosen with --only instead. --only NAME=V1,V2 keeps the matrix entries whose NAME is one of the values.
-    """
+    chosen with --only instead. --only NAME=V1,V2 keeps the matrix entries whose NAME is one of the values."""
     variables, only = dict(variables or {}), {k: tuple(v) for k, v in (only or {}).items()}
     matrix_names = {n for _, entries in plan.matrix for e in entries for n in e}
     usable = set(plan.placeholders) | set(plan.vars)

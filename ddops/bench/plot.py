@@ -86,8 +86,7 @@ def plot_notes(groups: Sequence[GroupRow], chains: bool, caption: str = "") -> l
              "error bars ± std"]
     if any(g.lossy for g in groups):
         notes.append("hatched //: output differs from baseline at T=0 (NOT LOSSLESS)")
-    notes += [f"hatched xx: {g.method}: {reference_note(g.verify_paths)}" for g in groups
-              if REFERENCE_PATH in g.flags]
+    notes += [f"hatched xx: {g.method}: {reference_note(g.verify_paths)}" for g in groups if REFERENCE_PATH in g.flags]
     if chains:
         notes.append("*: faster or slower than the best chain prompt by prompt (sign test p < 0.05)")
     notes += caption.splitlines()

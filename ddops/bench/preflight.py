@@ -1,6 +1,5 @@
 """Before a bench plan runs on a host: finding the plan, what the host's facts and patch states say against it,
-and the spec.json its runner works from. Pure: ddops/tasks/bench.py asks the hosts and launches.
-"""
+and the spec.json its runner works from. Pure: ddops/tasks/bench.py asks the hosts and launches."""
 
 from __future__ import annotations
 
@@ -114,8 +113,7 @@ def preflight_problems(plan: BenchPlan, host: Host, facts: Mapping[str, Any],
     """Why this host cannot run the plan now (empty when it can).
 
     `pin` is the host's pin as the controller resolved it (ddops/pins.py): a branch means the commit the clone or
-    the remote names, never what the host's own, possibly stale, branch says.
-    """
+    the remote names, never what the host's own, possibly stale, branch says."""
     if not facts.get("repo_exists"):
         return [f"repo {host.repo} is not there (run `ddops sync` first)"]
     problems: list[str] = []
@@ -211,8 +209,7 @@ def run_spec(plan: BenchPlan, host: Host, runs: Sequence[RunSpec], provenance: M
     }
 
 
-def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin: Pin | None = None
-                  ) -> dict[str, Any]:
+def provenance_of(facts: Mapping[str, Any], patch_states: Mapping[str, str], pin: Pin | None = None) -> dict[str, Any]:
     """What to keep about the host as it was at launch: hardware, software, commit, patches in place."""
     gpus = facts.get("gpus") or []
     versions = facts.get("versions") or {}

@@ -29,8 +29,7 @@ DEFAULT_VIEWS = ("host", "method")
 class CodeId:
     """What code produced a result, from the run's manifest: the commit, the patches in place, library versions.
 
-    Results of different code are never averaged together as if they were repeats.
-    """
+    Results of different code are never averaged together as if they were repeats."""
 
     commit: str | None = None
     patches: tuple[tuple[str, str | None], ...] = ()  # (patch id, sha256 of the patched file), sorted
@@ -144,9 +143,7 @@ def reference_note(paths: Sequence[tuple[str, int]]) -> str:
 def verify_cell(paths: Sequence[tuple[str, int]]) -> str:
     """Which verify path ran: `one-forward`, `reference: <reason>`, or each with its rounds when they were mixed."""
     ran = [(label, rounds) for label, rounds in paths if rounds]
-    if len(ran) == 1:
-        return ran[0][0]
-    return ", ".join(f"{label} ({rounds} rounds)" for label, rounds in ran)
+    return ran[0][0] if len(ran) == 1 else ", ".join(f"{label} ({rounds} rounds)" for label, rounds in ran)
 
 
 def _add_paths(rows: Iterable[Any]) -> tuple[tuple[str, int], ...]:
@@ -174,9 +171,7 @@ def build_report(items: Iterable[Labeled | tuple[str, str, MethodSummary]]) -> R
         group_rows: list[ReportRow] = []
         for m in members:
             s = m.summary
-            speedup = None
-            if reference_tpot is not None and s.mean_tpot_s:
-                speedup = reference_tpot / s.mean_tpot_s
+            speedup = reference_tpot / s.mean_tpot_s if reference_tpot is not None and s.mean_tpot_s else None
             fidelity = s.fidelity
             if fidelity is None and s.output_digests:
                 fidelity = _digest_fidelity(s, [b.summary for b in baselines])
@@ -342,9 +337,7 @@ class GroupRow:
 
     @property
     def fidelity(self) -> float | None:
-        if not self.compared_responses:
-            return None
-        return (self.equal_responses or 0) / self.compared_responses
+        return (self.equal_responses or 0) / self.compared_responses if self.compared_responses else None
 
     @property
     def lossy(self) -> bool:
@@ -429,8 +422,7 @@ def _mark_best(groups: list[GroupRow], by: str) -> list[GroupRow]:
     for g in groups:
         if g.tree_budget is None or g.tokens_per_s is None or g.lossy:
             continue
-        key = (g.host if by in ("host", "run") else None, g.run_id, g.code, g.model, g.dataset, g.temperature,
-               g.engine)
+        key = (g.host if by in ("host", "run") else None, g.run_id, g.code, g.model, g.dataset, g.temperature, g.engine)
         if key not in best or g.tokens_per_s.mean > best[key].tokens_per_s.mean:  # type: ignore[union-attr]
             best[key] = g
     chosen = {id(g) for g in best.values()}
@@ -502,8 +494,7 @@ def to_csv(report: Report, by: str | None = None) -> str:
     return buf.getvalue()
 
 
-def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()
-               ) -> str:
+def groups_csv(groups: Sequence[GroupRow], extra: Sequence[str] = (), extra_cells: Sequence[Sequence[Any]] = ()) -> str:
     """Aggregated rows, each spread as its mean and std columns, then the `extra` columns given per row."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -556,6 +547,7 @@ def group_columns(groups: Sequence[GroupRow]) -> tuple[list[str], list[list[str]
 
 
 def _group_fidelity(g: GroupRow) -> str:
+    """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
     if g.temperature not in (None, 0) and g.method != "baseline":
         return "— (sampled)"
     if g.fidelity is None:
@@ -608,13 +600,6 @@ def note_label(row: Any) -> str:
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
-
-
-def _fidelity_cell(row: ReportRow) -> str:
-    """Sampled runs draw different tokens by design: an output match rate only means something when greedy."""
-    if row.temperature not in (None, 0) and row.method != "baseline":
-        return "— (sampled)"
-    return _pct(row.fidelity)
 
 
 def _pct(value: float | None) -> str:

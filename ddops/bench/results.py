@@ -74,8 +74,7 @@ def check_archive(data: bytes, path: str | Path, max_bytes: int = MAX_RESULT_BYT
     """ResultFileError when a torch.save zip archive's directory declares more inflated bytes than the budget.
 
     Read from the central directory alone, before anything is inflated: torch's reader allocates what each entry
-    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran.
-    """
+    declares, so a 1 MB file of deflated zeros would otherwise cost a 1 GiB buffer before any other check ran."""
     if not data.startswith(b"PK"):
         return  # the legacy (pre-1.6) torch.save format is a bare pickle: nothing in it inflates
     try:
@@ -98,8 +97,7 @@ def check_reach(obj: Any, budget: int, path: str | Path, torch: Any) -> None:
     A tensor may claim more elements than its storage holds (a stride-0 or overlapping view: 1e8 elements over one
     stored number), and pickle memo references let one list appear a thousand times in a list that appears a
     thousand times. Every item a genuine file reaches costs it at least one opcode byte, and every tensor element
-    at least one storage byte, so a file that reaches more items than it has bytes is multiplying work, not data.
-    """
+    at least one storage byte, so a file that reaches more items than it has bytes is multiplying work, not data."""
     reached = 0
     stack = [obj]
     while stack:
@@ -136,19 +134,9 @@ def load_result_json(path: str | Path, *, max_bytes: int = 256 * 1024**2) -> lis
     """A vLLM result file: one JSON object, or one per line (`--append-result`)."""
     raw = read_limited(path, max_bytes)
     try:
-        text = raw.decode("utf-8")
+        docs = _json_docs(path, raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ResultFileError(f"{path}: not valid UTF-8") from None
-    docs: list[Any] = []
-    try:
-        docs = [json.loads(text, parse_constant=_no_constant)]
-    except ValueError:
-        try:
-            docs = [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
-        except ValueError as exc:
-            raise ResultFileError(f"{path}: not JSON: {exc}") from None
-        except RecursionError:
-            raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
     except RecursionError:
         raise ResultFileError(f"{path}: refused: {_TOO_DEEP}") from None
     for i, doc in enumerate(docs):
@@ -188,8 +176,7 @@ def summarize_file(path: str | Path, summarizer: str, *, max_bytes: int = MAX_RE
     """Read one result file safely and summarize it; hints (dataset, temperature, method) go to vLLM's.
 
     Whatever a hostile file makes the reader run out of (memory, stack) is that file's ResultFileError, so the
-    report goes on with the other files.
-    """
+    report goes on with the other files."""
     if summarizer not in ("ddtree", "vllm", "metrics"):
         raise ValueError(f"unknown summarizer {summarizer!r}")
     try:

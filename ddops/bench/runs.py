@@ -1,8 +1,7 @@
 """Bench runs as values: run ids, a host's run state (from its state.json), and the local launch records.
 
 A run lives on each host under `<repo>/.ddops/runs/<run-id>/` (see remote/ddops_agent/bench.py); ddops/tasks/bench.py
-asks the hosts about it. Pure: no session, no rich, no typer.
-"""
+asks the hosts about it. Pure: no session, no rich, no typer."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ job array, and what squeue, scontrol and sacct print turned into one state per a
 
 No SSH and no subprocess here: the host agent (remote/ddops_agent/slurm.py) runs the Slurm commands and hands back their
 raw output; ddops/tasks/slurm.py drives it per host. A run is one job array, one task per run of the plan's
-grid; each task is wrapped by the agent (`slurm_task`) so it records its own start, end, exit, node and GPU ids.
-"""
+grid; each task is wrapped by the agent (`slurm_task`) so it records its own start, end, exit, node and GPU ids."""
 
 from __future__ import annotations
 
@@ -42,9 +41,7 @@ TASK_BOOT = (
 
 def time_limit(options: SlurmOptions, plan_minutes: float) -> str:
     """--time: the inventory's, else the plan's timeout rounded up to whole minutes."""
-    if options.time:
-        return options.time
-    return str(max(1, math.ceil(plan_minutes)))
+    return options.time or str(max(1, math.ceil(plan_minutes)))
 
 
 def sbatch_args(options: SlurmOptions, *, run_id: str, total: int, run_dir: str, plan_minutes: float) -> list[str]:
@@ -293,9 +290,7 @@ def run_message(job_id: str, tasks: Sequence[TaskState]) -> str:
     """`job 42: 2 pending (Resources), 1 running on node7, 1 completed`."""
     counts: dict[str, int] = {}
     for t in tasks:
-        key = t.state
-        if t.state == "PENDING" and t.reason and t.reason != "None":
-            key = f"PENDING ({t.reason})"
+        key = f"PENDING ({t.reason})" if t.state == "PENDING" and t.reason and t.reason != "None" else t.state
         counts[key] = counts.get(key, 0) + 1
     return f"job {job_id}: " + ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
 
@@ -364,8 +359,7 @@ class SlurmQuery:
         sacct_from = "sacct" if out("sacct") else "sacct_completions"
         return cls(job_id=str(slurm.get("job_id") or ""), total=int(slurm.get("total") or 0),
                    labels=tuple(slurm.get("labels") or ()), squeue=out("squeue"), scontrol=out("scontrol"),
-                   sacct=out(sacct_from), records=records, squeue_format=fmt("squeue"),
-                   sacct_fields=fmt(sacct_from))
+                   sacct=out(sacct_from), records=records, squeue_format=fmt("squeue"), sacct_fields=fmt(sacct_from))
 
     def tasks(self) -> tuple[TaskState, ...]:
         return task_states(self.total, self.job_id, squeue=self.squeue, squeue_format=self.squeue_format,

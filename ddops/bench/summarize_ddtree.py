@@ -21,9 +21,7 @@ def method_order(method: str) -> tuple[int, int, str]:
     if method == "dflash":
         return (1, 0, "")
     m = _TREE.match(method)
-    if m:
-        return (2, int(m.group(1)), "")
-    return (3, 0, method)
+    return (2, int(m.group(1)), "") if m else (3, 0, method)
 
 
 def tree_budget(method: str) -> int | None:
@@ -62,8 +60,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
             if prompt is not None:
                 prompt_lengths.setdefault(i, int(prompt))
     if BASELINE in per_method:
-        baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token")
-                              for i, v in per_method[BASELINE])
+        baseline_tpot = fmean(_number(source, i, BASELINE, v, "time_per_output_token") for i, v in per_method[BASELINE])
         for i, v in per_method[BASELINE]:
             tokens = _tokens(source, i, BASELINE, v)
             if tokens is not None:
@@ -93,9 +90,7 @@ def summarize_ddtree(data: dict[str, Any], source: str) -> list[MethodSummary]:
                 add_verify_paths(paths, {k: _scalar(n) for k, n in raw.items()} if isinstance(raw, dict) else raw,
                                  f"{source}: responses[{i}].{method}")
 
-        speedup = None
-        if baseline_tpot is not None and mean_tpot:
-            speedup = baseline_tpot / mean_tpot
+        speedup = baseline_tpot / mean_tpot if baseline_tpot is not None and mean_tpot else None
 
         fidelity, divergence = None, None
         compared = [(i, t, baseline_outputs[i]) for (i, _), t in zip(items, tokens_list)
@@ -144,9 +139,7 @@ def _args(args: Any) -> dict[str, Any]:
 
 
 def _field(source: str, i: int, method: str, value: Any, name: str) -> Any:
-    if isinstance(value, dict):
-        return value.get(name, _MISSING)
-    return getattr(value, name, _MISSING)
+    return value.get(name, _MISSING) if isinstance(value, dict) else getattr(value, name, _MISSING)
 
 
 _MISSING = object()

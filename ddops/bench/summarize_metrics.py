@@ -4,8 +4,7 @@ The plan says where things are (`metrics:` in a bench plan, playbooks/BENCH.md):
 (seconds per output token), `ttft_s`, `output` (the generated text, compared with the baseline's), `method` (which
 method a record measured; the one named `baseline` is the reference), `records` (where the list of records sits in
 a JSON document), and `dataset`, `temperature`, `model`. A key path is dotted (`stats.0.tok_s`); in a CSV file it is
-a column name.
-"""
+a column name."""
 
 from __future__ import annotations
 

@@ -77,8 +77,7 @@ def _per_prompt(source: str, data: dict) -> tuple[tuple[float | None, ...], tupl
         decode = latencies[i] - ttfts[i] if latencies else sum(itls[i]) if itls else None
         failed = bool(errors and errors[i])
         tokens = outputs[i] if outputs else 0
-        times.append(decode / (tokens - 1) if decode is not None and decode > 0 and tokens > 1 and not failed
-                     else None)
+        times.append(decode / (tokens - 1) if decode is not None and decode > 0 and tokens > 1 and not failed else None)
     return tuple(times), tuple(inputs) if inputs else (None,) * n
 
 

@@ -1,7 +1,6 @@
 """What a result file says, as values: one MethodSummary per method, and the checks every summarizer shares.
 
-The summarizers (summarize_ddtree.py, summarize_vllm.py) build these; results.py reads the files and calls them.
-"""
+The summarizers (summarize_ddtree.py, summarize_vllm.py) build these; results.py reads the files and calls them."""
 
 from __future__ import annotations
 

@@ -36,19 +36,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_callback(
-    ctx: typer.Context,
-    inventory: InventoryOpt = None,
-    json_out: JsonOpt = False,
-    verbose: VerboseOpt = 0,
-    forks: ForksOpt = None,
-    accept_new: AcceptNewOpt = False,
+    ctx: typer.Context, inventory: InventoryOpt = None, json_out: JsonOpt = False, verbose: VerboseOpt = 0,
+    forks: ForksOpt = None, accept_new: AcceptNewOpt = False,
     adhoc_hosts: Annotated[str | None, typer.Option(
         "--hosts", "-H", help="Work on these hosts, not an inventory's: [user@]host[:port], comma-separated "
                               "(~/.ssh/config fills in the rest; after the command's name: --hosts, as -H is "
-                              "--host there).",
-        show_default=False)] = None,
-    ask_key_passphrase: AskKeyPassphraseOpt = False,
-    all_rows: AllRowsOpt = False,
+                              "--host there).", show_default=False)] = None,
+    ask_key_passphrase: AskKeyPassphraseOpt = False, all_rows: AllRowsOpt = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
 ) -> None:

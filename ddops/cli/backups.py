@@ -11,7 +11,7 @@ import typer
 from ddops import settings
 from ddops.cli.onhosts import OnHosts
 from ddops.cli.options import YesOpt, command, one_host
-from ddops.cli.render import console, escape, recap
+from ddops.cli.render import recap, show_table
 from ddops.safe_text import printable
 
 if TYPE_CHECKING:
@@ -37,16 +37,9 @@ def list_(ctx: typer.Context, selection: Selection) -> None:
 
 
 def _saved_table(results: Sequence[Any]) -> None:
-    from rich.table import Table
-
-    table = Table(title="saved foreign edits", header_style="bold")
-    for column in ("host", "file", "saved at", "by", "sha256", "on the host"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        for s in r.report.saved if r.report else ():
-            table.add_row(escape(r.host), escape(s.file), escape(s.time), escape(s.actor), escape(s.sha256[:12]),
-                          escape(s.backup))
-    console.print(table)
+    show_table(["host", "file", "saved at", "by", "sha256", "on the host"],
+               [[r.host, s.file, s.time, s.actor, s.sha256[:12], s.backup]
+                for r in results for s in (r.report.saved if r.report else ())], title="saved foreign edits")
     failed = [r for r in results if r.failed]
     if failed:
         recap(failed, title="hosts not read")
@@ -90,6 +83,5 @@ def restore(ctx: typer.Context, host: HostArg, which: WhichArg, yes: YesOpt = Fa
     if not yes and sys.stdin.isatty() and not run.json:
         if not typer.confirm(f"Put the saved edit {which} back on {run.hosts[0].name}?"):
             raise typer.Exit(1)
-    results = run.run(lambda h, s: restore_backup_host(h, s, which, lock_timeout=lock_timeout),
-                      title="backups restore")
+    results = run.run(lambda h, s: restore_backup_host(h, s, which, lock_timeout=lock_timeout), title="backups restore")
     run.finish(results, title="ddops backups restore")

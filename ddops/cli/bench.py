@@ -123,8 +123,7 @@ def _show_check(results: Sequence[HostResult]) -> None:
     ready = [r for r in results if isinstance(r.report, PreflightReport) and r.report.commands]
     for commands, group in group_identical(ready, key=lambda r: r.report.commands):
         who = hosts_cell([r.host for r in group], among=len(results))
-        console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}",
-                     align="left")
+        console.rule(f"[bold]{escape(who)}[/]: {len(commands)} run{'s' if len(commands) != 1 else ''}", align="left")
         for line in commands:
             console.print(escape(line), soft_wrap=True, highlight=False)
 
@@ -167,25 +166,27 @@ def _plan(inventory: Inventory, named: str | None) -> Any:
 # --- status, logs, stop, list -----------------------------------------------------------------------------------------
 
 
-def _run_hosts(ctx: typer.Context, selection: Selection, root: Path, run_id: str) -> OnHosts:
-    """The selection when one is given, else the hosts the run was launched on (else every inventory host)."""
-    from ddops.bench.runs import run_hosts
+def _on_run(ctx: typer.Context, selection: Selection, results_dir: Path | None,
+            run_id: str | None) -> tuple[Path, str, OnHosts]:
+    """The results folder, the run id (default: the last one launched from here) and its hosts: the selection when
+    one is given, else the hosts the run was launched on (else every inventory host)."""
+    from ddops.bench.runs import resolve_run_id, results_root, run_hosts
 
+    root = results_root(results_dir)
+    rid = resolve_run_id(root, run_id)
     if not selection.empty:
-        return OnHosts(ctx, selection)
-    return OnHosts(ctx, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, run_id))
+        return root, rid, OnHosts(ctx, selection)
+    return root, rid, OnHosts(ctx, selection, hosts=run_hosts(state(ctx).load_inventory().hosts, root, rid))
 
 
 @command(bench_app, "status")
 def status(ctx: typer.Context, selection: Selection, run_id: RunIdArg = None,
            results_dir: ResultsDirOpt = None) -> None:
     """Each host's state of a run: progress, exit codes, and the log tail of every command that failed."""
-    from ddops.bench.runs import RunReport, resolve_run_id, results_root
+    from ddops.bench.runs import RunReport
     from ddops.tasks.bench import status_task
 
-    root = results_root(results_dir)
-    rid = resolve_run_id(root, run_id)
-    on = _run_hosts(ctx, selection, root, rid)
+    _, rid, on = _on_run(ctx, selection, results_dir, run_id)
     results = on.run(status_task(rid), title=f"bench status {rid}")
 
     def render(results: Sequence[HostResult]) -> None:
@@ -206,12 +207,10 @@ def logs(ctx: typer.Context, selection: Selection, run_id: RunIdArg = None,
          follow: Annotated[bool, typer.Option("--follow", "-f", "-F", help="Keep streaming until the run ends.")]
          = False, results_dir: ResultsDirOpt = None) -> None:
     """The run's log from each host (prefixed with the host name), or streamed live with --follow (-f)."""
-    from ddops.bench.runs import LogReport, resolve_run_id, results_root
+    from ddops.bench.runs import LogReport
     from ddops.tasks.bench import logs_task
 
-    root = results_root(results_dir)
-    rid = resolve_run_id(root, run_id)
-    on = _run_hosts(ctx, selection, root, rid)
+    _, rid, on = _on_run(ctx, selection, results_dir, run_id)
     if follow:
         raise typer.Exit(follow_run(on.state, on.inventory, on.hosts, rid))
     results = on.run(logs_task(rid), progress=False)
@@ -236,13 +235,12 @@ def stop(ctx: typer.Context, selection: Selection,
                                                            "task (repeatable).", show_default=False)] = None) -> None:
     """End every process of the run on each host (and all they started) and record it as stopped; a Slurm run's
     job (or only --task N of its array) is scancel'ed."""
-    from ddops.bench.runs import check_run_id, results_root
+    from ddops.bench.runs import check_run_id
     from ddops.tasks.base import default_actor
     from ddops.tasks.bench import stop_task
     from ddops.tasks.slurm import check_tasks_option
 
-    rid = check_run_id(run_id)
-    on = _run_hosts(ctx, selection, results_root(results_dir), rid)
+    _, rid, on = _on_run(ctx, selection, results_dir, check_run_id(run_id))
     if not yes and sys.stdin.isatty() and not on.json:
         typer.confirm(f"stop run {rid} on {len(on.hosts)} host(s)?", abort=True)
     check_tasks_option(on.hosts, task or [])
@@ -299,13 +297,11 @@ def collect(ctx: typer.Context, selection: Selection,
             = "2G") -> None:
     """Copy result files to results/<run-id>/<host>/ (sha256-checked, resumable) and write manifest.json."""
     from ddops.bench.collect import parse_size, write_manifest
-    from ddops.bench.runs import CollectReport, resolve_run_id, results_root
+    from ddops.bench.runs import CollectReport
     from ddops.tasks.bench import collect_task, manifest_entries
 
     max_bytes = parse_size(max_file_size)
-    root = results_root(results_dir)
-    rid = resolve_run_id(root, run_id)
-    on = _run_hosts(ctx, selection, root, rid)
+    root, rid, on = _on_run(ctx, selection, results_dir, run_id)
     results = on.run(collect_task(rid, root, max_bytes), title=f"bench collect {rid}")
     manifest = write_manifest(root, rid, manifest_entries(results))
 
@@ -390,8 +386,7 @@ _SCOPES = {"host": "per host", "run": "per run and host", "patchset": "per patch
            "method": "per method, all hosts"}
 
 
-def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[Any], title: str,
-                  caption: str) -> None:
+def _report_table(headers: list[str], rows: list[list[str]], groups: Sequence[Any], title: str, caption: str) -> None:
     """Aggregated rows as a rich table, lossy rows red, a note under it for each flagged row; the caption names
     what produced nothing."""
     from rich.table import Table

@@ -2,8 +2,7 @@
 
 Fast and offline: the inventory's YAML is read as written (no ssh_config, no host dialled, nothing validated), the
 playbook folders listed, the results folder's run ids read from their names. A file that cannot be read completes
-nothing rather than failing the shell.
-"""
+nothing rather than failing the shell."""
 
 from __future__ import annotations
 

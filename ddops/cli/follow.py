@@ -29,8 +29,7 @@ def hints(run_id: str, detached: bool) -> None:
                       f"  status:     {ddops_line(f'bench status {run_id}')}\n"
                       f"  stop it:    {ddops_line(f'bench stop {run_id}')}\n"
                       f"  results:    {ddops_line(f'bench collect {run_id}')} && "
-                      f"{ddops_line(f'bench report {run_id}')}",
-                      highlight=False, markup=False)
+                      f"{ddops_line(f'bench report {run_id}')}", highlight=False, markup=False)
 
 
 def _elapsed_column() -> Any:
@@ -56,8 +55,7 @@ def when(iso: str | None) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-:--"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
+    h, rest = divmod(int(seconds), 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 

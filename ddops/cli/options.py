@@ -103,8 +103,7 @@ def with_global_options(fn: Callable) -> Callable:
             from ddops.inventory import Selection
 
             host, group, all_, limit = (kwargs.pop(n) for n in SELECTION_OPTIONS)
-            kwargs["selection"] = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_,
-                                            limit=limit)
+            kwargs["selection"] = Selection(hosts=tuple(host or ()), groups=tuple(group or ()), all=all_, limit=limit)
         if "ctx" in signature.parameters:
             kwargs["ctx"] = ctx
         return fn(**kwargs)

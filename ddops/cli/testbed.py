@@ -11,12 +11,12 @@ import typer
 
 from ddops import settings
 from ddops.cli.options import command
-from ddops.cli.render import console, escape, write_document
+from ddops.cli.render import console, escape, show_table, write_document
 from ddops.cli.state import state
 
 testbed_app = typer.Typer(help="Local sshd hosts: mount namespaces (needs root) or podman/docker containers.",
                           no_args_is_help=True)
-RootOpt = Annotated[Path, typer.Option("--root", help="Where the testbed keeps its state.")]
+RootOpt = Annotated[Path | None, typer.Option("--root", help="Where the testbed keeps its state.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +50,7 @@ def up(
     seed: Annotated[Path | None, typer.Option("--seed", help="Directory copied into every host's repo path, or the "
                                                  "name of an example shipped with ddops (mini-ddtree).")] = None,
     inventory_out: Annotated[Path | None, typer.Option("--inventory-out", help="Also copy the inventory here.")] = None,
-    root: Annotated[Path | None, typer.Option("--root", help="Where the testbed keeps its state.")] = None,
+    root: RootOpt = None,
     repo_path: Annotated[str, typer.Option("--repo-path", help="The repo path every host sees.")] = "/root/ddtree",
     address_prefix: Annotated[str, typer.Option("--address-prefix", envvar=settings.TESTBED_ADDRESS_PREFIX.name,
                                                 help="Hosts get PREFIX2, PREFIX3, ... (on 127.0.0.0/8)")] = "127.0.0.",
@@ -85,7 +85,7 @@ def up(
 
 
 @command(testbed_app, "down")
-def down(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")] = None) -> None:
+def down(ctx: typer.Context, root: RootOpt = None) -> None:
     """Stop the hosts this testbed (--root, or the one `-i FILE` describes) started and remove its files (and its
     containers, network, firewall chains)."""
     from ddops import testbed
@@ -94,15 +94,14 @@ def down(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")
     engine = testbed.load_testbed(where).engine
     stopped = testbed.down(where)
     if state(ctx).json:
-        write_document(0, {"testbed": {"root": str(where), "engine": engine},
-                                           "stopped": len(stopped)})
+        write_document(0, {"testbed": {"root": str(where), "engine": engine}, "stopped": len(stopped)})
         return
     what = ("sshd process", "sshd processes") if engine == "namespace" else ("container", "containers")
     console.print(f"testbed down: {escape(str(where))}: stopped {len(stopped)} {what[len(stopped) != 1]}")
 
 
 @command(testbed_app, "status")
-def status(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root")] = None) -> None:
+def status(ctx: typer.Context, root: RootOpt = None) -> None:
     """Show each testbed host and whether its sshd is running."""
     from ddops import testbed
 
@@ -113,15 +112,9 @@ def status(ctx: typer.Context, root: Annotated[Path | None, typer.Option("--root
         write_document(code, {"testbed": {"root": str(where)}, "hosts": [
             {"host": r["name"], **{k: v for k, v in r.items() if k != "name"}} for r in rows]})
         raise typer.Exit(code)
-    from rich.table import Table
-
-    table = Table(header_style="bold")
     extra = ("container", "state") if "container" in rows[0] else ()
-    for col in ("host", "address", "port", "pid", "running", *extra, "dir"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(escape(str(r["name"])), str(r["address"]), str(r["port"]), str(r["pid"] or "-"),
-                      "yes" if r["running"] and r["accepting"] else "no", *(escape(str(r[c])) for c in extra),
-                      escape(str(r["dir"])))
-    console.print(table)
+    show_table(["host", "address", "port", "pid", "running", *extra, "dir"],
+               [[str(r["name"]), str(r["address"]), str(r["port"]), str(r["pid"] or "-"),
+                 "yes" if r["running"] and r["accepting"] else "no", *(str(r[c]) for c in extra), str(r["dir"])]
+                for r in rows])
     raise typer.Exit(code)

@@ -233,11 +233,7 @@ class Inventory:
 
     @property
     def groups(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for h in self.hosts:
-            for g in h.groups:
-                seen.setdefault(g)
-        return tuple(seen)
+        return tuple(dict.fromkeys(g for h in self.hosts for g in h.groups))
 
 
 def is_type(value: Any, expected: type | tuple[type, ...]) -> bool:

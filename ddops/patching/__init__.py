@@ -2,5 +2,4 @@
 rollback plans, and what a host's snapshot means per patch. No session, no fleet: ddops/tasks/patch.py acts on it.
 
 Importing this package stays cheap: libcst is loaded only with `ddops.patching.transforms`, which plan.py imports
-only when the prefilter (prefilter.py) cannot settle a transform without it.
-"""
+only when the prefilter (prefilter.py) cannot settle a transform without it."""

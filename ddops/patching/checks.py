@@ -1,7 +1,6 @@
 """Grep-style checks over a file's bytes after a patch: contains, absent, unchanged, count, compiles.
 
-Pure: `command` checks are only carried here (CheckSpec.runs_on_host); the host agent runs them after the write.
-"""
+Pure: `command` checks are only carried here (CheckSpec.runs_on_host); the host agent runs them after the write."""
 
 from __future__ import annotations
 
@@ -119,8 +118,7 @@ def _run_one(path: str, before_lines: list[str] | None, after: bytes, after_line
     if kind == "unchanged":
         if before_lines is None:
             ok = bool(matched)
-            return result(ok, "present (no earlier version to compare)" if ok else f"{path}: {what} not found",
-                          matched)
+            return result(ok, "present (no earlier version to compare)" if ok else f"{path}: {what} not found", matched)
         was, _ = find(before_lines, check.text)
         if not was:
             return result(False, f"{path}: {what} was not there before the patch either", matched)

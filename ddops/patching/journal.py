@@ -6,8 +6,7 @@ Pure. The journal is the agent's append-only list of entries (dicts from JSON li
 null where there was no file (an add_module apply's `before`; its rollback's `after`); a rollback entry's `after`
 is the sha it restored. `save-foreign` records a foreign edit kept before a forced rollback and writes nothing. A
 rollback or revert without `patch` ends every application in its file. An apply over what the same patch's active
-application wrote continues it (a newer version of a module): rolling back goes to where the first one began.
-"""
+application wrote continues it (a newer version of a module): rolling back goes to where the first one began."""
 
 from __future__ import annotations
 
@@ -166,11 +165,7 @@ def last_written(journal: Iterable[Mapping[str, Any] | JournalEntry], file: str)
 
 def last_written_by_file(journal: Iterable[Mapping[str, Any] | JournalEntry]) -> dict[str, str | None]:
     """Every file's last written sha256 (None where that write removed it), in one pass over the journal."""
-    written: dict[str, str | None] = {}
-    for e in parse_journal(journal):
-        if e.event in WRITING_EVENTS:
-            written[e.file] = e.after
-    return written
+    return {e.file: e.after for e in parse_journal(journal) if e.event in WRITING_EVENTS}
 
 
 def patch_state(journal: Iterable[Mapping[str, Any] | JournalEntry], patch: str, file: str,
@@ -246,11 +241,7 @@ class RollbackPlan:
     @property
     def patches(self) -> tuple[str, ...]:
         """Patches being rolled back."""
-        seen: dict[str, None] = {}
-        for r in self.restores:
-            for p in r.patches:
-                seen.setdefault(p)
-        return tuple(seen)
+        return tuple(dict.fromkeys(p for r in self.restores for p in r.patches))
 
 
 def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_sha_by_file: Mapping[str, str | None],
@@ -259,8 +250,7 @@ def plan_rollback(journal: Iterable[Mapping[str, Any] | JournalEntry], current_s
 
     A patch is rolled back in all its files or in none. It is refused when, in one of its files, a later active
     patch is not also being rolled back (naming that patch), or when the file changed since ddops wrote it (unless
-    force, which saves the foreign edit first). Refusing one patch can refuse the earlier patches under it.
-    """
+    force, which saves the foreign edit first). Refusing one patch can refuse the earlier patches under it."""
     entries = parse_journal(journal)
     actives = active_applications(entries)
     active_ids = {a.patch for a in actives}

@@ -1,8 +1,7 @@
 """The vocabulary of patching without libcst: transform kinds and their params, check kinds, outcome states.
 
 playbook.py validates YAML against these tables, and the CLI renders the outcome values, without importing libcst;
-only transforms.py (and what imports it) pays for the parser.
-"""
+only transforms.py (and what imports it) pays for the parser."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ FAILED_STATES = (DRIFTED, AMBIGUOUS, ERROR, BLOCKED)
 class Outcome:
     """What one transform found in one file: a state, why, and where.
 
-    Lines are 1-based, in the file as the patches before this one in the same plan left it.
-    """
+    Lines are 1-based, in the file as the patches before this one in the same plan left it."""
 
     state: str
     message: str
@@ -77,8 +75,10 @@ class Param:
     doc: str = ""
 
 
-_SCOPE = Param(str, syntax="identifier", doc="only inside a function (or method) of this name, at any depth")
-_NOT_SCOPE = Param(str, syntax="identifier", doc="never inside a function (or method) of this name")
+_SCOPE = {  # where the kinds that match code look
+    "in_function": Param(str, syntax="identifier", doc="only inside a function (or method) of this name, at any depth"),
+    "not_in_function": Param(str, syntax="identifier", doc="never inside a function (or method) of this name"),
+}
 
 # Every transform kind and its params. `expect` (int, or a mapping file -> int) is accepted by every kind and
 # validated by playbook.py; add_import and add_module always have exactly one site.
@@ -88,27 +88,23 @@ TRANSFORM_KINDS: dict[str, dict[str, Param]] = {
         "keyword": Param(str, True, "identifier", doc="the keyword argument to add or set"),
         "value": Param(str, True, "expression", doc="its value, as Python source"),
         "assigned_to": Param(str, syntax="identifier", doc="only calls assigned to this name (`x = f(...)`)"),
-        "in_function": _SCOPE,
-        "not_in_function": _NOT_SCOPE,
+        **_SCOPE,
     },
     "replace_expression": {
         "match": Param(str, True, "expression", doc="expression to find; `$name` matches any sub-expression"),
         "replace": Param(str, True, "expression", doc="its replacement; `$name` re-uses what was matched"),
-        "in_function": _SCOPE,
-        "not_in_function": _NOT_SCOPE,
+        **_SCOPE,
     },
     "insert_statement": {
         "statement": Param(str, True, "statements", doc="statement(s) to insert, as Python source"),
         "anchor": Param(str, syntax="statement", doc="statement next to which to insert (`def f(...):` header ok)"),
         "position": Param(str, choices=("after", "before", "after_imports"), doc="default: after"),
-        "in_function": _SCOPE,
-        "not_in_function": _NOT_SCOPE,
+        **_SCOPE,
     },
     "wrap_statement_in_if": {
         "statement": Param(str, True, "statement", doc="the simple statement to guard"),
         "condition": Param(str, True, "expression", doc="the `if` condition"),
-        "in_function": _SCOPE,
-        "not_in_function": _NOT_SCOPE,
+        **_SCOPE,
     },
     "add_import": {
         "module": Param(str, True, "dotted", doc="`import module`, or `from module import name`"),

@@ -3,8 +3,7 @@ patches, without a host.
 
 The planner's own plan_file and the pure checks on the samples' bytes. A sample passes when every patch finds its
 sites (pending, applied or partial), the checks hold on the result, and a second pass changes nothing (the
-guard-first contract every transform keeps).
-"""
+guard-first contract every transform keeps)."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ class SampleReport(JsonValue):
 
     @property
     def ok(self) -> bool:
-        return (all(f.ok for f in self.findings) and all(c.ok for c in self.checks)
-                and not self.second_pass_changes)
+        return all(f.ok for f in self.findings) and all(c.ok for c in self.checks) and not self.second_pass_changes
 
     def to_json(self) -> dict[str, Any]:
         return {"sample": self.sample, "target": self.target, "ok": self.ok,

@@ -1,8 +1,7 @@
 """Pure planning: (file bytes, patches) -> FilePlan with each patch's outcome, the new bytes and a unified diff.
 
 The AST work is done once per distinct (content, patches): a Planner caches plans by the content's sha256, so
-forty hosts on the same commit cost one transform.
-"""
+forty hosts on the same commit cost one transform."""
 
 from __future__ import annotations
 
@@ -157,8 +156,7 @@ def plan_file(path: str, source: bytes | None, patches: Sequence[Patch],
 
     A patch whose `requires` did not apply cleanly to this file, or that is named in `blocked` (id -> reason), is
     BLOCKED and changes nothing. `ours`: the sha256 of what ddops last wrote to path for an add_module patch still
-    applied (an older version of the module, which it may replace).
-    """
+    applied (an older version of the module, which it may replace)."""
     blocked = blocked or {}
     encoding_error = utf8_error(path, source) if source is not None else None
     work = _Working(source)
@@ -292,8 +290,7 @@ class PlanCache(Protocol):
 class Planner:
     """plan_file with a cache keyed by (sha256 of content, patches fingerprint); safe to share between threads.
 
-    Concurrent requests for the same key wait for the first one instead of transforming again.
-    """
+    Concurrent requests for the same key wait for the first one instead of transforming again."""
 
     def __init__(self, max_entries: int = 1024, store: PlanCache | None = None) -> None:
         self.max_entries = max_entries
@@ -311,8 +308,7 @@ class Planner:
         """Other pure work on planned contents (the checks over the new bytes), once per run like the plans.
 
         `key` must identify the inputs (content hashes, not hosts). A thread that finds the key being computed waits
-        for that value (32 hosts reach their checks together: each compiling the same file cost 5 compiles a run).
-        """
+        for that value (32 hosts reach their checks together: each compiling the same file cost 5 compiles a run)."""
         return self._once(self._memo, self._memo_in_flight, key, compute, 4 * self.max_entries)[0]
 
     def plan_file(self, path: str, source: bytes | None, patches: Sequence[Patch],
@@ -370,13 +366,9 @@ class Planner:
         """Plan every file the patches touch, from a host's snapshot (path -> bytes, None when missing).
 
         A patch whose required patch failed in any file is BLOCKED in every file, so that no file depends on a
-        change that was not made. `ours`: path -> what ddops last wrote there for an add_module still applied.
-        """
+        change that was not made. `ours`: path -> what ddops last wrote there for an add_module still applied."""
         ours = ours or {}
-        paths: dict[str, None] = {}
-        for p in patches:
-            for f in p.files:
-                paths.setdefault(f)
+        paths = dict.fromkeys(f for p in patches for f in p.files)
         blocked: dict[str, str] = {}
         while True:
             plans = tuple(self.plan_file(path, files.get(path), [p for p in patches if path in p.files], blocked,
@@ -416,8 +408,7 @@ class DiffGroup:
 def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePlan]]) -> list[DiffGroup]:
     """Group hosts by identical diff (all their files together): biggest group first, then by first host.
 
-    A host's value is its plan(s), or the diff text itself (what a host's result carries back to the CLI).
-    """
+    A host's value is its plan(s), or the diff text itself (what a host's result carries back to the CLI)."""
     groups: dict[str, list[str]] = {}
     for host, plan in plans.items():
         if isinstance(plan, str):
@@ -432,5 +423,4 @@ def group_diffs(plans: Mapping[str, str | FilePlan | HostPlan | Iterable[FilePla
 
 
 __all__ = ["APPLIED", "AMBIGUOUS", "BLOCKED", "DRIFTED", "ERROR", "PARTIAL", "PENDING", "DiffGroup", "FilePlan",
-           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256",
-           "unified_diff", "worst"]
+           "HostPlan", "PatchResult", "Planner", "group_diffs", "plan_file", "sha256", "unified_diff", "worst"]

@@ -1,13 +1,13 @@
 """Plans kept on disk between runs (the controller's cache dir), keyed by content, patches and the planning code.
 
-The disk side of ddops/patching/plan.py, which stays pure: a Planner is handed a PlanStore (or none).
-"""
+The disk side of ddops/patching/plan.py, which stays pure: a Planner is handed a PlanStore (or none)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+from contextlib import suppress
 from pathlib import Path
 
 from ddops import settings
@@ -30,16 +30,13 @@ def _code_version() -> str:
 
 def default_cache_dir() -> Path | None:
     """$DDOPS_CACHE_DIR/plans or ~/.cache/ddops/plans; None when DDOPS_PLAN_CACHE=0."""
-    if settings.PLAN_CACHE.value() == "0":
-        return None
-    return cache_root() / "plans"
+    return None if settings.PLAN_CACHE.value() == "0" else cache_root() / "plans"
 
 
 class PlanStore:
     """FilePlans on disk, keyed by (content sha256, patches, planning code): reruns skip libcst entirely.
 
-    Entries are our own (written by this user) but still checked: a corrupt or mismatching entry is recomputed.
-    """
+    Entries are our own (written by this user) but still checked: a corrupt or mismatching entry is recomputed."""
 
     def __init__(self, root: Path) -> None:
         self.root = root / _code_version()
@@ -73,10 +70,8 @@ class PlanStore:
         raw = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha, "diff": plan.diff,
                "new_b64": base64.b64encode(plan.new).decode() if plan.changed and plan.new is not None else None,
                "results": [{"patch_id": r.patch_id, **r.outcome.to_dict()} for r in plan.results]}
-        try:
+        with suppress(OSError):  # a cache that cannot be written only costs speed
             write_private(self._file(key), json.dumps(raw).encode())  # 0600 in 0700 folders: diffs of host files
-        except OSError:
-            pass  # a cache that cannot be written only costs speed
 
 
 def default_store() -> PlanStore | None:

@@ -1,7 +1,6 @@
 """Patch playbooks: YAML files of patches (files, one transform, checks), validated with `file:line:` errors.
 
-No libcst here: transform params are checked against the libcst-free registry in ddops.patching.kinds.
-"""
+No libcst here: transform params are checked against the libcst-free registry in ddops.patching.kinds."""
 
 from __future__ import annotations
 
@@ -83,9 +82,7 @@ class CheckSpec:
         if self.kind == "command":
             return f"command {self.run!r}"
         pattern = f"/{self.regex}/" if self.regex is not None else repr(self.text)
-        if self.kind == "count":
-            return f"count {pattern} == {self.count}"
-        return f"{self.kind} {pattern}"
+        return f"count {pattern} == {self.count}" if self.kind == "count" else f"{self.kind} {pattern}"
 
     @property
     def runs_on_host(self) -> bool:
@@ -146,11 +143,7 @@ class PatchPlaybook:
     @property
     def files(self) -> tuple[str, ...]:
         """Every file any patch touches, in first-mention order."""
-        seen: dict[str, None] = {}
-        for p in self.patches:
-            for f in p.files:
-                seen.setdefault(f)
-        return tuple(seen)
+        return tuple(dict.fromkeys(f for p in self.patches for f in p.files))
 
 
 # Folders (separated by ':') searched for playbooks and bench plans after the inventory's `playbook_dirs:` and

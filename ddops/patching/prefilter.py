@@ -6,8 +6,7 @@ far faster. So before a Python transform runs with libcst, the prefilter asks wh
 site at all (every site needs certain names, e.g. the callee's); when it cannot, and `ast` parses the file, the
 outcome is libcst's `not found` without libcst. It returns None whenever it could disagree with the libcst transform
 (a syntax error, whose message libcst words; an encoding libcst would read otherwise), and the caller then runs
-libcst: the outcome never depends on which ran. tests/unit/test_engine_corpus.py holds the two to the same outcomes.
-"""
+libcst: the outcome never depends on which ran. tests/unit/test_engine_corpus.py holds the two to the same outcomes."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ def _site_spellings(kind: str, params: Mapping[str, Any]) -> list[set[str]] | No
 def required_names(kind: str, params: Mapping[str, Any]) -> list[set[str]] | None:
     """Alternatives of names: every site of the kind contains all names of at least one set (None: no filter).
 
-    A name absent from the file's text cannot be a name in its syntax tree (libcst keeps identifiers verbatim).
-    """
+    A name absent from the file's text cannot be a name in its syntax tree (libcst keeps identifiers verbatim)."""
     scope = {params["in_function"]} if params.get("in_function") else set()
     try:
         own = _site_spellings(kind, params)

@@ -1,7 +1,6 @@
 """A host's files as the agent's `snapshot` verb returned them, and what a plan over them means per patch.
 
-Pure: the tasks layer (ddops/tasks/patch.py) takes the snapshot and commits; everything it decides with lives here.
-"""
+Pure: the tasks layer (ddops/tasks/patch.py) takes the snapshot and commits; everything it decides with lives here."""
 
 from __future__ import annotations
 
@@ -31,11 +30,7 @@ def all_patches(playbooks: Sequence[PatchPlaybook]) -> tuple[Patch, ...]:
 
 
 def all_files(patches: Iterable[Patch]) -> list[str]:
-    seen: dict[str, None] = {}
-    for p in patches:
-        for f in p.files:
-            seen.setdefault(f)
-    return list(seen)
+    return list(dict.fromkeys(f for p in patches for f in p.files))
 
 
 @dataclass(frozen=True, slots=True)

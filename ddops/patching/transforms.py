@@ -3,8 +3,7 @@
 Each transformer walks the whole module, recognises every site in its patched form (counted as applied, left
 alone) or its unpatched form (counted as pending, rewritten), and `decide` turns the two counts and the
 playbook's `expect` into an Outcome. The rewritten tree is kept only when the outcome says so; every byte that is
-not part of a site (comments, blank lines, layout, CRLF, tabs) is kept by libcst's lossless tree.
-"""
+not part of a site (comments, blank lines, layout, CRLF, tabs) is kept by libcst's lossless tree."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def matches(pattern: Any, node: Any, bindings: dict[str, cst.BaseExpression] | N
             header_only: bool = False) -> bool:
     """True when node is pattern up to layout; `$name` placeholders in pattern bind (consistently) in bindings.
 
-    header_only compares a compound statement's header alone (`def f(x):`, decorators only if the pattern has any).
-    """
+    header_only compares a compound statement's header alone (`def f(x):`, decorators only if the pattern has any)."""
     if bindings is None:
         bindings = {}
     if isinstance(pattern, cst.Name) and isinstance(node, cst.BaseExpression):
@@ -120,9 +118,7 @@ def parse_anchor(text: str) -> tuple[Statement, bool]:
 
 
 def _single_small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        return stmt.body[0]
-    return None
+    return stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,8 +387,7 @@ class InsertStatement(SiteTransformer):
                 out.append(stmt)
         return out
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
-                            updated_node: cst.IndentedBlock) -> cst.BaseSuite:
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.BaseSuite:
         if self.anchor is None or not self.in_scope():
             return updated_node
         new_body = self._insert(original_node.body, updated_node.body, module_level=False)
@@ -452,8 +447,7 @@ class WrapStatementInIf(SiteTransformer):
                 self._guarded.add(id(node.body))
         return True
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
-                            updated_node: cst.IndentedBlock) -> cst.BaseSuite:
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.BaseSuite:
         if not self.in_scope():
             return updated_node
         guarded = id(original_node) in self._guarded

@@ -1,8 +1,7 @@
 """Ad-hoc commands across the fleet (`ddops exec`): the remote command line, per-host results, grouped output.
 
 The pure parts (how the command line is built and quoted, how results are read and grouped) need no host; the
-per-host task needs a session with `stream(command, on_output, timeout=)`.
-"""
+per-host task needs a session with `stream(command, on_output, timeout=)`."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def remote_command(spec: ExecSpec, host: Host) -> str:
     argv words are quoted one by one, so `'; touch /tmp/x'` stays one argument; a --shell line is quoted whole and
     run by the user's own shell (`$SHELL -c`, as sshd would). The guard (remote/exec_guard.py, run with the host's
     python) runs it in a process group of its own and ends that whole group when --timeout passes (TERM, then
-    KILL), inside sudo when there is one, so that it has the command's privileges.
-    """
+    KILL), inside sudo when there is one, so that it has the command's privileges."""
     if spec.shell is not None:
         # $SHELL is expanded by the login shell running this line: the same shell sshd would have run it with.
         words = ['"${SHELL:-/bin/sh}"', "-c", shlex.quote(spec.shell)]

@@ -59,8 +59,7 @@ def shell_path(path: str) -> str:
     """`path` as one shell word, its leading `~` or `~user` left for the host's shell to expand.
 
     shlex.quote alone hands `cd` a literal '~/repo', a directory that does not exist: the inventory's `repo:`
-    may start with `~`, and only the host knows whose home that is.
-    """
+    may start with `~`, and only the host knows whose home that is."""
     head, slash, rest = path.partition("/")
     if head.startswith("~") and (head == "~" or _LOGIN_NAME.match(head[1:])):
         return head + (slash + shlex.quote(rest) if rest else slash)

@@ -1,8 +1,7 @@
 """The bench tasks: preflight and launch a plan on each host, follow, stop, list and collect its runs.
 
 Per host, through the agent's bench_* verbs (remote/ddops_agent/bench.py); what a run is and what the preflight
-decides live in ddops/bench/ (pure). Returns TaskOutcomes and events; never prints.
-"""
+decides live in ddops/bench/ (pure). Returns TaskOutcomes and events; never prints."""
 
 from __future__ import annotations
 
@@ -148,8 +147,7 @@ def check_task(plan: BenchPlan, pins: Pins | None = None, inventory: Inventory |
         return TaskOutcome(OK, f"ready: {len(runs)} run{'s' if len(runs) != 1 else ''}{pin}{checked.said}",
                            PreflightReport(checked.states, checked.pin.described if checked.pin else None,
                                            commands=tuple(r.command for r in runs),
-                                           environment=environment.seen or None,
-                                           warnings=environment.warnings or None))
+                                           environment=environment.seen or None, warnings=environment.warnings or None))
 
     return task
 
@@ -281,8 +279,7 @@ class Follower:
     """Polls every host's run (state + log from a byte offset) in background threads; iterate `events()`.
 
     Events come out on the calling thread, so a Ctrl-C there stops following and leaves the runs alone.
-    Connections that drop are reopened; a host unreachable for `give_up_after` seconds is reported final.
-    """
+    Connections that drop are reopened; a host unreachable for `give_up_after` seconds is reported final."""
 
     def __init__(self, hosts: Sequence[Host], run_id: str, connect: Callable[[Host], Any], *,
                  interval: float = 1.0, from_offsets: Mapping[str, int] | None = None, logs: bool = True,

@@ -2,8 +2,7 @@
 
 Every patch ddops applied on the host and has not rolled back, its state (`applied`, or `modified` when one of its
 files changed since ddops last wrote it, `missing` when the file is gone), and those files. No playbook is
-needed: the journal names the patches and the hashes ddops wrote.
-"""
+needed: the journal names the patches and the hashes ddops wrote."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ class AppliedPatch(JsonValue):
 
     @property
     def state(self) -> str:
-        if self.missing:
-            return MISSING
-        return MODIFIED if self.changed_since else APPLIED
+        return MISSING if self.missing else MODIFIED if self.changed_since else APPLIED
 
     def to_json(self) -> dict[str, Any]:
         return {**JsonValue.to_json(self), "state": self.state}

@@ -1,8 +1,7 @@
 """Per-host patch, verify, rollback and status: snapshot (1 agent call), plan locally, commit (1 agent call).
 
 Each function is a fleet task body: `(host, session, ...) -> TaskOutcome`. The session is an AgentSession; what
-the plan means lives in ddops/patching/ (pure), so these functions only ask the host and act on the answer.
-"""
+the plan means lives in ddops/patching/ (pure), so these functions only ask the host and act on the answer."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def _patch_host(host: Host, session: AgentSession, playbooks: Sequence[PatchPlay
                                 partial(run_checks, f.path, snap.files[f.path], f.new or b"", checks))
         for c in host_checks(checks, f.path):
             command = with_host_python(host.python, c.run or "")
-            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command,
-                                                           "timeout": c.timeout})
+            post_checks.setdefault((c.name, c.run or ""), {"name": c.name, "command": command, "timeout": c.timeout})
     report = replace(report, checks=tuple(results))
     failed_checks = [r for r in results if not r.ok]
     if failed_checks:
@@ -323,8 +321,7 @@ def still_written(host: Host, session: AgentSession, torn: Sequence[journal_mod.
     return [t for t in torn if (files.get(t.file) or {}).get("sha256") == t.after]
 
 
-def rollback_check(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *,
-                   force: bool) -> TaskOutcome:
+def rollback_check(host: Host, session: AgentSession, patch_ids: Sequence[str] | None, *, force: bool) -> TaskOutcome:
     """What rollback_host would restore and refuse on this host now: planned against the files' hashes as they are
     (a file edited since ddops wrote it is refused, as the agent's compare-and-swap would), nothing written."""
     journal, shas, first = journal_and_files(host, session)

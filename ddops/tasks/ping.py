@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +63,9 @@ def ping_task(host: Host, session: Any) -> TaskOutcome:
     rtt = session.run("true", timeout=host.connect_timeout).duration
     probe = session.run(SHELL_PROBE, timeout=host.connect_timeout)
     overhead = None
-    try:
+    with suppress(ValueError):
         with_rc, without_rc = (int(x) / 1e9 for x in probe.stdout.split())
         overhead = max(0.0, with_rc - without_rc) if without_rc else None
-    except ValueError:
-        pass
     issues = tuple(str(i) for i in gpu_issues(facts))
     report = PingReport(round(rtt, 4), None if overhead is None else round(overhead, 4), facts, issues)
     # Facts only in the message, never a measure (the rc files' cost has its column): hosts alike must read alike.

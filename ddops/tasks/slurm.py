@@ -1,7 +1,6 @@
 """Slurm as a bench executor, per host: submit a plan's runs as one job array from the login node, and answer the
 bare executor's bench_* questions (poll, status, stop, files) for a Slurm run through the agent's slurm_* verbs,
-so that following, status, stop and collect work on either executor alike. The parsing is in ddops/bench/slurm.py.
-"""
+so that following, status, stop and collect work on either executor alike. The parsing is in ddops/bench/slurm.py."""
 
 from __future__ import annotations
 

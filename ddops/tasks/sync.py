@@ -3,8 +3,7 @@
 Per host, a sync that changes nothing costs one agent round trip (`sync_inspect`). Moving the commit:
 inspect → [save foreign edits] → [fetch, roll ddops' patches back] → checkout (fetching or unbundling the commit)
 → [re-apply the patches]. The host never loses work: tracked files changed by anyone but ddops stop the sync
-(or, with force, go into a git stash first); files ddops patched are rolled back and patched again.
-"""
+(or, with force, go into a git stash first); files ddops patched are rolled back and patched again."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ def classify_dirty(dirty: Iterable[Mapping[str, Any]]) -> DirtyReport:
 def make_bundle(source: str | os.PathLike[str], commit: str, out: Path, scratch: Path) -> Bundle:
     """A git bundle of `commit` and its history from the clone at `source`, written without touching the clone.
 
-    `git bundle` needs a ref to record: a scratch bare repo borrowing the clone's objects (alternates) holds it.
-    """
+    `git bundle` needs a ref to record: a scratch bare repo borrowing the clone's objects (alternates) holds it."""
     try:
         local_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=source)
     except SyncError:
@@ -526,8 +524,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     if synced.status in FAILING:
         return TaskOutcome(FAILED, synced.message, report, reason=synced.reason)
     if not run.patches:
-        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch",
-                           report)
+        return TaskOutcome(synced.status, f"{synced.message}; no `patches:` in the inventory, nothing to patch", report)
     if run.options.check and synced.status == CHANGED:
         return TaskOutcome(CHANGED, f"{synced.message}; then would apply {', '.join(run.patches)}", report)
     playbooks = run.playbooks()
@@ -544,8 +541,7 @@ def deploy_host(host: Host, session: AgentSession, run: SyncRun) -> TaskOutcome:
     if verified.status != OK:
         return TaskOutcome(FAILED, f"{synced.message}; patched, but verify says {verified.status}: "
                                    f"{verified.message}", report, reason=verified.reason)
-    return TaskOutcome(status, f"{synced.message}; {', '.join(b.name for b in playbooks)} applied and verified",
-                       report)
+    return TaskOutcome(status, f"{synced.message}; {', '.join(b.name for b in playbooks)} applied and verified", report)
 
 
 def _now() -> str:

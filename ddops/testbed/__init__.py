@@ -3,8 +3,7 @@
 Two engines: `namespace` (the default: one sshd per host in its own mount namespace; fast, needs root) and the
 container engines `podman` / `docker` (a real container per host from an image with sshd and python3, its port
 published on loopback). Either way every host has the same paths (the repo path, e.g. /root/ddtree) over a
-directory of its own, and `shared_home` gives them all one home directory.
-"""
+directory of its own, and `shared_home` gives them all one home directory."""
 
 from __future__ import annotations
 
@@ -37,9 +36,7 @@ def preflight() -> str:
 
 def engine_for(testbed: Testbed):
     """The engine that runs this testbed's hosts."""
-    if testbed.engine == "namespace":
-        return NamespaceEngine()
-    return ContainerEngine.named(testbed.engine)
+    return NamespaceEngine() if testbed.engine == "namespace" else ContainerEngine.named(testbed.engine)
 
 
 def stop_host(testbed: Testbed, name: str) -> None:

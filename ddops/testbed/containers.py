@@ -11,8 +11,7 @@ engine's storage under a tag derived from the Containerfile, so a second `testbe
 
 Podman runs with a private configuration and storage (see `containers_dir`), so ddops never changes the machine's
 own podman setup; what netavark adds to the machine (NETAVARK_* firewall chains, ip_forward) is removed again when
-the last ddops container is gone, unless it was there before ddops started one.
-"""
+the last ddops container is gone, unless it was there before ddops started one."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ START_TIMEOUT_S = 30.0
 def containers_dir() -> Path:
     """Podman's private configuration and storage, and the image cache: kept across runs, unlike a testbed.
 
-    $DDOPS_CONTAINERS_DIR, else $XDG_CACHE_HOME/ddops/containers, else ~/.cache/ddops/containers.
-    """
+    $DDOPS_CONTAINERS_DIR, else $XDG_CACHE_HOME/ddops/containers, else ~/.cache/ddops/containers."""
     explicit = settings.CONTAINERS_DIR.value()
     if explicit:
         return Path(explicit)
@@ -380,8 +378,7 @@ def _loopback_rule(bridge: str, testbed: Testbed) -> list[str]:
     its published port come back from the bridge addressed to a loopback address too (conntrack has them as
     ESTABLISHED)."""
     return ["-i", bridge, "-d", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "ESTABLISHED,RELATED",
-            "-m", "comment", "--comment",
-            f"ddops-testbed-{_testbed_id(Path(testbed.root))}", "-j", "DROP"]
+            "-m", "comment", "--comment", f"ddops-testbed-{_testbed_id(Path(testbed.root))}", "-j", "DROP"]
 
 
 def _testbed_id(root: Path) -> str:

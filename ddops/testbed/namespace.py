@@ -3,8 +3,7 @@
 Inside a host's namespace the repo path (e.g. /root/ddtree) is a bind mount of that host's own directory, so every
 host has the same paths and a separate filesystem. Each host also gets its own ~/.cache/ddops, as separate machines
 would have; with shared_home every host instead sees one common directory as the user's home (its own repo still),
-as containers with a common home volume do. Fast (no image), needs root.
-"""
+as containers with a common home volume do. Fast (no image), needs root."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from ddops.errors import TestbedError
@@ -133,10 +133,7 @@ def _start(host: TestbedHost, testbed: Testbed, sshd: str) -> None:
     # name, as a real host's does (torchrun's rendezvous, for one, connects back to it).
     argv = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script, "ddops-testbed",
             host.name, sshd, str(host.config)] + [str(p) for pair in mounts for p in pair]
-    try:
-        host.pid_file.unlink()
-    except FileNotFoundError:
-        pass
+    host.pid_file.unlink(missing_ok=True)
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise TestbedError(f"{host.name}: sshd did not start: {proc.stderr.strip() or proc.returncode}")
@@ -161,10 +158,8 @@ def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
     except ProcessLookupError:
         return False
     for child in sessions:
-        try:
+        with suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and alive(pid):
         time.sleep(0.02)
@@ -173,10 +168,7 @@ def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
     # SIGKILL is delivered asynchronously: return only once every process we ended is really gone.
     while time.monotonic() < deadline and any(alive(p) for p in sessions):
         time.sleep(0.02)
-    try:
-        host.pid_file.unlink()
-    except FileNotFoundError:
-        pass
+    host.pid_file.unlink(missing_ok=True)
     return True
 
 

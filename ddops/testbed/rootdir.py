@@ -5,14 +5,14 @@ A root is accepted only when it is a folder of this user's (not a symlink), clos
 it is this user's or root's and lets no one else rename what it holds (not writable by others, or sticky as /tmp
 is). An absent root is made so; an existing one is never taken over (another user made /tmp/ddops-testbed first:
 refused, as OpenSSH's StrictModes refuses a key in a folder others may write). The default root is a fresh
-private folder (mkdtemp), remembered in ddops' private cache for `down` and `status`.
-"""
+private folder (mkdtemp), remembered in ddops' private cache for `down` and `status`."""
 
 from __future__ import annotations
 
 import os
 import stat
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 from ddops.errors import TestbedError
@@ -30,10 +30,8 @@ def claim(path: str | os.PathLike[str], *, closed: int = PRIVATE, what: str = "t
     path = Path(os.path.abspath(os.path.expanduser(path)))
     _check_folders_above(path, what)
     for folder in (*reversed(path.parents), path):
-        try:
+        with suppress(FileExistsError):
             os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
     _check_folders_above(path, what)  # again: one another user made meanwhile is refused now
     return trusted(path, closed=closed, what=what)
 

@@ -5,8 +5,7 @@ to /etc, and the two daemon ports are picked free at start. Needs root and the D
 slurm-client and munge (`install_hint`). Measured facts behind the configuration: ../shared/facts/slurm.md.
 
     python -m ddops.testbed.slurm up --root DIR      # prints the SLURM_CONF path
-    python -m ddops.testbed.slurm down --root DIR
-"""
+    python -m ddops.testbed.slurm down --root DIR"""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 connector (opens sessions: host keys, sockets, ProxyJump chains) -> session (commands, files, agent calls) ->
 agent_client (the agent's line protocol) -> channel (the one channel reader); hostkeys, sockets, streamlocal
-(paramiko's private API, nowhere else) and resident (the book of resident agents) beside them.
-"""
+(paramiko's private API, nowhere else) and resident (the book of resident agents) beside them."""
 
 import importlib
 import importlib.util

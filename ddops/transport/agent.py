@@ -2,8 +2,7 @@
 
 The agent (remote/ddops_agent/) and its bootstrap (remote/bootstrap.py) are described in remote/README.md, with the
 protocol. agent_program() is the stable entry point for anything that runs the agent: over ssh (Session) or as a
-local subprocess (`program.argv(sys.executable, serve=True)`, then write `program.bundle`, then requests).
-"""
+local subprocess (`program.argv(sys.executable, serve=True)`, then write `program.bundle`, then requests)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ __all__ = ["AgentProgram", "agent_digest", "agent_program", "agent_request", "ag
 class AgentProgram:
     """What runs the agent on a host: `python -S -c bootstrap N [options]`, with `bundle` (N bytes) on stdin first.
 
-    digest: the bundle's sha256, the key of the compiled agent cached on each host and of its resident.
-    """
+    digest: the bundle's sha256, the key of the compiled agent cached on each host and of its resident."""
 
     bootstrap: str
     bundle: bytes

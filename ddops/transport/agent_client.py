@@ -1,8 +1,7 @@
 """The controller's side of the agent protocol: one JSON request per line in, one JSON answer per line out.
 
 The agent is either the host's resident (a unix-socket channel, no Python start) or one started for the session
-(an exec channel with the agent source on stdin); see docs/internals.md, "The remote agent protocol".
-"""
+(an exec channel with the agent source on stdin); see docs/internals.md, "The remote agent protocol"."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import json
 import os
 import shlex
 import time
+from contextlib import suppress
 from typing import Any
 
 import paramiko
@@ -114,10 +114,8 @@ class AgentChannel:
 
     def close(self) -> None:
         self.reader.release()
-        try:
+        with suppress(Exception):  # the channel may already be gone with its connection
             self.channel.close()
-        except Exception:  # noqa: BLE001 - the channel may already be gone with its connection
-            pass
 
 
 def open_agent(transport: paramiko.Transport, host: Host, residents: ResidentBook | None,

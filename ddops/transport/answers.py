@@ -2,8 +2,7 @@
 error naming the verb and the field, never a TypeError deep in a task.
 
 Each verb's fields the controller reads, as (path, allowed types, required): a path's parts are keys, `*` is every
-item of a list or value of an object; a field that is absent is checked only when required.
-"""
+item of a list or value of an object; a field that is absent is checked only when required."""
 
 from __future__ import annotations
 
@@ -58,17 +57,14 @@ def _kind(value: Any) -> str:
 
 
 def _allowed(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in types
-    return isinstance(value, types)
+    return bool in types if isinstance(value, bool) else isinstance(value, types)
 
 
 def _names(types: tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(_kind(t() if t is not type(None) else None) for t in types))
 
 
-def _check(value: Any, parts: list[str], where: str, types: tuple[type, ...], required: bool,
-           fail: Any) -> None:
+def _check(value: Any, parts: list[str], where: str, types: tuple[type, ...], required: bool, fail: Any) -> None:
     if not parts:
         if not _allowed(value, types):
             fail(f"`{where}` must be {_names(types)}, not {_kind(value)}")

@@ -9,6 +9,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 
 import paramiko
@@ -38,11 +39,9 @@ class KeyFile:
 
 def public_blob_of(path: str) -> bytes | None:
     """The public key of a private key file without decrypting it: from `path.pub`, or the OpenSSH format's header."""
-    try:
+    with suppress(OSError, IndexError, ValueError):
         with open(path + ".pub", encoding="ascii", errors="replace") as fh:
             return base64.b64decode(fh.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
     try:
         return _openssh_header(_read(path))[1]
     except (OSError, ValueError):
@@ -271,5 +270,4 @@ class OpenSshOrder(AuthStrategy):
                     "the inventory (or IdentityFile in ~/.ssh/config), or load a key with `ssh-add`")
         detail = "; not tried: " + ", ".join(skipped + unusable) if skipped or unusable else ""
         reason = "" if isinstance(exc, AuthFailure) else f" ({exc})"
-        return (f"authentication failed for {who}: the host accepted none of {', '.join(tried)}"
-                f"{detail}{reason}")
+        return f"authentication failed for {who}: the host accepted none of {', '.join(tried)}{detail}{reason}"

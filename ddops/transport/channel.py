@@ -139,8 +139,7 @@ class _Arrivals:
     writing to it: a channel closed while the host was still sending (a command cut off at the output cap) could
     make the transport thread's write hit a closed descriptor (EBADF), which kills the whole connection, or one that
     was reused since. An Event has no descriptor to race on. The buffers call `clear()` when they run empty; the
-    reader clears `arrived` itself before it looks, so that no-op loses nothing.
-    """
+    reader clears `arrived` itself before it looks, so that no-op loses nothing."""
 
     def __init__(self) -> None:
         self.arrived = threading.Event()
@@ -156,8 +155,7 @@ class ChannelReader:
     """A channel's stdout and stderr, gathered into `out` and `err` until the caller has what it waits for.
 
     Used both for a command (read until it ends) and for the agent (read until an answer line), so that the two
-    cannot drift apart in how they wait, time out or notice a dead channel.
-    """
+    cannot drift apart in how they wait, time out or notice a dead channel."""
 
     def __init__(self, channel: paramiko.Channel, host_name: str, *, max_err: int | None = None,
                  on_output: Callable[[str, bytes], None] | None = None,
@@ -214,8 +212,7 @@ class ChannelReader:
                    cancel: threading.Event | None = None) -> bool:
         """Read until `done()` (checked once nothing more is ready): True; or until the channel closed: False.
 
-        Past the deadline raises `timed_out()`; once `cancel` is set, Cancelled (within one wait of 0.2 s).
-        """
+        Past the deadline raises `timed_out()`; once `cancel` is set, Cancelled (within one wait of 0.2 s)."""
         channel, arrived = self.channel, self._arrivals.arrived
         while True:
             arrived.clear()  # before looking: what arrives from here on wakes the wait below
@@ -236,8 +233,7 @@ class ChannelReader:
     def drain(self, deadline: float, timed_out: Callable[[], Exception], cancel: threading.Event | None = None) -> None:
         """Read a command's output to its end: EOF and exit status both in, or the channel closed."""
         channel = self.channel
-        self.read_until(lambda: bool(channel.eof_received) and channel.exit_status_ready(), deadline, timed_out,
-                        cancel)
+        self.read_until(lambda: bool(channel.eof_received) and channel.exit_status_ready(), deadline, timed_out, cancel)
 
     def next_line(self, deadline: float, timed_out: Callable[[], Exception]) -> str | None:
         """The next line of stdout with its newline, decoded; None when stdout ended (EOF or closed) first."""

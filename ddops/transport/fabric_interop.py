@@ -1,7 +1,6 @@
 """Fabric Connections built from the ddops inventory, with ddops' host-key policy (see ddops.fabric).
 
-Here rather than in ddops/fabric.py because paramiko (which Fabric wraps) is imported only under ddops/transport/.
-"""
+Here rather than in ddops/fabric.py because paramiko (which Fabric wraps) is imported only under ddops/transport/."""
 
 from __future__ import annotations
 

@@ -101,8 +101,7 @@ class KnownHosts:
     paramiko's load_host_keys parses every line into a key object, on every connection: with 32 hosts that was
     the biggest CPU cost of a whole `ddops patch`. Names match as in OpenSSH: exact names, comma lists, hashed
     names, `*`/`?` wildcards and `!` negations; `@revoked` and `@cert-authority` lines are honoured (paramiko
-    skips both). `optional`: a file that cannot be read counts as empty (the system-wide one, as OpenSSH does).
-    """
+    skips both). `optional`: a file that cannot be read counts as empty (the system-wide one, as OpenSSH does)."""
 
     def __init__(self, path: Path, *, optional: bool = False) -> None:
         self.path = path

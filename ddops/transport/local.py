@@ -2,8 +2,7 @@
 
 No sshd, no root, no network. It is what the Connector opens for a `connection: local` host (a checkout on the
 controller itself: patch, verify, rollback, status, sync and bench work there as on a remote host, through the same
-agent and journal), and what task unit tests use. It is an AgentSession (ddops/tasks/base.py), as the SSH Session is.
-"""
+agent and journal), and what task unit tests use. It is an AgentSession (ddops/tasks/base.py), as the SSH Session is."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from ddops.errors import AgentError, AgentNoAnswer, Cancelled, CommandTimeout, TransportError
@@ -95,11 +95,9 @@ class LocalSession:
                                 cwd=os.path.expanduser("~"))
         try:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-            try:
+            with suppress(OSError):  # it did not read its input: its exit status says the rest
                 proc.stdin.write(stdin or b"")
                 proc.stdin.close()
-            except OSError:
-                pass  # it did not read its input: its exit status says the rest
             names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
             with selectors.DefaultSelector() as selector:
                 for fd in names:
@@ -124,18 +122,14 @@ class LocalSession:
         except Cancelled:
             # TERM first: a command under ddops' exec guard runs in a session of its own, which only the guard (on
             # this TERM) ends; a KILL here would end the guard and leave the command running.
-            try:
+            with suppress(OSError, subprocess.TimeoutExpired):
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=CANCEL_GRACE)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
             raise
         finally:
             if proc.poll() is None:
-                try:
+                with suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
                 proc.wait()
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
@@ -175,12 +169,10 @@ class LocalSession:
             self.agent_mode = "started"
             request = source + request
         agent = self._agent
-        try:
+        with suppress(OSError):  # the agent is gone: its stderr says why, below
             assert agent.stdin is not None
             agent.stdin.write(request)
             agent.stdin.flush()
-        except OSError:
-            pass  # the agent is gone: its stderr says why, below
         line = self._read_line(agent, deadline, timeout)
         if line is None:
             code = agent.wait()

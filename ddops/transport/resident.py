@@ -4,8 +4,7 @@ A host's agent, started with a linger, stays on after the session and says where
 secret (remote/README.md, "The resident agent"). The next command reaches it through sshd without starting Python,
 and believes only a resident that proves it knows that secret. The book is only a hint: a socket that is gone (or a
 resident that cannot prove itself) costs one channel and the agent is started the usual way. It holds secrets, so it
-is written mode 0600 in a 0700 folder, and read only when it is a file of ours that nobody else may read.
-"""
+is written mode 0600 in a 0700 folder, and read only when it is a file of ours that nobody else may read."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import re
 import stat
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +106,7 @@ class ResidentBook:
             self._changes = {}
             newest = sorted(entries.items(), key=lambda item: _stamp(item[1]))
             entries = self._entries = dict(newest[-MAX_ENTRIES:])
-            try:
+            with suppress(OSError):  # only a hint: the next command starts agents the usual way
                 private_dirs(self.path.parent)
                 temp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -114,8 +114,6 @@ class ResidentBook:
                 with os.fdopen(fd, "w") as handle:
                     json.dump(entries, handle, indent=0, sort_keys=True)
                 os.replace(temp, self.path)
-            except OSError:
-                pass  # only a hint: the next command starts agents the usual way
 
 
 def _read_private(path: Path) -> str:

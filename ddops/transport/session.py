@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import paramiko
@@ -91,10 +92,8 @@ class Session:
                 raise EOFError("the connection closed while the command ran")
         except Cancelled:
             if cancel_input and channel is not None:
-                try:
+                with suppress(Exception):  # a dead channel ended the command already
                     send_all(channel, cancel_input, time.monotonic() + 5, self.host.name)
-                except Exception:  # noqa: BLE001 - a dead channel ended the command already
-                    pass
             raise Cancelled("interrupted: the command was ended on the host", host=self.host.name) from None
         except CommandTimeout:
             raise
@@ -145,8 +144,7 @@ class Session:
 
         The first call starts the agent (source shipped on stdin, `--serve`); later calls of the session send their
         request on the same channel, so a snapshot and the commit that follows cost one Python start on the host,
-        not two.
-        """
+        not two."""
         timeout = self.host.command_timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout
@@ -205,10 +203,8 @@ class Session:
     def close(self) -> None:
         try:
             if self._agent is not None:
-                try:
+                with suppress(Exception):
                     self._agent.finish()
-                except Exception:  # noqa: BLE001
-                    pass
                 self._drop_agent()
             if self._sftp is not None:
                 self._sftp.close()

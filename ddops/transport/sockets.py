@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from contextlib import suppress
 
 from ddops.errors import TransportError
 from ddops.inventory import Host
@@ -29,15 +30,12 @@ class QuickAckSocket(socket.socket):
     sshd leaves Nagle's algorithm on for sessions without a tty, and right after authentication it sends a
     hostkeys-00@openssh.com notice that a client never answers: the kernel holds back its ACK (delayed ACK, 40 ms),
     and sshd holds back its next small packet, the confirmation of our first channel, until that ACK arrives. So the
-    first command on every connection cost a delayed ACK more than the later ones; with this it costs the same.
-    """
+    first command on every connection cost a delayed ACK more than the later ones; with this it costs the same."""
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
-        try:
+        with suppress(OSError):
             self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        except OSError:
-            pass
         return data
 
 

@@ -2,8 +2,7 @@
 
 The one place that uses paramiko's private API: paramiko's open_channel builds the open message only for the channel
 kinds it knows. pyproject pins paramiko below its next major for this module's sake, and
-tests/integration/test_resident_agent.py fails when these internals change.
-"""
+tests/integration/test_resident_agent.py fails when these internals change."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def open_unix_socket_channel(transport: paramiko.Transport, socket_path: str, ti
 
     Does what Transport.open_channel does for the kinds it knows (same message, window and bookkeeping) with the
     streamlocal fields: path, reserved string, reserved uint32. Raises paramiko.ChannelException when sshd refuses
-    (no such socket, or forbidden).
-    """
+    (no such socket, or forbidden)."""
     if not transport.active:
         raise paramiko.SSHException("SSH session not active")
     with transport.lock:

@@ -1,7 +1,6 @@
 """`python3 -m ddops_agent < request.json` (from remote/): the agent without the bootstrap, for tests and debugging.
 
-Not shipped: the bootstrap imports the package's other modules and calls protocol.main() itself.
-"""
+Not shipped: the bootstrap imports the package's other modules and calls protocol.main() itself."""
 
 import os
 import sys

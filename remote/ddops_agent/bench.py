@@ -21,8 +21,7 @@ appended, with a header and a footer per run), exit-<index> (each run's exit cod
 save), bootstrap.py + runner.in (the detached runner: the shipped bootstrap and bundle, written to disk, running
 `bench_runner`),
 runner.out (the runner's own output: a traceback if it ever crashes), stop (present once a stop was asked), and for a
-plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard).
-"""
+plan with a `server:` (servers.py) server-<n>.log (each server's output) and server-<n>-guard.in/.out (its guard)."""
 
 import datetime
 import fnmatch
@@ -35,6 +34,7 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import requested_facts
@@ -125,19 +125,21 @@ def parse_spec(payload):
         where = "spec.runs[%d]" % index
         require_object(run, where)
         require_str(run, "command", where)
-        env = run.get("env") or {}
-        require_object(env, where + ".env")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise bad_request("%s.env must map names to strings" % where)
-    env = spec.get("env") or {}
-    require_object(env, "spec.env")
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise bad_request("spec.env must map names to strings")
+        require_env(run, where)
+    require_env(spec, "spec")
     workdir = optional_str(spec, "workdir", ".") or "."
     if workdir != ".":
         check_relpath(workdir)
     optional_number(spec, "timeout_s", None, "spec")
     return spec
+
+
+def require_env(value, where):
+    """value["env"], when there is one, maps names to strings."""
+    env = value.get("env") or {}
+    require_object(env, where + ".env")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise bad_request("%s.env must map names to strings" % where)
 
 
 def initial_state(run_id, spec):
@@ -169,8 +171,7 @@ def runner_environment(run_id, run_dir, spec):
 
 def spawn_runner(run_dir, repo, run_id, env):
     """Start `bench_runner` detached (procs.spawn_agent); returns its pid."""
-    process = spawn_agent(run_dir, "runner", {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}},
-                          env)
+    process = spawn_agent(run_dir, "runner", {"verb": "bench_runner", "payload": {"repo": repo, "run_id": run_id}}, env)
     # Keep Python from reaping (or warning about) a child we deliberately leave running.
     process.returncode = 0
     return process.pid
@@ -389,10 +390,8 @@ def bench_runner(payload):
         return runner.run()
     except BaseException as error:
         runner.state.update({"status": "error", "ended": now_iso(), "message": describe_error(error)})
-        try:
+        with suppress(OSError):
             runner.save()
-        except OSError:
-            pass
         raise
 
 
@@ -433,9 +432,7 @@ def read_log_range(path, start, end):
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, start))
-            if end is None:
-                return handle.read()
-            return handle.read(max(0, end - start))
+            return handle.read() if end is None else handle.read(max(0, end - start))
     except OSError:
         return b""
 
@@ -582,8 +579,7 @@ def bench_stop(payload):
         write_all(fd, ("\n=== ddops run %s stopped at %s ===\n" % (run_id, now)).encode("utf-8"))
     finally:
         os.close(fd)
-    return {"run_id": run_id, "status": "stopped", "killed": killed, "remaining": remaining,
-            "already_ended": False}
+    return {"run_id": run_id, "status": "stopped", "killed": killed, "remaining": remaining, "already_ended": False}
 
 
 # -- files and provenance ---------------------------------------------------------------------------------------
@@ -593,8 +589,7 @@ def hash_file(path):
     """(sha256, size) of a regular file opened without following a symlink.
 
     O_NONBLOCK: opening a FIFO for reading waits for a writer, for ever (a FIFO swapped in after the listing's
-    lstat); opened so, it is refused by the fstat below instead.
-    """
+    lstat); opened so, it is refused by the fstat below instead."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     digest = hashlib.sha256()
     size = 0
@@ -648,8 +643,7 @@ def walk_results(result_dir, segments):
     """(relative parts, is symlink) of every entry below result_dir that the pattern reaches, in sorted order.
 
     Never follows a symlink (a link to `.` twice over makes a `**` walk exponential: glob listed 85k paths in 10 s
-    and went on), visits at most MAX_RESULT_ENTRIES entries, and stops at the request's deadline.
-    """
+    and went on), visits at most MAX_RESULT_ENTRIES entries, and stops at the request's deadline."""
     found = []
     visited = 0
     pending = [()]

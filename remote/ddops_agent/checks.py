@@ -3,6 +3,7 @@
 import os
 import subprocess
 import time
+from contextlib import suppress
 
 from ddops_agent.protocol import (optional_number, optional_str, require_list, require_object, require_str,
                                   within_deadline)
@@ -32,10 +33,8 @@ def run_quiet(argv, cwd=None, timeout=15):
 
 def kill_group(process):
     """Kill the check's whole process group, so its children do not outlive the timeout."""
-    try:
+    with suppress(OSError):
         os.killpg(process.pid, 9)
-    except OSError:
-        pass
 
 
 def end_group(process):

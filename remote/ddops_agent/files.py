@@ -6,6 +6,7 @@ import hashlib
 import os
 import posixpath
 import stat
+from contextlib import suppress
 
 from ddops_agent.protocol import AgentFault, bad_request, fault_point, require_str
 
@@ -173,8 +174,7 @@ def atomic_write(path, data, mode, owner=None, durable=True):
     """Replace `path` by `data` so that readers see the old bytes or the new ones, never a mix.
 
     durable: fsync the file and its directory, so that the new bytes survive a crash (not needed for notes that a
-    crash makes moot anyway; each fsync costs a disk flush).
-    """
+    crash makes moot anyway; each fsync costs a disk flush)."""
     directory, name = os.path.split(path)
     fd, temp = make_temp(directory, name)
     try:
@@ -192,10 +192,8 @@ def atomic_write(path, data, mode, owner=None, durable=True):
         os.replace(temp, path)
         fault_point("renamed", path)
     except BaseException as error:
-        try:
+        with suppress(OSError):
             os.unlink(temp)
-        except OSError:
-            pass
         if isinstance(error, OSError) and not error.filename:
             raise OSError(error.errno, error.strerror, path) from None  # say which file could not be written
         raise
@@ -205,10 +203,8 @@ def atomic_write(path, data, mode, owner=None, durable=True):
 
 def remove_file(path):
     """Remove `path` durably (a file ddops created, rolled back); the same fault point as a write's rename."""
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
     fault_point("renamed", path)
     fsync_dir(os.path.dirname(path))
 

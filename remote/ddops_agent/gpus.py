@@ -2,8 +2,7 @@
 
 Only parsing and asking here: what counts as busy, throttled or unhealthy is decided on the controller
 (ddops/bench/gpus.py). Field names are those `nvidia-smi --help-query-gpu` and `--help-query-compute-apps` document;
-every query uses `--format=csv,noheader,nounits`, where an unsupported value reads `[N/A]` or `[Not Supported]`.
-"""
+every query uses `--format=csv,noheader,nounits`, where an unsupported value reads `[N/A]` or `[Not Supported]`."""
 
 import re
 import shutil
@@ -50,9 +49,7 @@ def value_of(text, kind):
     if text in UNSUPPORTED or text.startswith("[") or text == "Unknown Error":
         return None
     try:
-        if kind == "hex":
-            return int(text, 16)
-        return kind(text)
+        return int(text, 16) if kind == "hex" else kind(text)
     except ValueError:
         return None
 
@@ -131,9 +128,7 @@ def parse_xids(text, uptime=None):
         if not found:
             continue
         stamp = KERNEL_TIME.search(line)
-        age = None
-        if stamp and uptime is not None:
-            age = max(0.0, round(uptime - float(stamp.group(1)), 1))
+        age = max(0.0, round(uptime - float(stamp.group(1)), 1)) if stamp and uptime is not None else None
         events.append({"bus_id": found.group(1).lower(), "xid": int(found.group(2)),
                        "detail": (found.group(3) or "").strip()[:200], "age_s": age})
     return events[-MAX_XIDS:]

@@ -7,6 +7,7 @@ import os
 import stat
 import time
 import uuid
+from contextlib import suppress
 
 from ddops_agent.checks import run_quiet
 from ddops_agent.facts import current_user, user_name
@@ -87,11 +88,9 @@ def read_backup_bytes(state, sha):
 
 def store_backup(state, data, sha):
     """Keep `data` as backup `sha`: written once, rewritten only if the stored copy is damaged."""
-    try:
+    with suppress(AgentFault):
         read_backup_bytes(state, sha)
         return
-    except AgentFault:
-        pass
     atomic_write(backup_path(state, sha), data, 0o600)
 
 
@@ -188,8 +187,7 @@ def read_journal(state):
     The entries of a write whose agent was cut off after the rename but before its journal line are included, as
     that write's pending note describes them (see journalled_write), so readers see the file as it is. Entries of
     events a newer ddops may write are skipped; a malformed entry of a known event is refused (fault `bad_journal`,
-    naming its line), never half read.
-    """
+    naming its line), never half read."""
     landed = [entry for _, entries in pending_notes(state) for entry in entries]  # before the journal: no gap
     entries, corrupt = read_journal_lines(state)
     known = set(entry.get("id") for entry in entries if isinstance(entry.get("id"), str))
@@ -207,8 +205,7 @@ def salvage_torn_line(text):
     """The complete `"key": value` pairs at the start of a cut-off JSON object line, as a dict ({} if none).
 
     Our lines are written by json.dumps(sort_keys=True): a line cut short (a power cut after a partial append)
-    still holds every pair before the cut, and an apply's file, patch and hashes say which backup undoes it.
-    """
+    still holds every pair before the cut, and an apply's file, patch and hashes say which backup undoes it."""
     decoder = json.JSONDecoder()
     pairs = {}
     position = text.find("{") + 1
@@ -234,8 +231,7 @@ def read_journal_lines(state):
     """(entries, corrupt): the journal file's objects, and {line, error} for lines that do not parse.
 
     A torn line whose pairs still make a whole entry (see salvage_torn_line) is read as that entry, marked `torn`,
-    and listed among the corrupt lines all the same (`salvaged`), so that status says so.
-    """
+    and listed among the corrupt lines all the same (`salvaged`), so that status says so."""
     entries, corrupt = [], []
     try:
         handle = open(journal_path(state), "rb")
@@ -289,8 +285,7 @@ def live_entries(entries):
     unreadable-line marker.
 
     Replayed, they give what the whole journal gives to ddops/patching/journal.py: the same active applications, in
-    the same order, and the same last written hash per file.
-    """
+    the same order, and the same last written hash per file."""
     active, last_write, always = {}, {}, []
     for index, entry in enumerate(entries):
         event, rel = entry.get("event"), entry.get("file")
@@ -316,8 +311,7 @@ def compact_journal(state):
 
     Every stage leaves a journal that says the same: before the rename the old one (the rotated name is a hard link
     to it, which the next compaction drops if it was cut off), after it the checkpoint. Appends only ever happen
-    under the lock, so none can land in between.
-    """
+    under the lock, so none can land in between."""
     path = journal_path(state)
     try:
         size = os.stat(path).st_size
@@ -411,10 +405,8 @@ def remove_stale_temps(directory, name=""):
         return
     for stale in names:
         if stale.startswith(prefix) and stale.endswith(TEMP_SUFFIX):
-            try:
+            with suppress(OSError):
                 os.unlink(os.path.join(directory, stale))
-            except OSError:
-                pass
 
 
 def journalled_write(state, target, rel, data, original, entries):
@@ -582,7 +574,5 @@ def reserve_space(state, size):
 def release_space(path):
     """Give back what reserve_space held."""
     if path is not None:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass

@@ -56,8 +56,7 @@ def snapshot_verb(payload):
     Live entries (what a compaction keeps) give every reader of a snapshot what the whole journal gives: the
     applications in place, each file's last write, the saved edits. The history grows with every patch and rollback
     (up to the 512 KiB that compaction allows), and went to the controller with every snapshot, to be parsed there,
-    for every host and command; the `journal` verb still returns all of it.
-    """
+    for every host and command; the `journal` verb still returns all of it."""
     repo = open_repo(payload)
     files = require_list(payload, "files")
     if not all(isinstance(rel, str) for rel in files):
@@ -202,8 +201,7 @@ def write_changes(state, changes, originals, who):
     """Apply every change; if one fails, put the ones already written back before reporting it.
 
     (written, reserve): the disk held back stays held until the post checks have passed or the files are put back
-    (release_space or put_back), so that a check that fills the disk cannot take the room the revert needs.
-    """
+    (release_space or put_back), so that a check that fills the disk cannot take the room the revert needs."""
     reserve = reserve_space(state, sum(len(getattr(originals[change.path], "data", b"")) + 8192 for change in changes))
     written = []
     try:
@@ -297,8 +295,7 @@ def refuse_if_journal_moved(state, seen_last):
 
     The file hashes alone do not tell: another controller's patch or rollback may have left a file as the plan
     expects while the applications behind it changed, and a rollback planned from the old journal would then leave
-    files and journal disagreeing. The controller plans again.
-    """
+    files and journal disagreeing. The controller plans again."""
     entries, _ = read_journal(state)
     last = entries[-1].get("id") if entries else None
     if last != seen_last:

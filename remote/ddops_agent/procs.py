@@ -1,6 +1,5 @@
 """ddops agent: the processes of a bench run: records that survive a recycled pid, the run's environment tags,
-signals, ending a set of processes for good, and starting this agent again detached (the runner, a server's guard).
-"""
+signals, ending a set of processes for good, and starting this agent again detached (the runner, a server's guard)."""
 
 import json
 import os
@@ -8,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 from ddops_agent.files import atomic_write
 from ddops_agent.protocol import bad_request, shipped_bundle
@@ -71,8 +71,7 @@ def is_run_process(record, run_id, run_dir):
     """Whether a recorded process still runs and is still the run's: same start time and group, the run's tags.
 
     A pid recorded before a reboot or an OOM kill may belong to anyone now (root's, on a GPU host): nothing is
-    signalled on the strength of a pid alone.
-    """
+    signalled on the strength of a pid alone."""
     if not isinstance(record, dict):
         return False
     pid = record.get("pid")
@@ -186,13 +185,11 @@ def descendants(pids):
 
 def signal_quietly(pid, sig, group=False):
     """Send `sig` to a process (or its group), ignoring ones already gone."""
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def group_alive(pgid):
@@ -211,8 +208,7 @@ def spawn_agent(run_dir, name, request, env):
     <name>.out, both in run_dir; returns its Popen (the bench runner, a server's guard).
 
     It runs from the shipped bundle, written to the run directory: bootstrap.py reads <name>.in (the bundle, then
-    the request) as the bootstrap does over ssh.
-    """
+    the request) as the bootstrap does over ssh."""
     shipped = shipped_bundle()
     if shipped is None:
         raise bad_request("%s needs the shipped agent bundle (run it through the bootstrap)" % request["verb"])

@@ -88,8 +88,7 @@ def verb(name, interrupt=True, bounded=True):
     where it stands when the deadline passes (answer kind `timeout`); verbs that write are registered with
     interrupt=False and stop only at their own safe points instead (time_left: the lock wait, each post check),
     never half way through a write. bounded=False: no deadline at all (a detached runner that lasts as long as its
-    plan says).
-    """
+    plan says)."""
 
     def register(function):
         if name in VERBS:
@@ -107,9 +106,7 @@ class DeadlinePassed(BaseException):
 
 def time_left():
     """Seconds until the current request's deadline (0 once past), or None when it has none."""
-    if DEADLINE[0] is None:
-        return None
-    return max(0.0, DEADLINE[0] - time.monotonic())
+    return None if DEADLINE[0] is None else max(0.0, DEADLINE[0] - time.monotonic())
 
 
 def within_deadline(seconds):

@@ -14,8 +14,7 @@ Three things keep a session from being served by the wrong process (issue 11):
 A resident tells its secret to one more kind of peer: an agent of the same user that provably sees the same
 filesystem, i.e. one started on this host by another controller (another engineer's, a CI runner's, one that lost
 its book). That agent hands it to its controller, which then uses the resident too instead of starting an agent for
-every command while this one lives. Such a peer can already read the resident's memory, so nothing is given away.
-"""
+every command while this one lives. Such a peer can already read the resident's memory, so nothing is given away."""
 
 import fcntl
 import hashlib
@@ -29,6 +28,7 @@ import socket
 import stat
 import sys
 import time
+from contextlib import suppress
 
 RESIDENT_BACKLOG = 64
 MAX_UNIX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, fewer elsewhere
@@ -246,8 +246,7 @@ def start_resident(path, secret, linger, lifetime, agent, inherited=()):
     bound_resident() reads its word from.
 
     The server detaches at once (its own session, reparented, standard streams on /dev/null, the descriptors in
-    `inherited` closed) so that sshd can close the channel of the session that started it.
-    """
+    `inherited` closed) so that sshd can close the channel of the session that started it."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -262,10 +261,8 @@ def start_resident(path, secret, linger, lifetime, agent, inherited=()):
                     os.dup2(devnull, fd)
                 os.close(devnull)
                 for fd in inherited:
-                    try:
+                    with suppress(OSError):
                         os.close(fd)
-                    except OSError:
-                        pass
                 serve_resident(path, secret, linger, lifetime, agent, write_end)
         finally:
             os._exit(0)
@@ -333,11 +330,9 @@ def serve_resident(path, secret, linger, lifetime, agent, ready):
         sessions.add(fork_resident_session(server, connection, agent, secret, keep_out))
         idle_until = time.monotonic() + linger
     # Take the name away first, then serve whoever connected before that: no session is left unanswered.
-    try:
+    with suppress(OSError):
         if os.stat(name, dir_fd=directory, follow_symlinks=False).st_ino == bound:
             os.unlink(name, dir_fd=directory)
-    except OSError:
-        pass
     server.setblocking(False)
     while True:
         try:
@@ -359,10 +354,8 @@ def bind_in(directory, name):
     umask = os.umask(0o177)
     try:
         os.fchdir(directory)
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(name)  # a socket left by a resident that was killed
-        except FileNotFoundError:
-            pass
         server.bind(name)
         server.listen(RESIDENT_BACKLOG)
         return server

@@ -11,8 +11,7 @@ deadline passes, shares it among the runs of its group, and always stops it:
 
 A server's processes carry the run's tags and DDOPS_SERVER=<run-id>/server-<n>; its output goes to server-<n>.log
 in the run directory (task-<i>-server-<n>.log for a Slurm task's). Runs and server find the port in
-$DDOPS_SERVER_PORT (the plan's {server_port}).
-"""
+$DDOPS_SERVER_PORT (the plan's {server_port})."""
 
 import http.client
 import json
@@ -233,8 +232,7 @@ class Servers:
         self.not_ready[spec.get("group")] = problem
         self.stop()
         tail = log_tail(server.log_path).rstrip("\n")
-        self.log("=== ddops server %s; the end of %s: ===\n%s\n" % (problem, os.path.basename(server.log_path),
-                                                                     tail))
+        self.log("=== ddops server %s; the end of %s: ===\n%s\n" % (problem, os.path.basename(server.log_path), tail))
         return None, "its server " + problem
 
     def keep_for(self, spec):

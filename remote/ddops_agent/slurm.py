@@ -14,8 +14,7 @@ Verbs (payloads carry `repo`, `run_id`, and `slurm_conf` when the cluster's slur
 A Slurm run directory holds, besides spec.json and results/: job.sh (the batch script), slurm.json (job id, sbatch
 options), task-request.json, bootstrap.py + agent.bundle (the shipped agent, for the tasks), task-<i>.out (each
 task's output, written by Slurm), task-<i>.json (each task's own record), log (the task outputs merged, a `[i] `
-prefix per line) and log-merge.json (how far each is).
-"""
+prefix per line) and log-merge.json (how far each is)."""
 
 import fcntl
 import json

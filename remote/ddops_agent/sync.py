@@ -11,6 +11,7 @@ import stat
 import subprocess
 import time
 import uuid
+from contextlib import suppress
 
 from ddops_agent.checks import kill_group
 from ddops_agent.files import STATE_DIR, check_relpath, make_private_dir, open_repo, unsafe_path, write_all
@@ -38,8 +39,7 @@ def git_operand(value, what):
     """A user value that goes to git as an operand (a URL), refused when git could read it as an option.
 
     `--upload-pack=CMD` as a URL runs CMD. The calls below also put `--` before such operands, which every git
-    understands (`--end-of-options` needs git 2.24): this check is the one that does not depend on the host's git.
-    """
+    understands (`--end-of-options` needs git 2.24): this check is the one that does not depend on the host's git."""
     if not isinstance(value, str) or not value or value.startswith("-") or "\0" in value or "\n" in value:
         raise bad_request("%s %r: must not be empty, start with '-' (git would read it as an option) or contain "
                           "newlines or NUL bytes" % (what, value))
@@ -50,8 +50,7 @@ def check_operands(payload):
     """(repo, commit): every operand of a sync request checked before anything runs, used by this call or not.
 
     A check made only where an operand is used depends on the repo's state (a commit already there skips the
-    fetch, and with it the URL): a bad value must be refused the same way every time.
-    """
+    fetch, and with it the URL): a bad value must be refused the same way every time."""
     repo = repo_path(payload)
     commit = require_commit(payload)
     for key in ("repo_url", "probe_url"):
@@ -226,10 +225,8 @@ def objects_bytes(repo):
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
-            try:
+            with suppress(OSError):
                 total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -270,11 +267,9 @@ def remove_stale_bundles(directory):
     for name in os.listdir(directory):
         if is_bundle_name(name) or name.endswith(".bundle.part"):
             path = os.path.join(directory, name)
-            try:
+            with suppress(OSError):
                 if os.lstat(path).st_mtime < cutoff:
                     os.unlink(path)
-            except OSError:
-                pass
 
 
 def bundle_target(raw):
@@ -290,10 +285,8 @@ def bundle_target(raw):
 def discard_bundle(payload):
     """Remove an uploaded bundle that is not needed (the commit arrived some other way)."""
     if isinstance(payload.get("bundle"), dict):
-        try:
+        with suppress(AgentFault, OSError):
             os.unlink(bundle_target(payload["bundle"]))
-        except (AgentFault, OSError):
-            pass
 
 
 def check_bundle(path, expected_sha):
@@ -368,8 +361,7 @@ def prepare_repo(repo, url):
     """Make `repo` a git checkout: an empty or missing directory gets `git init` (and origin = url).
 
     None when it already was one; else what to call (undo_prepare) if the sync then fails, so that an unusable
-    URL does not leave an empty `git init` where the repo should be.
-    """
+    URL does not leave an empty `git init` where the repo should be."""
     if os.path.exists(repo) and not os.path.isdir(repo):
         raise AgentFault("no_repo", "repo %s exists and is not a directory" % repo)
     if os.path.isdir(repo) and is_checkout(repo):
@@ -413,10 +405,8 @@ def fetch_commit(repo, commit, payload):
             check_bundle(path, require_sha(bundle, "sha256", "bundle"))
             git_ok(repo, ["fetch", "--quiet", "--no-tags", "--", path, commit], timeout, kind="fetch_failed")
         finally:
-            try:
+            with suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
     elif source == "remote":
         url = git_operand(require_str(payload, "repo_url"), "repo_url")
         if remote_url(repo) == url:

@@ -226,13 +226,15 @@ def test_vllm_summaries_from_json_feed_the_report(tmp_path):
 
 
 def test_sampled_runs_show_no_output_match_rate_in_the_table():
-    from ddops.bench.report import ReportRow, _fidelity_cell
+    from ddops.bench.report import GroupRow, _group_fidelity
 
-    fields = {f: None for f in ReportRow.__dataclass_fields__}
-    greedy = ReportRow(**{**fields, "method": "ddtree_tb4", "temperature": 0.0, "fidelity": 0.5, "lossy": True})
-    sampled = ReportRow(**{**fields, "method": "ddtree_tb4", "temperature": 1.0, "fidelity": 0.0, "lossy": False})
-    assert _fidelity_cell(greedy) == "50.0%"
-    assert _fidelity_cell(sampled) == "— (sampled)"
+    fields = {f: None for f in GroupRow.__dataclass_fields__}
+    greedy = GroupRow(**{**fields, "method": "ddtree_tb4", "temperature": 0.0, "equal_responses": 1,
+                         "compared_responses": 2})
+    sampled = GroupRow(**{**fields, "method": "ddtree_tb4", "temperature": 1.0, "equal_responses": 0,
+                          "compared_responses": 2})
+    assert _group_fidelity(greedy) == "50.0% (1/2)"
+    assert _group_fidelity(sampled) == "— (sampled)"
 
 
 # --- different code is never pooled -----------------------------------------------------------------------------------
