@@ -2,7 +2,8 @@
 
 A venv holds the pinned CPU torch and one transformers release, nothing else: torch lies once in a base venv that
 every release venv sees through a .pth line (pip then finds it installed and leaves it alone), so a release costs
-its own wheels only. A venv is reused while its stamp names what it was built from.
+its own wheels only; pip itself runs from the base, not copied into each. A venv is reused while its stamp names what
+it was built from.
 """
 
 from __future__ import annotations
@@ -88,10 +89,12 @@ def _python(venv: Path) -> Path:
 
 
 def _pip(venv: Path, *args: str) -> None:
-    done = subprocess.run([str(_python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True)
+    """The base venv's pip on venv (the release venvs have none of their own)."""
+    base = MATRIX_DIR / "base"
+    pip = [str(_python(base)), "-m", "pip", *([] if venv == base else ["--python", str(_python(venv))])]
+    done = subprocess.run([*pip, *args, "-q", "--disable-pip-version-check"], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"pip install {' '.join(args)} into {venv} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"pip {' '.join(args)} on {venv} failed:\n{done.stderr[-3000:]}")
 
 
 @contextmanager
@@ -102,13 +105,14 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _built(venv: Path, stamp: str, build) -> Path:
+def _built(venv: Path, stamp: str, build, with_pip: bool = False) -> Path:
     """venv, built by build(venv) unless its stamp already says stamp (a venv half built is built again)."""
     done = venv / ".ddops-built"
     with _locked(venv.parent / f".{venv.name}.lock"):
         if not (done.is_file() and done.read_text() == stamp):
             shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(venv)],
+                           check=True)
             build(venv)
             done.write_text(stamp)
     return venv
@@ -121,7 +125,7 @@ def _site_packages(venv: Path) -> str:
 
 def base_venv() -> Path:
     """The venv holding torch alone."""
-    return _built(MATRIX_DIR / "base", TORCH, lambda venv: _pip(venv, TORCH))
+    return _built(MATRIX_DIR / "base", TORCH, lambda venv: _pip(venv, "install", TORCH), with_pip=True)
 
 
 def venv_python(version: str) -> Path:
@@ -131,7 +135,8 @@ def venv_python(version: str) -> Path:
     def build(venv: Path) -> None:
         # After the venv's own site-packages: the release's own dependencies win over anything the base holds.
         Path(_site_packages(venv), "ddops-torch.pth").write_text(_site_packages(base) + "\n")
-        _pip(venv, f"transformers=={version}")
+        # No bytecode: a probe imports a small part of transformers.
+        _pip(venv, "install", "--no-compile", f"transformers=={version}")
 
     return _python(_built(MATRIX_DIR / f"transformers-{version}", f"{TORCH} transformers=={version}", build))
 

@@ -3,6 +3,8 @@
     python hybrid_probe.py route MODULE.py          the route against cache-free forwards, on tiny random targets
     python hybrid_probe.py mini REPO MODELS N TOKENS BUDGETS
                                                     the patched mini DDTree's methods against cache-free greedy
+    python hybrid_probe.py both MODULE.py REPO MODELS N TOKENS BUDGETS
+                                                    the two in one process: {"route": ..., "mini": ...}
 
 Prints one JSON document; tests/unit/test_hybrid_matrix.py reads it. Ground truth is always a forward without any
 cache (the prompt and the path to a node as one sequence), never the release's own cached multi-token forward:
@@ -207,5 +209,10 @@ if __name__ == "__main__":
 
     mode, *args = sys.argv[1:]
     result = {"transformers": transformers.__version__}
-    result.update(probe_route(*args) if mode == "route" else probe_mini(*args))
+    if mode == "both":  # one interpreter start and one torch + transformers import instead of two
+        result["route"] = probe_route(args[0])
+        sys.modules.pop("ddops_hybrid_verify")  # the mini DDTree imports its own copy, as a patched checkout does
+        result["mini"] = probe_mini(*args[1:])
+    else:
+        result.update(probe_route(*args) if mode == "route" else probe_mini(*args))
     print(json.dumps(result))

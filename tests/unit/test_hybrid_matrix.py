@@ -11,6 +11,7 @@ newest release; DDOPS_HYBRID_MATRIX=all runs them all (the README says how).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -36,6 +37,12 @@ def probe(version: str, *args: str) -> dict:
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def observed(version: str, repo: Path, models: Path) -> dict:
+    """What the probe saw on version: the route and the patched mini DDTree, from one run (shared by two tests)."""
+    return probe(version, "both", str(MODULE), str(repo), str(models), str(SAMPLES), str(TOKENS), BUDGETS)
 
 
 def record(version: str, **found: object) -> None:
@@ -67,11 +74,13 @@ def supported(version: str) -> bool:
 
 
 @pytest.mark.parametrize("version", matrix.selected())
-def test_the_route_equals_cache_free_forwards_and_takes_the_path_the_support_file_names(version):
+def test_the_route_equals_cache_free_forwards_and_takes_the_path_the_support_file_names(version, patched_repo,
+                                                                                        trained_models):  # noqa: F811
     if not supported(version):
         pytest.skip(f"transformers {version} is not supported: {matrix.entry(version)['why']}")
-    found = probe(version, "route", str(MODULE))
-    assert found["transformers"] == version
+    seen_by_probe = observed(version, patched_repo, trained_models)
+    assert seen_by_probe["transformers"] == version
+    found = seen_by_probe["route"]
     assert found["logit_gap"] <= 1e-4 and found["state_gap"] <= 1e-5, found
     assert len(found["paths"]) == 1, found["paths"]  # one path for every round on one release
     seen = next(iter(found["paths"]))
@@ -83,7 +92,7 @@ def test_the_route_equals_cache_free_forwards_and_takes_the_path_the_support_fil
 def test_every_method_of_the_patched_mini_ddtree_equals_cache_free_greedy(version, patched_repo, trained_models):  # noqa: F811
     if not supported(version):
         pytest.skip(f"transformers {version} is not supported: {matrix.entry(version)['why']}")
-    found = probe(version, "mini", str(patched_repo), str(trained_models), str(SAMPLES), str(TOKENS), BUDGETS)
+    found = observed(version, patched_repo, trained_models)["mini"]
     methods = {"baseline", "dflash", "spec_generate", *(f"ddtree_tb{b}" for b in BUDGETS.split(","))}
     for target in ("qwen3.5-hybrid", "qwen3-attn"):
         rows = found[target]
