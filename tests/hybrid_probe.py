@@ -74,6 +74,7 @@ def path_to(parents, node):
 
 
 def tree_inputs(parents, past, ids):
+    """DDTree's verify inputs for a tree after `past` tokens: positions past + depth, and the additive tree mask."""
     size = len(parents)
     visible = torch.zeros(size, size, dtype=torch.bool)
     depth = [0] * size

@@ -189,17 +189,10 @@ def prefilled(torch_, target, record: bool, batch: int = 1, config=None, prompt:
 
 def tree_inputs(torch_, parents, seed=0):
     """DDTree's verify inputs for a tree: ids, positions PROMPT + depth, and the additive tree mask."""
-    size = len(parents)
-    visible = torch_.zeros(size, size, dtype=torch_.bool)
-    depth = [0] * size
-    for node, parent in enumerate(parents):
-        if parent >= 0:
-            visible[node], depth[node] = visible[parent], depth[parent] + 1
-        visible[node, node] = True
-    ids = torch_.randint(0, VOCAB, (1, size), generator=torch_.Generator().manual_seed(seed))
-    mask = torch_.zeros(1, 1, size, PROMPT + size)
-    mask[0, 0, :, PROMPT:].masked_fill_(~visible, torch_.finfo(torch_.float32).min)
-    return ids, torch_.tensor([depth]) + PROMPT, mask
+    from tests.hybrid_probe import tree_inputs as positions_and_mask
+
+    ids = torch_.randint(0, VOCAB, (1, len(parents)), generator=torch_.Generator().manual_seed(seed))
+    return (ids, *positions_and_mask(parents, PROMPT, ids))
 
 
 def path_to(parents, node):
