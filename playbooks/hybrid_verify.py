@@ -179,16 +179,25 @@ def _trim_recording(cache):
 # crop, and its linear layers read cached state in a one-token forward only: a multi-token forward over it restarts
 # them from zero state. The adapter gives it transformers' layer view and crop; the references step token by token.
 
+def _is_linear_module(module):
+    """Whether a module of the target is one of its Gated DeltaNet layers (a short conv and a layer index)."""
+    return hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None
+
+
+def _first_linear_module(target):
+    return next((module for module in target.modules() if _is_linear_module(module)), None)
+
+
 def _own_cache_class(target):
     """The cache class the modeling module of the target's linear-attention layers defines, if any."""
-    for module in target.modules():
-        if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None:
-            home = sys.modules.get(type(module).__module__)
-            found = [value for name, value in vars(home).items() if name.endswith("DynamicCache")
-                     and isinstance(value, type) and value.__module__ == home.__name__
-                     and hasattr(value, "has_previous_state") and hasattr(value, "update")] if home else []
-            return found[0] if found else None
-    return None
+    module = _first_linear_module(target)
+    home = sys.modules.get(type(module).__module__) if module is not None else None
+    if home is None:
+        return None
+    found = [value for name, value in vars(home).items() if name.endswith("DynamicCache")
+             and isinstance(value, type) and value.__module__ == home.__name__
+             and hasattr(value, "has_previous_state") and hasattr(value, "update")]
+    return found[0] if found else None
 
 
 @functools.cache
@@ -258,7 +267,7 @@ def verify_route(target, cache, batch_size):
         return f"batch of {batch_size}, not 1"
     linear = linear_layers(cache)
     modules = {module.layer_idx: module for module in target.modules()
-               if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) in linear}
+               if _is_linear_module(module) and module.layer_idx in linear}
     if set(modules) != set(linear):
         return "the target's linear-attention modules do not match the cache's linear layers"
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
@@ -585,10 +594,15 @@ def _restarts_multi_token(target, cache):
     module's own cache (5.2-5.4), and wherever the layer hands its chunked rule initial_state=None (5.2-5.6)."""
     if getattr(cache, "_ddops_stepwise", False):
         return True
-    for module in target.modules():
-        if hasattr(module, "conv1d") and getattr(module, "layer_idx", None) is not None:
-            try:
-                return "initial_state=None" in inspect.getsource(_plain(type(module).forward))
-            except (OSError, TypeError):  # no source to read: as 5.7+ do, the forward reads the cached state
-                return False
-    return False
+    module = _first_linear_module(target)
+    return module is not None and _forward_ignores_cached_state(type(module))
+
+
+@functools.cache
+def _forward_ignores_cached_state(layer_class):
+    """Whether the layer class's forward hands its chunked rule initial_state=None: read once per class, not per
+    verify."""
+    try:
+        return "initial_state=None" in inspect.getsource(_plain(layer_class.forward))
+    except (OSError, TypeError):  # no source to read: as 5.7+ do, the forward reads the cached state
+        return False
