@@ -56,11 +56,9 @@ def files_patched_by(playbooks, seed: Path = MINI_DDTREE) -> tuple[str, ...]:
 def mini_ddtree_models(out: Path = MINI_MODELS) -> Path:
     """examples/mini-ddtree's trained models under out (qwen3.5-hybrid, qwen3-attn, each with -draft), built once
     (under a lock: scripts/test's pytest invocations may ask at once)."""
-    import fcntl
+    from tests.hybrid_matrix import locked
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(out.parent / f".{out.name}.lock"):
         subprocess.run([sys.executable, "make_models.py", "--out", str(out)], cwd=MINI_DDTREE, check=True,
                        capture_output=True, timeout=900,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})

@@ -22,6 +22,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = REPO_ROOT / "playbooks" / "hybrid-support.yaml"
 MATRIX_DIR = Path(os.environ.get("DDOPS_HYBRID_MATRIX_DIR", REPO_ROOT / ".cache" / "hybrid-matrix"))
+BASE = MATRIX_DIR / "base"  # torch, and the pip every release venv is installed with
 TORCH = "torch==2.13.0"
 
 
@@ -90,15 +91,15 @@ def _python(venv: Path) -> Path:
 
 def _pip(venv: Path, *args: str) -> None:
     """The base venv's pip on venv (the release venvs have none of their own)."""
-    base = MATRIX_DIR / "base"
-    pip = [str(_python(base)), "-m", "pip", *([] if venv == base else ["--python", str(_python(venv))])]
+    pip = [str(_python(BASE)), "-m", "pip", *([] if venv == BASE else ["--python", str(_python(venv))])]
     done = subprocess.run([*pip, *args, "-q", "--disable-pip-version-check"], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"pip {' '.join(args)} on {venv} failed:\n{done.stderr[-3000:]}")
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on path (made with its folder if missing): one builder at a time across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -108,7 +109,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _built(venv: Path, stamp: str, build, with_pip: bool = False) -> Path:
     """venv, built by build(venv) unless its stamp already says stamp (a venv half built is built again)."""
     done = venv / ".ddops-built"
-    with _locked(venv.parent / f".{venv.name}.lock"):
+    with locked(venv.parent / f".{venv.name}.lock"):
         if not (done.is_file() and done.read_text() == stamp):
             shutil.rmtree(venv, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(venv)],
@@ -125,7 +126,7 @@ def _site_packages(venv: Path) -> str:
 
 def base_venv() -> Path:
     """The venv holding torch alone."""
-    return _built(MATRIX_DIR / "base", TORCH, lambda venv: _pip(venv, "install", TORCH), with_pip=True)
+    return _built(BASE, TORCH, lambda venv: _pip(venv, "install", TORCH), with_pip=True)
 
 
 def venv_python(version: str) -> Path:
