@@ -7,6 +7,7 @@ as containers with a common home volume do. Fast (no image), needs root."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -147,15 +148,23 @@ def _start(host: TestbedHost, testbed: Testbed, sshd: str) -> None:
 
 def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
     pid = host.pid()
+    # What an earlier stop of the sshd alone left running ends with the host, whether or not it was started again.
+    left = _left_behind(host) if whole_namespace else set()
     if pid is None:
+        _kill_and_wait(left)
         return False
     # Sessions forked by this sshd ("sshd: root@notty" and what they run) outlive the listener, and so do detached
-    # processes (bench runs) that left its process tree: taking the host down ends everything in its namespace.
-    sessions = set(_descendants(pid)) | (set(_in_mount_namespace(pid)) if whole_namespace else set())
-    sessions.discard(pid)
+    # processes (bench runs, residents) that left its process tree: taking the host down ends everything in its
+    # namespace. Stopping the sshd alone leaves those, as on a real host: they are remembered for the host's end.
+    namespace = set(_in_mount_namespace(pid))
+    sessions = set(_descendants(pid))
+    if not whole_namespace:
+        _remember_left_behind(host, namespace - sessions - {pid})
+    sessions = (sessions | (namespace if whole_namespace else set()) | left) - {pid}
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
+        _kill_and_wait(left)
         return False
     for child in sessions:
         with suppress(ProcessLookupError):
@@ -170,6 +179,47 @@ def _stop(host: TestbedHost, whole_namespace: bool = True) -> bool:
         time.sleep(0.02)
     host.pid_file.unlink(missing_ok=True)
     return True
+
+
+def _kill_and_wait(pids: set[int]) -> None:
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (in clock ticks since boot): with the PID, what tells it from a recycled PID."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _left_file(host: TestbedHost) -> Path:
+    return Path(host.dir) / "left-behind.json"
+
+
+def _remember_left_behind(host: TestbedHost, pids: set[int]) -> None:
+    known = json.loads(_left_file(host).read_text()) if _left_file(host).is_file() else []
+    known += [[pid, started] for pid in sorted(pids) if (started := _start_time(pid)) is not None]
+    _left_file(host).write_text(json.dumps(known))
+
+
+def _left_behind(host: TestbedHost) -> set[int]:
+    """The processes an earlier stop of the host's sshd left running that still live, with everything in their
+    namespaces (a namespace one of them still holds cannot have been recycled); forgotten once read."""
+    path = _left_file(host)
+    if not path.is_file():
+        return set()
+    found: set[int] = set()
+    for pid, started in json.loads(path.read_text()):
+        if _start_time(pid) == started:
+            found |= {pid, *_in_mount_namespace(pid), *_descendants(pid)}
+    path.unlink()
+    return found
 
 
 def _in_mount_namespace(pid: int) -> list[int]:

@@ -241,6 +241,27 @@ def test_testbed_down_ends_detached_processes_left_on_its_hosts(make_testbed):
     assert sleepers() == []
 
 
+def test_testbed_down_ends_what_a_host_left_running_when_its_sshd_was_stopped_alone(make_testbed):
+    # stop_host is a host whose sshd died: detached processes (a bench runner, a resident agent) live on, as on a
+    # real host. They are still the testbed's, and end with it, even though no sshd is left to find them through.
+    from ddops import testbed
+
+    bed = make_testbed(2)
+    inv = load_inventory(bed.inventory_path)
+    marker = f"sleep {2000 + os.getpid() % 1000}"
+    with Connector(inv.known_hosts).connect(inv.hosts[1]) as session:
+        session.run(f"setsid sh -c '{marker}' </dev/null >/dev/null 2>&1 &")
+
+    def sleepers() -> list[str]:
+        return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == marker]
+
+    wait_until(sleepers, timeout=10)
+    stop_host(bed, "host2")
+    assert sleepers()  # the sshd alone went
+    testbed.down(bed.root)
+    assert sleepers() == []
+
+
 def _cmdline(proc: Path) -> str:
     try:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
